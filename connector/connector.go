@@ -1,0 +1,83 @@
+// Package connector puts accelerator vendors behind one interface: device
+// discovery, device memory, shareable handles and host<->device copies.
+// phxfs and the rest of the project never call a vendor API directly.
+package connector
+
+// HandleSize is the size of a shareable memory handle. A CUDA IPC memory
+// handle is exactly this size; other vendors encode theirs into it.
+const HandleSize = 64
+
+// Handle names device memory exported by one process so that another can
+// import it.
+type Handle [HandleSize]byte
+
+// DeviceInfo describes one accelerator.
+type DeviceInfo struct {
+	Index       int
+	Name        string
+	PCIAddress  string // domain:bus:device.function, lower case ("0000:3b:00.0")
+	PageSize    int64  // registrations must be aligned to this
+	MemoryBytes int64
+}
+
+// Connector is one vendor's device access.
+type Connector interface {
+	// Vendor names the connector ("emu", "nvidia").
+	Vendor() string
+	// Devices lists the accelerators, index order.
+	Devices() ([]DeviceInfo, error)
+	// HostAddressable reports whether device memory can be addressed by the
+	// CPU (and so by O_DIRECT I/O) through Resolve's host address.
+	HostAddressable() bool
+
+	// Alloc allocates size bytes of device memory on dev.
+	Alloc(dev int, size int64) (Memory, error)
+	// Import maps memory that another process exported with Memory.Export.
+	// pid is the process that claims the handle: connectors whose handles
+	// name a process (emu) refuse a handle that another process exported;
+	// connectors whose handles are capabilities (CUDA IPC) ignore it.
+	Import(dev int, h Handle, size int64, pid int) (Memory, error)
+	// Resolve checks that [addr, addr+size) is device memory of dev known to
+	// this process (allocated or imported) and returns its host address, or
+	// 0 when the connector is not host-addressable.
+	Resolve(dev int, addr uint64, size int64) (host uintptr, err error)
+
+	// AllocHost allocates host memory suited to asynchronous copies (pinned
+	// where the vendor has the notion): the bounce buffers of the staged
+	// transport.
+	AllocHost(size int64) (HostMemory, error)
+	// NewStream creates an ordered queue of asynchronous copies on dev.
+	NewStream(dev int) (Stream, error)
+
+	// Close releases the connector. Memory and streams must be closed first.
+	Close() error
+}
+
+// Memory is a device memory region allocated or imported by this process.
+type Memory interface {
+	Device() int
+	// Addr is the device address in this process: what I/O names.
+	Addr() uint64
+	Size() int64
+	// Export returns a handle another process can Import.
+	Export() (Handle, error)
+	// Close frees allocated memory or unmaps imported memory.
+	Close() error
+}
+
+// HostMemory is host memory from AllocHost.
+type HostMemory interface {
+	Bytes() []byte
+	Close() error
+}
+
+// Stream is an ordered queue of asynchronous copies on one device. The host
+// buffer of a copy must stay untouched until Synchronize returns.
+type Stream interface {
+	CopyToDevice(dst uint64, src []byte) error
+	CopyFromDevice(dst []byte, src uint64) error
+	// Synchronize waits for every copy enqueued so far and reports the first
+	// error among them.
+	Synchronize() error
+	Close() error
+}

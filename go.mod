@@ -1,0 +1,11 @@
+module phxmount
+
+go 1.26.0
+
+require (
+	github.com/ebitengine/purego v0.11.3
+	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/pawelgaczynski/giouring v0.0.0-20230826085535-69588b89acb9
+	github.com/sirupsen/logrus v1.10.2
+	golang.org/x/sys v0.50.0
+)
