@@ -1,0 +1,268 @@
+package ioengine
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/internal/errs"
+)
+
+// PoolConfig configures a Pool. Zero values pick defaults: Kind "auto",
+// one worker per CPU, DefaultQueueDepth.
+type PoolConfig struct {
+	Kind       string
+	Workers    int
+	QueueDepth int
+}
+
+// MaxWorkers bounds PoolConfig.Workers: each worker holds an OS thread.
+const MaxWorkers = 1024
+
+// jobQueueLen bounds each worker's FIFO so callers can queue several
+// batches ahead without unbounded memory.
+const jobQueueLen = 64
+
+// Pool runs batches on a fixed set of workers. Each worker is a goroutine
+// locked to its own OS thread that owns one Engine, so per-thread state
+// (the ring, a device context set up in Each) stays with one thread.
+type Pool struct {
+	kind    string
+	name    string
+	workers []*worker
+	ringErr error
+	wg      sync.WaitGroup
+
+	// mu is held shared while jobs are queued and exclusively by Close, so
+	// no job is queued on a closed channel.
+	mu     sync.RWMutex
+	closed bool
+}
+
+type worker struct {
+	id   int
+	jobs chan *job
+	eng  engine
+}
+
+// job is one worker's share of a Run, or one call of an Each.
+type job struct {
+	ops    []Op
+	stride int
+	fn     func(worker int, e Engine)
+	b      *batch
+}
+
+// batch collects the workers' outcomes of one Run or Each.
+type batch struct {
+	wg  sync.WaitGroup
+	mu  sync.Mutex
+	err error
+}
+
+func (b *batch) setErr(err error) {
+	b.mu.Lock()
+	if b.err == nil {
+		b.err = err
+	}
+	b.mu.Unlock()
+}
+
+// NewPool starts cfg.Workers workers, each with its own engine of cfg.Kind.
+// A worker whose ring cannot be created runs the sync engine instead; Name
+// reports it. Only when the kind is "io_uring" and no worker got a ring is
+// that an error.
+func NewPool(cfg PoolConfig) (*Pool, error) {
+	kind := cfg.Kind
+	if kind == "" {
+		kind = KindAuto
+	}
+	if err := CheckKind(kind); err != nil {
+		return nil, err
+	}
+	qd, err := checkQueueDepth(cfg.QueueDepth)
+	if err != nil {
+		return nil, err
+	}
+	n := cfg.Workers
+	if n <= 0 {
+		n = runtime.NumCPU()
+	}
+	if n > MaxWorkers {
+		return nil, errs.New(unix.EINVAL, "ioengine: %d workers exceed %d", n, MaxWorkers)
+	}
+
+	// A worker in "io_uring" mode falls back like "auto"; the pool decides
+	// below whether the outcome is acceptable.
+	wkind := kind
+	if wkind == KindIOUring {
+		wkind = KindAuto
+	}
+	p := &Pool{workers: make([]*worker, n)}
+	type started struct {
+		eng     engine
+		ringErr error
+	}
+	ready := make(chan started, n)
+	for i := range p.workers {
+		w := &worker{id: i, jobs: make(chan *job, jobQueueLen)}
+		p.workers[i] = w
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			// Never unlocked: when the worker ends its thread ends with it,
+			// taking any thread state a job set up.
+			runtime.LockOSThread()
+			e, ringErr, _ := newEngine(wkind, qd) // auto cannot fail
+			w.eng = e
+			ready <- started{e, ringErr}
+			w.loop()
+		}()
+	}
+	onSync := 0
+	for range n {
+		s := <-ready
+		if s.eng.Name() == KindSync {
+			onSync++
+		}
+		if s.ringErr != nil && p.ringErr == nil {
+			p.ringErr = s.ringErr
+		}
+	}
+
+	switch {
+	case kind == KindSync:
+		p.kind, p.name = KindSync, KindSync
+	case onSync == n && kind == KindIOUring:
+		p.Close()
+		return nil, errs.New(errs.Errno(p.ringErr), "ioengine: no worker could create an io_uring: %v", p.ringErr)
+	case onSync == n:
+		p.kind, p.name = KindSync, KindSync
+	case onSync == 0:
+		p.kind, p.name = KindIOUring, KindIOUring
+	default:
+		// Ties go to io_uring, the kind that was asked for.
+		p.kind = KindIOUring
+		if onSync*2 > n {
+			p.kind = KindSync
+		}
+		p.name = fmt.Sprintf("io_uring (%d of %d workers on sync)", onSync, n)
+	}
+	return p, nil
+}
+
+// loop runs the worker's jobs in FIFO order until its queue is closed and
+// drained, then closes its engine.
+func (w *worker) loop() {
+	for j := range w.jobs {
+		w.run(j)
+	}
+	_ = w.eng.Close()
+}
+
+func (w *worker) run(j *job) {
+	defer j.b.wg.Done()
+	if j.fn != nil {
+		// A panicking fn must not kill the worker: the pool would hang.
+		defer func() {
+			if r := recover(); r != nil {
+				j.b.setErr(errs.New(unix.EIO, "ioengine: worker %d: Each function panicked: %v", w.id, r))
+			}
+		}()
+		j.fn(w.id, w.eng)
+		return
+	}
+	if err := w.eng.runStrided(j.ops, w.id, j.stride); err != nil {
+		j.b.setErr(fmt.Errorf("ioengine: worker %d: %w", w.id, err))
+	}
+}
+
+// Name reports the engine in use, and how many workers fell back to sync
+// when only some did.
+func (p *Pool) Name() string { return p.name }
+
+// Kind is "io_uring" or "sync": the engine of most workers.
+func (p *Pool) Kind() string { return p.kind }
+
+// Workers is the number of workers.
+func (p *Pool) Workers() int { return len(p.workers) }
+
+// RingError is why a worker could not create its io_uring (the first such
+// failure), nil when every worker that tried got one.
+func (p *Pool) RingError() error { return p.ringErr }
+
+// Run performs every op, striped round-robin across the workers (op i on
+// worker i mod Workers), and returns when all are done. Results are in each
+// op's Result; the error reports only engine failures. The ops must not be
+// touched until Run returns. It is safe to call from many goroutines, but
+// not from inside an Each function of the same pool (that would wait on
+// itself).
+func (p *Pool) Run(ops []Op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	n := min(len(ops), len(p.workers))
+	b := &batch{}
+	jobs := make([]job, n)
+	for i := range jobs {
+		jobs[i] = job{ops: ops, stride: len(p.workers), b: b}
+	}
+	if err := p.submit(b, jobs); err != nil {
+		return err
+	}
+	b.wg.Wait()
+	return b.err
+}
+
+// Each runs fn once on every worker, concurrently, each on its worker's
+// thread with its worker's engine, and returns when all have returned. The
+// engine belongs to fn only for the call. fn must not call Run, Each or
+// Close on the same pool. A panic in fn is returned as an error.
+func (p *Pool) Each(fn func(worker int, e Engine)) error {
+	b := &batch{}
+	jobs := make([]job, len(p.workers))
+	for i := range jobs {
+		jobs[i] = job{fn: fn, b: b}
+	}
+	if err := p.submit(b, jobs); err != nil {
+		return err
+	}
+	b.wg.Wait()
+	return b.err
+}
+
+// submit queues jobs[i] on worker i, in FIFO order behind earlier jobs.
+func (p *Pool) submit(b *batch, jobs []job) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errs.New(unix.ESHUTDOWN, "ioengine: pool is closed")
+	}
+	b.wg.Add(len(jobs))
+	for i := range jobs {
+		// Workers keep draining while we hold the shared lock, so a full
+		// queue only delays this send.
+		p.workers[i].jobs <- &jobs[i]
+	}
+	return nil
+}
+
+// Close lets the workers finish every queued job, stops them and closes
+// their engines. Run and Each calls after Close fail with ESHUTDOWN. Close
+// must not be called from inside an Each function; a second Close is a no-op.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	for _, w := range p.workers {
+		close(w.jobs)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return nil
+}
