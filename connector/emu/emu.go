@@ -1,0 +1,354 @@
+// Package emu is the emulated accelerator: "device memory" is host shared
+// memory (a memfd) that the application and the phxmount daemon both map.
+// It lets a machine without a GPU run the whole product, and its staged mode
+// (memory not addressable by the CPU) exercises the staged transport.
+package emu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
+	"phxmount/internal/errs"
+)
+
+// PageSize is the emulated device page: the 64 KiB GPU page.
+const PageSize = 64 << 10
+
+// memfdPrefix names every emu buffer; Import refuses descriptors without it.
+const memfdPrefix = "phxemu"
+
+var handleMagic = [8]byte{'P', 'H', 'X', 'E', 'M', 'U', '0', '1'}
+
+// Config chooses how many devices there are and whether their memory is
+// host-addressable.
+type Config struct {
+	// Devices is the number of emulated devices (default 1).
+	Devices int
+	// Staged makes device memory unaddressable by the CPU: the mapping that
+	// names it is PROT_NONE, so any attempt to read into it directly faults,
+	// and bytes reach it only through Stream copies, as on a GPU without the
+	// kernel module.
+	Staged bool
+	// MemoryBytes is the nominal size of each device (default 64 GiB).
+	MemoryBytes int64
+}
+
+// Connector is the emulated vendor.
+type Connector struct {
+	cfg Config
+
+	mu      sync.Mutex
+	regions []*Memory // sorted by address
+}
+
+var _ connector.Connector = (*Connector)(nil)
+
+// New returns an emulated connector.
+func New(cfg Config) (*Connector, error) {
+	if cfg.Devices == 0 {
+		cfg.Devices = 1
+	}
+	if cfg.Devices < 0 || cfg.Devices > 64 {
+		return nil, errs.New(unix.EINVAL, "emu: %d devices (1 to 64)", cfg.Devices)
+	}
+	if cfg.MemoryBytes == 0 {
+		cfg.MemoryBytes = 64 << 30
+	}
+	return &Connector{cfg: cfg}, nil
+}
+
+// Vendor implements connector.Connector.
+func (c *Connector) Vendor() string { return "emu" }
+
+// HostAddressable implements connector.Connector.
+func (c *Connector) HostAddressable() bool { return !c.cfg.Staged }
+
+// Devices implements connector.Connector.
+func (c *Connector) Devices() ([]connector.DeviceInfo, error) {
+	out := make([]connector.DeviceInfo, c.cfg.Devices)
+	for i := range out {
+		out[i] = connector.DeviceInfo{
+			Index:       i,
+			Name:        fmt.Sprintf("phxmount emulated device %d", i),
+			PCIAddress:  fmt.Sprintf("0000:e0:%02x.0", i),
+			PageSize:    PageSize,
+			MemoryBytes: c.cfg.MemoryBytes,
+		}
+	}
+	return out, nil
+}
+
+func (c *Connector) checkDevice(dev int) error {
+	if dev < 0 || dev >= c.cfg.Devices {
+		return errs.New(unix.ENODEV, "emu: no device %d (have %d)", dev, c.cfg.Devices)
+	}
+	return nil
+}
+
+// Memory is an emulated device buffer.
+type Memory struct {
+	c     *Connector
+	dev   int
+	fd    int
+	ino   uint64
+	size  int64
+	view  []byte // names the memory: PROT_NONE in staged mode
+	alias []byte // read-write mapping the copy engine uses
+}
+
+// Device implements connector.Memory.
+func (m *Memory) Device() int { return m.dev }
+
+// Addr implements connector.Memory: the address of the mapping that names it.
+func (m *Memory) Addr() uint64 { return uint64(uintptr(unsafe.Pointer(&m.view[0]))) }
+
+// Size implements connector.Memory.
+func (m *Memory) Size() int64 { return m.size }
+
+// Bytes gives tests and benchmarks the CPU's view of the memory, whatever the
+// mode: the "device-to-host copy" used to verify landed bytes.
+func (m *Memory) Bytes() []byte { return m.alias }
+
+// Export implements connector.Memory. The handle names this process and its
+// descriptor; only this process can have it imported (see Import).
+func (m *Memory) Export() (connector.Handle, error) {
+	var h connector.Handle
+	copy(h[0:8], handleMagic[:])
+	binary.LittleEndian.PutUint32(h[8:], uint32(os.Getpid()))
+	binary.LittleEndian.PutUint32(h[12:], uint32(m.fd))
+	binary.LittleEndian.PutUint64(h[16:], uint64(m.size))
+	binary.LittleEndian.PutUint64(h[24:], m.ino)
+	binary.LittleEndian.PutUint32(h[32:], uint32(m.dev))
+	return h, nil
+}
+
+// Close implements connector.Memory.
+func (m *Memory) Close() error {
+	c := m.c
+	c.mu.Lock()
+	for i, r := range c.regions {
+		if r == m {
+			c.regions = append(c.regions[:i], c.regions[i+1:]...)
+			break
+		}
+	}
+	c.mu.Unlock()
+	var first error
+	if len(m.alias) > 0 && &m.alias[0] != &m.view[0] {
+		first = unix.Munmap(m.alias)
+	}
+	if err := unmapAligned(m.view); err != nil && first == nil {
+		first = err
+	}
+	if err := unix.Close(m.fd); err != nil && first == nil {
+		first = err
+	}
+	if first != nil {
+		return errs.New(errs.Errno(first), "emu: free device memory: %v", first)
+	}
+	return nil
+}
+
+// Alloc implements connector.Connector.
+func (c *Connector) Alloc(dev int, size int64) (connector.Memory, error) {
+	if err := c.checkDevice(dev); err != nil {
+		return nil, err
+	}
+	if size <= 0 || size%PageSize != 0 {
+		return nil, errs.New(unix.EINVAL, "emu: allocation of %d bytes (must be a positive multiple of %d)", size, PageSize)
+	}
+	fd, err := unix.MemfdCreate(fmt.Sprintf("%s-dev%d", memfdPrefix, dev), unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, errs.New(errs.Errno(err), "emu: memfd_create: %v", err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, errs.New(errs.Errno(err), "emu: size device memory to %d bytes: %v", size, err)
+	}
+	m, err := c.mapFd(dev, fd, size)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return m, nil
+}
+
+// Import implements connector.Connector: it opens the exporting process's
+// descriptor through /proc, so a handle is usable only while its exporter
+// lives and only by the daemon serving that very process.
+func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (connector.Memory, error) {
+	if err := c.checkDevice(dev); err != nil {
+		return nil, err
+	}
+	if [8]byte(h[0:8]) != handleMagic {
+		return nil, errs.New(unix.EINVAL, "emu: not an emulated-device handle")
+	}
+	hpid := int(binary.LittleEndian.Uint32(h[8:]))
+	hfd := int(binary.LittleEndian.Uint32(h[12:]))
+	hsize := int64(binary.LittleEndian.Uint64(h[16:]))
+	hino := binary.LittleEndian.Uint64(h[24:])
+	hdev := int(binary.LittleEndian.Uint32(h[32:]))
+	if hpid != pid {
+		return nil, errs.New(unix.EPERM, "emu: handle exported by process %d, claimed by %d", hpid, pid)
+	}
+	if hdev != dev {
+		return nil, errs.New(unix.EINVAL, "emu: handle is for device %d, not %d", hdev, dev)
+	}
+	if size <= 0 || size%PageSize != 0 || size > hsize {
+		return nil, errs.New(unix.EINVAL, "emu: import of %d bytes from a %d-byte buffer", size, hsize)
+	}
+	path := fmt.Sprintf("/proc/%d/fd/%d", hpid, hfd)
+	target, err := os.Readlink(path)
+	if err != nil {
+		return nil, errs.New(unix.ESRCH, "emu: exporting descriptor %s: %v", path, err)
+	}
+	if !strings.HasPrefix(target, "/memfd:"+memfdPrefix) {
+		return nil, errs.New(unix.EPERM, "emu: %s is %q, not an emulated-device buffer", path, target)
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errs.New(errs.Errno(err), "emu: open %s: %v", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Ino != hino || st.Size < size {
+		unix.Close(fd)
+		return nil, errs.New(unix.EINVAL, "emu: %s no longer is the exported buffer", path)
+	}
+	m, err := c.mapFd(dev, fd, size)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *Connector) mapFd(dev, fd int, size int64) (*Memory, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, errs.New(errs.Errno(err), "emu: fstat: %v", err)
+	}
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if c.cfg.Staged {
+		prot = unix.PROT_NONE
+	}
+	view, err := mapAligned(fd, size, prot)
+	if err != nil {
+		return nil, err
+	}
+	alias := view
+	if c.cfg.Staged {
+		alias, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			unmapAligned(view)
+			return nil, errs.New(errs.Errno(err), "emu: map copy-engine alias: %v", err)
+		}
+	}
+	m := &Memory{c: c, dev: dev, fd: fd, ino: st.Ino, size: size, view: view, alias: alias}
+	c.mu.Lock()
+	i := sort.Search(len(c.regions), func(i int) bool { return c.regions[i].Addr() > m.Addr() })
+	c.regions = append(c.regions, nil)
+	copy(c.regions[i+1:], c.regions[i:])
+	c.regions[i] = m
+	c.mu.Unlock()
+	return m, nil
+}
+
+// mapAligned maps fd at an address aligned to PageSize, as device memory is:
+// it reserves a larger range and maps the file over its aligned part.
+func mapAligned(fd int, size int64, prot int) ([]byte, error) {
+	reserve, err := unix.Mmap(-1, 0, int(size+PageSize), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, errs.New(errs.Errno(err), "emu: reserve %d bytes: %v", size, err)
+	}
+	base := uintptr(unsafe.Pointer(&reserve[0]))
+	head := int(((base + PageSize - 1) &^ (PageSize - 1)) - base)
+	// MAP_FIXED replaces the aligned part of the reservation with the file.
+	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, unix.MAP_SHARED|unix.MAP_FIXED)
+	if err != nil {
+		unix.Munmap(reserve)
+		return nil, errs.New(errs.Errno(err), "emu: map device memory: %v", err)
+	}
+	// Give back the unused head and tail of the reservation.
+	if head > 0 {
+		unix.MunmapPtr(unsafe.Pointer(&reserve[0]), uintptr(head))
+	}
+	if tail := int(PageSize) - head; tail > 0 {
+		unix.MunmapPtr(unsafe.Pointer(&reserve[head+int(size)]), uintptr(tail))
+	}
+	return unsafe.Slice((*byte)(p), size), nil
+}
+
+func unmapAligned(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	return unix.MunmapPtr(unsafe.Pointer(&b[0]), uintptr(len(b)))
+}
+
+// find returns the region holding [addr, addr+size) on dev.
+func (c *Connector) find(dev int, addr uint64, size int64) (*Memory, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := sort.Search(len(c.regions), func(i int) bool { return c.regions[i].Addr() > addr }) - 1
+	if i < 0 {
+		return nil, errs.New(unix.EFAULT, "emu: %#x is not device memory", addr)
+	}
+	m := c.regions[i]
+	if m.dev != dev {
+		return nil, errs.New(unix.EFAULT, "emu: %#x is memory of device %d, not %d", addr, m.dev, dev)
+	}
+	if size < 0 || addr+uint64(size) > m.Addr()+uint64(m.size) {
+		return nil, errs.New(unix.EFAULT, "emu: [%#x, +%d) runs past its %d-byte buffer", addr, size, m.size)
+	}
+	return m, nil
+}
+
+// Resolve implements connector.Connector.
+func (c *Connector) Resolve(dev int, addr uint64, size int64) (uintptr, error) {
+	if _, err := c.find(dev, addr, size); err != nil {
+		return 0, err
+	}
+	if c.cfg.Staged {
+		return 0, nil
+	}
+	return uintptr(addr), nil
+}
+
+// alias returns the copy engine's view of [addr, addr+size).
+func (c *Connector) alias(dev int, addr uint64, size int64) ([]byte, error) {
+	m, err := c.find(dev, addr, size)
+	if err != nil {
+		return nil, err
+	}
+	off := addr - m.Addr()
+	return m.alias[off : off+uint64(size)], nil
+}
+
+// hostMemory is page-aligned anonymous memory.
+type hostMemory struct{ b []byte }
+
+func (h *hostMemory) Bytes() []byte { return h.b }
+func (h *hostMemory) Close() error  { return unix.Munmap(h.b) }
+
+// AllocHost implements connector.Connector.
+func (c *Connector) AllocHost(size int64) (connector.HostMemory, error) {
+	if size <= 0 {
+		return nil, errs.New(unix.EINVAL, "emu: host allocation of %d bytes", size)
+	}
+	b, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, errs.New(errs.Errno(err), "emu: host allocation of %d bytes: %v", size, err)
+	}
+	return &hostMemory{b: b}, nil
+}
+
+// Close implements connector.Connector.
+func (c *Connector) Close() error { return nil }

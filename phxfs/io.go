@@ -1,0 +1,279 @@
+package phxfs
+
+import (
+	"sort"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/internal/errs"
+	"phxmount/ioengine"
+)
+
+// Request is one transfer between a file and a buffer.
+type Request struct {
+	Fd int
+	// Device >= 0: Buf lies inside a registration on that device (a device
+	// address); < 0: Buf is a plain host address the caller keeps alive.
+	Device     int
+	Buf        uint64
+	BufOffset  int64
+	Len        int64
+	FileOffset int64
+	// Result is filled in: bytes transferred or a negative errno.
+	Result int64
+}
+
+// Read transfers up to n bytes at fileOff of fd into buf+bufOff. dev >= 0
+// names a registration holding buf on that device; dev < 0 makes buf a host
+// address. The registration is held for the transfer, so a concurrent
+// DeregMem waits for it. Transfers are cut at ChunkSize.
+func (l *Lib) Read(fd, dev int, buf uint64, bufOff, n, fileOff int64) (int64, error) {
+	return l.single(false, fd, dev, buf, bufOff, n, fileOff)
+}
+
+// Write transfers n bytes from buf+bufOff to fd at fileOff; see Read.
+func (l *Lib) Write(fd, dev int, buf uint64, bufOff, n, fileOff int64) (int64, error) {
+	return l.single(true, fd, dev, buf, bufOff, n, fileOff)
+}
+
+func (l *Lib) single(write bool, fd, dev int, buf uint64, bufOff, n, fileOff int64) (int64, error) {
+	reqs := []Request{{Fd: fd, Device: dev, Buf: buf, BufOffset: bufOff, Len: n, FileOffset: fileOff}}
+	p, err := l.prepare(write, reqs)
+	if err != nil {
+		return 0, err
+	}
+	l.execute(p)
+	if r := reqs[0].Result; r < 0 {
+		return 0, errs.New(unix.Errno(-r), "phxfs: %s %d bytes at %d", p.verb(), n, fileOff)
+	}
+	return reqs[0].Result, nil
+}
+
+// xfer is one engine transfer: one or more coalesced requests, or a piece
+// of a large one.
+type xfer struct {
+	fd      int
+	off     int64
+	len     int64
+	host    uintptr // where bytes land (host, direct, host buffers)
+	dev     int     // staged: the device and the device address
+	devAddr uint64
+	staged  bool
+	result  int64
+}
+
+// segment maps part of a request onto part of an xfer.
+type segment struct {
+	x  int   // index into plan.xfers
+	at int64 // offset of the segment inside the xfer
+	n  int64
+}
+
+// plan is a batch resolved, checked, coalesced and cut into xfers.
+type plan struct {
+	write   bool
+	reqs    []Request
+	held    []*region // registrations held for the batch
+	xfers   []xfer
+	segs    [][]segment // per request, in order
+	hasHost bool
+	staged  bool
+}
+
+func (p *plan) verb() string {
+	if p.write {
+		return "write"
+	}
+	return "read"
+}
+
+// prepare checks every request, takes a hold on every registration it uses,
+// and plans the engine transfers. Requests that fail the checks get their
+// errno as Result and never reach the engine.
+func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
+	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs))}
+	type target struct {
+		i       int
+		host    uintptr
+		devAddr uint64
+		staged  bool
+	}
+	targets := make([]target, 0, len(reqs))
+
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, errs.New(unix.EINVAL, "phxfs: library closed")
+	}
+	for i := range reqs {
+		rq := &reqs[i]
+		rq.Result = 0
+		switch {
+		case rq.Len < 0 || rq.FileOffset < 0 || rq.BufOffset < 0:
+			rq.Result = -int64(unix.EINVAL)
+			continue
+		case rq.Fd < 0:
+			rq.Result = -int64(unix.EBADF)
+			continue
+		case rq.Len == 0:
+			continue
+		}
+		if rq.Device < 0 {
+			if rq.Buf == 0 {
+				rq.Result = -int64(unix.EFAULT)
+				continue
+			}
+			targets = append(targets, target{i: i, host: uintptr(rq.Buf + uint64(rq.BufOffset))})
+			continue
+		}
+		r, err := l.hold(rq.Device, rq.Buf, rq.BufOffset, rq.Len)
+		if err != nil {
+			rq.Result = -int64(unix.EFAULT)
+			continue
+		}
+		p.held = append(p.held, r)
+		addr := rq.Buf + uint64(rq.BufOffset)
+		t := target{i: i, devAddr: addr, staged: r.transport == Staged}
+		if !t.staged {
+			t.host = r.host + uintptr(addr-r.addr)
+		}
+		targets = append(targets, t)
+	}
+	l.mu.Unlock()
+
+	// Coalesce: requests on one fd whose file ranges and buffer ranges both
+	// follow on become one transfer (KV-cache blocks read head by head).
+	sort.SliceStable(targets, func(a, b int) bool {
+		ra, rb := &reqs[targets[a].i], &reqs[targets[b].i]
+		if ra.Fd != rb.Fd {
+			return ra.Fd < rb.Fd
+		}
+		return ra.FileOffset < rb.FileOffset
+	})
+	limit := func(staged bool) int64 {
+		switch {
+		case staged:
+			return l.cfg.BounceSize
+		case l.cfg.SplitSize > 0:
+			return min(l.cfg.SplitSize, ChunkSize)
+		}
+		return ChunkSize
+	}
+	for _, t := range targets {
+		rq := &reqs[t.i]
+		lim := limit(t.staged)
+		if n := len(p.xfers); n > 0 {
+			x := &p.xfers[n-1]
+			follows := x.fd == rq.Fd && x.staged == t.staged && x.off+x.len == rq.FileOffset &&
+				x.len+rq.Len <= lim &&
+				((t.staged && x.dev == rq.Device && x.devAddr+uint64(x.len) == t.devAddr) ||
+					(!t.staged && x.host+uintptr(x.len) == t.host))
+			if follows {
+				p.segs[t.i] = []segment{{x: n - 1, at: x.len, n: rq.Len}}
+				x.len += rq.Len
+				l.stats.coalesced.Add(1)
+				continue
+			}
+		}
+		for done := int64(0); done < rq.Len; {
+			n := min(rq.Len-done, lim)
+			x := xfer{fd: rq.Fd, off: rq.FileOffset + done, len: n, staged: t.staged}
+			if t.staged {
+				x.dev, x.devAddr = rq.Device, t.devAddr+uint64(done)
+				p.staged = true
+			} else {
+				x.host = t.host + uintptr(done)
+				p.hasHost = true
+			}
+			p.segs[t.i] = append(p.segs[t.i], segment{x: len(p.xfers), at: 0, n: n})
+			p.xfers = append(p.xfers, x)
+			done += n
+		}
+	}
+	l.stats.requests.Add(int64(len(targets)))
+	l.stats.ops.Add(int64(len(p.xfers)))
+	return p, nil
+}
+
+// execute runs a prepared plan on the worker pool, fills every request's
+// Result and releases the plan's holds.
+func (l *Lib) execute(p *plan) {
+	switch {
+	case len(p.xfers) == 0:
+	case !p.staged:
+		ops := make([]ioengine.Op, len(p.xfers))
+		for i, x := range p.xfers {
+			ops[i] = ioengine.Op{Fd: x.fd, Write: p.write, Addr: x.host, Len: x.len, Off: x.off}
+		}
+		if err := l.pool.Run(ops); err != nil {
+			for i := range p.xfers {
+				p.xfers[i].result = -int64(errs.Errno(err))
+			}
+		} else {
+			for i := range ops {
+				p.xfers[i].result = ops[i].Result
+			}
+		}
+	default:
+		l.runStriped(p)
+	}
+	l.finish(p)
+}
+
+// finish turns xfer results into request results and drops the holds.
+func (l *Lib) finish(p *plan) {
+	var moved, failed int64
+	for i := range p.reqs {
+		rq := &p.reqs[i]
+		if rq.Result < 0 {
+			failed++
+			continue
+		}
+		var total int64
+		for _, s := range p.segs[i] {
+			r := p.xfers[s.x].result
+			if r < 0 {
+				if total == 0 {
+					total = r
+				}
+				break
+			}
+			got := min(max(r-s.at, 0), s.n)
+			total += got
+			if got < s.n {
+				break
+			}
+		}
+		rq.Result = total
+		if total != rq.Len {
+			failed++
+		}
+		if total > 0 {
+			moved += total
+		}
+	}
+	if p.write {
+		l.stats.bytesWritten.Add(moved)
+	} else {
+		l.stats.bytesRead.Add(moved)
+	}
+	l.stats.failed.Add(failed)
+
+	l.mu.Lock()
+	for _, r := range p.held {
+		l.release(r)
+	}
+	l.mu.Unlock()
+	p.held = nil
+}
+
+// failures counts the requests that did not transfer exactly Len bytes.
+func failures(reqs []Request) int {
+	n := 0
+	for i := range reqs {
+		if reqs[i].Result != reqs[i].Len {
+			n++
+		}
+	}
+	return n
+}

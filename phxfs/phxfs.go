@@ -1,0 +1,201 @@
+// Package phxfs is the Go libphoenix: devices, buffer registrations, single
+// and batch I/O between files and device memory, over an ioengine worker
+// pool and a vendor connector. It follows the libphoenix reference
+// (open/close reference counts and drain, 64 KiB registrations with
+// exact-duplicate reference counts, 1 GiB chunking, the batch API with its
+// bounded FIFO) and adds request coalescing and the staged transport.
+package phxfs
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
+	"phxmount/internal/errs"
+	"phxmount/ioengine"
+)
+
+// ChunkSize bounds one engine operation, below the kernel's MAX_RW_COUNT.
+const ChunkSize = 1 << 30
+
+// Transport is the path bytes take between storage and device memory.
+type Transport string
+
+const (
+	// Direct: the phxfs kernel module maps device pages into a VMA and
+	// O_DIRECT I/O lands there by DMA.
+	Direct Transport = "direct"
+	// Host: device memory is host-addressable; I/O lands there directly.
+	Host Transport = "host"
+	// Staged: I/O lands in pinned bounce buffers and the connector copies
+	// it to device memory, overlapped with the next read.
+	Staged Transport = "staged"
+)
+
+// Config configures a Lib. Zero values pick the defaults.
+type Config struct {
+	Connector connector.Connector
+	// Engine is "auto", "io_uring" or "sync"; "" reads PHX_ENGINE.
+	Engine string
+	// Workers is the size of the worker pool (default: CPUs, 2 to 16).
+	Workers int
+	// QueueDepth is each io_uring worker's ring depth (default 1024).
+	QueueDepth int
+	// MaxQueuedBatches bounds the FIFO of submitted batches (default 16).
+	MaxQueuedBatches int
+	// BounceSize is the size of each staged bounce buffer; every worker has
+	// two (default 4 MiB).
+	BounceSize int64
+	// SplitSize cuts large host and direct operations so that one big
+	// request keeps every worker busy (default 8 MiB; 0 keeps the default,
+	// negative disables).
+	SplitSize int64
+	// Transport forces a transport for every registration; "" chooses the
+	// fastest the machine offers (direct, then host, then staged).
+	Transport Transport
+	// NoKernelModule ignores /dev/phxfs_devN even where it exists.
+	NoKernelModule bool
+}
+
+// Lib is one instance of the library: its devices, registrations, worker
+// pool and batch queue.
+type Lib struct {
+	cfg  Config
+	conn connector.Connector
+	pool *ioengine.Pool
+
+	mu      sync.Mutex
+	changed *sync.Cond // signalled when a hold or a device reference drops
+	devices map[int]*device
+	closed  bool
+
+	queue   chan *Batch
+	stopped chan struct{}
+
+	staged []*stagedWorker // per pool worker, created on first use
+
+	stats counters
+}
+
+// New creates a library instance and starts its worker pool.
+func New(cfg Config) (*Lib, error) {
+	if cfg.Connector == nil {
+		return nil, errs.New(unix.EINVAL, "phxfs: no connector")
+	}
+	if cfg.Engine == "" {
+		cfg.Engine = ioengine.KindFromEnv()
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = min(max(runtime.NumCPU(), 2), 16)
+	}
+	if cfg.QueueDepth <= 0 {
+		cfg.QueueDepth = 1024
+	}
+	if cfg.MaxQueuedBatches <= 0 {
+		cfg.MaxQueuedBatches = 16
+	}
+	if cfg.BounceSize <= 0 {
+		cfg.BounceSize = 4 << 20
+	}
+	if cfg.BounceSize%4096 != 0 {
+		return nil, errs.New(unix.EINVAL, "phxfs: bounce size %d is not a multiple of 4096", cfg.BounceSize)
+	}
+	if cfg.SplitSize == 0 {
+		cfg.SplitSize = 8 << 20
+	}
+	switch cfg.Transport {
+	case "", Direct, Host, Staged:
+	default:
+		return nil, errs.New(unix.EINVAL, "phxfs: unknown transport %q", cfg.Transport)
+	}
+	pool, err := ioengine.NewPool(ioengine.PoolConfig{Kind: cfg.Engine, Workers: cfg.Workers, QueueDepth: cfg.QueueDepth})
+	if err != nil {
+		return nil, errs.New(errs.Errno(err), "phxfs: start worker pool: %v", err)
+	}
+	l := &Lib{
+		cfg:     cfg,
+		conn:    cfg.Connector,
+		pool:    pool,
+		devices: map[int]*device{},
+		queue:   make(chan *Batch, cfg.MaxQueuedBatches),
+		stopped: make(chan struct{}),
+		staged:  make([]*stagedWorker, pool.Workers()),
+	}
+	l.changed = sync.NewCond(&l.mu)
+	go l.dispatch()
+	return l, nil
+}
+
+// EngineName reports the active I/O engine ("io_uring" or "sync").
+func (l *Lib) EngineName() string { return l.pool.Name() }
+
+// Workers reports the size of the worker pool.
+func (l *Lib) Workers() int { return l.pool.Workers() }
+
+// BounceSize reports the staged transport's bounce buffer size.
+func (l *Lib) BounceSize() int64 { return l.cfg.BounceSize }
+
+// Connector returns the connector the library was built on.
+func (l *Lib) Connector() connector.Connector { return l.conn }
+
+// Close closes every device still open (draining its I/O), stops the batch
+// queue and the worker pool. Queued batches finish first.
+func (l *Lib) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return errs.New(unix.EINVAL, "phxfs: library already closed")
+	}
+	l.closed = true
+	var open []int
+	for idx := range l.devices {
+		open = append(open, idx)
+	}
+	l.mu.Unlock()
+
+	close(l.queue)
+	<-l.stopped
+	var first error
+	for _, idx := range open {
+		if err := l.closeDevice(idx, true); err != nil && first == nil {
+			first = err
+		}
+	}
+	for _, w := range l.staged {
+		if w != nil {
+			w.close()
+		}
+	}
+	if err := l.pool.Close(); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+// Stats are the library's counters since New.
+type Stats struct {
+	BytesRead    int64
+	BytesWritten int64
+	Requests     int64 // requests that reached the engine
+	Ops          int64 // engine operations after coalescing and chunking
+	Coalesced    int64 // requests merged into a neighbour's operation
+	Failed       int64 // requests that ended with an error
+	Batches      int64
+}
+
+type counters struct {
+	bytesRead, bytesWritten, requests, ops, coalesced, failed, batches atomic.Int64
+}
+
+// Stats returns a snapshot of the counters.
+func (l *Lib) Stats() Stats {
+	c := &l.stats
+	return Stats{
+		BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load(),
+		Requests: c.requests.Load(), Ops: c.ops.Load(), Coalesced: c.coalesced.Load(),
+		Failed: c.failed.Load(), Batches: c.batches.Load(),
+	}
+}

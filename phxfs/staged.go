@@ -1,0 +1,202 @@
+package phxfs
+
+import (
+	"unsafe"
+
+	"phxmount/connector"
+	"phxmount/internal/errs"
+	"phxmount/ioengine"
+)
+
+// stagedWorker is one pool worker's staged-transport state: two bounce
+// buffers, so the storage read of one overlaps the device copy of the
+// other, and a copy stream per bounce buffer per device.
+type stagedWorker struct {
+	bounce  [2]connector.HostMemory
+	streams map[int]*[2]connector.Stream
+}
+
+func (w *stagedWorker) close() {
+	for _, s := range w.streams {
+		s[0].Close()
+		s[1].Close()
+	}
+	for _, b := range w.bounce {
+		if b != nil {
+			b.Close()
+		}
+	}
+}
+
+// stagedWorkerFor returns worker w's state, creating it on first use. Only
+// worker w's goroutine calls it with w.
+func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, *[2]connector.Stream, error) {
+	sw := l.staged[w]
+	if sw == nil {
+		sw = &stagedWorker{streams: map[int]*[2]connector.Stream{}}
+		for i := range sw.bounce {
+			b, err := l.conn.AllocHost(l.cfg.BounceSize)
+			if err != nil {
+				sw.close()
+				return nil, nil, errs.New(errs.Errno(err), "phxfs: allocate bounce buffer: %v", err)
+			}
+			sw.bounce[i] = b
+		}
+		l.staged[w] = sw
+	}
+	s := sw.streams[dev]
+	if s == nil {
+		s = &[2]connector.Stream{}
+		for i := range s {
+			st, err := l.conn.NewStream(dev)
+			if err != nil {
+				if i == 1 {
+					s[0].Close()
+				}
+				return nil, nil, errs.New(errs.Errno(err), "phxfs: create copy stream on device %d: %v", dev, err)
+			}
+			s[i] = st
+		}
+		sw.streams[dev] = s
+	}
+	return sw, s, nil
+}
+
+// runStriped runs a plan that has staged transfers: xfers are striped
+// round-robin across the workers; each runs its host transfers through its
+// engine in one go and its staged ones through its bounce pipeline.
+func (l *Lib) runStriped(p *plan) {
+	workers := l.pool.Workers()
+	err := l.pool.Each(func(w int, eng ioengine.Engine) {
+		var host []ioengine.Op
+		var hostIdx, staged []int
+		for i := w; i < len(p.xfers); i += workers {
+			x := &p.xfers[i]
+			if x.staged {
+				staged = append(staged, i)
+				continue
+			}
+			host = append(host, ioengine.Op{Fd: x.fd, Write: p.write, Addr: x.host, Len: x.len, Off: x.off})
+			hostIdx = append(hostIdx, i)
+		}
+		if len(host) > 0 {
+			if err := eng.Run(host); err != nil {
+				for _, i := range hostIdx {
+					p.xfers[i].result = -int64(errs.Errno(err))
+				}
+			} else {
+				for k, i := range hostIdx {
+					p.xfers[i].result = host[k].Result
+				}
+			}
+		}
+		if p.write {
+			l.stagedWrite(w, eng, p.xfers, staged)
+		} else {
+			l.stagedRead(w, eng, p.xfers, staged)
+		}
+	})
+	if err != nil {
+		for i := range p.xfers {
+			p.xfers[i].result = -int64(errs.Errno(err))
+		}
+	}
+}
+
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// stagedRead reads each xfer into a bounce buffer and copies it to the
+// device; the copy of one buffer runs while the other is being read.
+func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int) {
+	var pending [2]int // xfer whose copy is in flight from each bounce buffer, -1 none
+	pending[0], pending[1] = -1, -1
+	var streams *[2]connector.Stream
+	settle := func(slot int) {
+		if pending[slot] < 0 {
+			return
+		}
+		if err := streams[slot].Synchronize(); err != nil {
+			xfers[pending[slot]].result = -int64(errs.Errno(err))
+		}
+		pending[slot] = -1
+	}
+	for k, i := range idx {
+		x := &xfers[i]
+		slot := k % 2
+		sw, s, err := l.stagedWorkerFor(w, x.dev)
+		if err != nil {
+			x.result = -int64(errs.Errno(err))
+			continue
+		}
+		if streams != nil && streams != s {
+			// Another device: let the previous device's copies finish.
+			settle(0)
+			settle(1)
+		}
+		streams = s
+		settle(slot)
+		buf := sw.bounce[slot].Bytes()
+		op := []ioengine.Op{{Fd: x.fd, Addr: addrOf(buf), Len: x.len, Off: x.off}}
+		if err := eng.Run(op); err != nil {
+			x.result = -int64(errs.Errno(err))
+			continue
+		}
+		x.result = op[0].Result
+		if x.result <= 0 {
+			continue
+		}
+		if err := s[slot].CopyToDevice(x.devAddr, buf[:x.result]); err != nil {
+			x.result = -int64(errs.Errno(err))
+			continue
+		}
+		pending[slot] = i
+	}
+	if streams != nil {
+		settle(0)
+		settle(1)
+	}
+}
+
+// stagedWrite copies each xfer from the device into a bounce buffer and
+// writes it to the file; the copy of the next runs while one is written.
+func (l *Lib) stagedWrite(w int, eng ioengine.Engine, xfers []xfer, idx []int) {
+	fetch := func(k int) (*stagedWorker, connector.Stream, error) {
+		x := &xfers[idx[k]]
+		sw, s, err := l.stagedWorkerFor(w, x.dev)
+		if err != nil {
+			return nil, nil, err
+		}
+		st := s[k%2]
+		return sw, st, st.CopyFromDevice(sw.bounce[k%2].Bytes()[:x.len], x.devAddr)
+	}
+	type fetched struct {
+		sw  *stagedWorker
+		st  connector.Stream
+		err error
+	}
+	var next fetched
+	if len(idx) > 0 {
+		next.sw, next.st, next.err = fetch(0)
+	}
+	for k, i := range idx {
+		x := &xfers[i]
+		cur := next
+		if k+1 < len(idx) {
+			next.sw, next.st, next.err = fetch(k + 1)
+		}
+		if cur.err == nil {
+			cur.err = cur.st.Synchronize()
+		}
+		if cur.err != nil {
+			x.result = -int64(errs.Errno(cur.err))
+			continue
+		}
+		buf := cur.sw.bounce[k%2].Bytes()
+		op := []ioengine.Op{{Fd: x.fd, Write: true, Addr: addrOf(buf), Len: x.len, Off: x.off}}
+		if err := eng.Run(op); err != nil {
+			x.result = -int64(errs.Errno(err))
+			continue
+		}
+		x.result = op[0].Result
+	}
+}
