@@ -214,10 +214,14 @@ func makeFakeSyms() {
 			delete(f.host, p)
 			return 0
 		}),
-		"cuMemcpyHtoD_v2":      cb(func(dst uint64, src *byte, n uintptr) uintptr { return fake.copyIn(dst, src, n) }),
-		"cuMemcpyDtoH_v2":      cb(func(dst *byte, src uint64, n uintptr) uintptr { return fake.copyOut(dst, src, n) }),
-		"cuMemcpyHtoDAsync_v2": cb(func(dst uint64, src *byte, n uintptr, s uintptr) uintptr { return fake.onStream(s, fake.copyIn(dst, src, n)) }),
-		"cuMemcpyDtoHAsync_v2": cb(func(dst *byte, src uint64, n uintptr, s uintptr) uintptr { return fake.onStream(s, fake.copyOut(dst, src, n)) }),
+		"cuMemcpyHtoD_v2": cb(func(dst uint64, src *byte, n uintptr) uintptr { return fake.copyIn(dst, src, n) }),
+		"cuMemcpyDtoH_v2": cb(func(dst *byte, src uint64, n uintptr) uintptr { return fake.copyOut(dst, src, n) }),
+		"cuMemcpyHtoDAsync_v2": cb(func(dst uint64, src *byte, n uintptr, s uintptr) uintptr {
+			return fake.onStream(s, fake.copyIn(dst, src, n))
+		}),
+		"cuMemcpyDtoHAsync_v2": cb(func(dst *byte, src uint64, n uintptr, s uintptr) uintptr {
+			return fake.onStream(s, fake.copyOut(dst, src, n))
+		}),
 		"cuMemsetD8_v2": cb(func(dst uint64, b uint8, n uintptr) uintptr {
 			f := lock()
 			defer f.mu.Unlock()
