@@ -1,0 +1,379 @@
+package nvidia
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
+)
+
+// Tests on the real driver. They skip where libcuda.so.1 is absent; the
+// fake-driver tests cover the same paths there.
+
+const ipcEnv = "PHX_NVIDIA_IPC_CHILD" // "hex handle,size" for the child process
+
+func gpu(t *testing.T) *Connector {
+	t.Helper()
+	if ok, err := haveLibcuda(); !ok {
+		t.Skipf("no libcuda.so.1: %v", err)
+	}
+	c, err := Open()
+	if errors.Is(err, unix.ENODEV) {
+		t.Skipf("no usable NVIDIA GPU: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return c
+}
+
+func closeT(t *testing.T, c interface{ Close() error }) {
+	t.Helper()
+	if err := c.Close(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestGPUDevices(t *testing.T) {
+	c := gpu(t)
+	devs, err := c.Devices()
+	if err != nil || len(devs) == 0 {
+		t.Fatalf("devices %v, %v", devs, err)
+	}
+	pci := regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+	for i, d := range devs {
+		t.Logf("device %d: %q at %s, %d MiB, page %d", d.Index, d.Name, d.PCIAddress, d.MemoryBytes>>20, d.PageSize)
+		if d.Index != i || d.Name == "" || !pci.MatchString(d.PCIAddress) || d.PageSize != 65536 || d.MemoryBytes < 1<<30 {
+			t.Errorf("device %d: %+v", i, d)
+		}
+	}
+}
+
+func TestGPURoundTrip(t *testing.T) {
+	c := gpu(t)
+	const n = 4<<20 + 123
+	m, err := c.Alloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, m)
+	want := pattern(n, 0x3c)
+	if err := c.CopyToDeviceSync(0, m.Addr(), want); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, n)
+	if err := c.CopyToHost(got, m.Addr(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("host-to-device-to-host bytes differ")
+	}
+	// Memset a middle range, then read back an unaligned window around it.
+	if err := c.Memset(0, m.Addr()+1000, 0xa5, 5000); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1000; i < 6000; i++ {
+		want[i] = 0xa5
+	}
+	win := make([]byte, 7001)
+	if err := c.CopyToHost(win, m.Addr()+7, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(win, want[7:7+len(win)]) {
+		t.Fatal("bytes differ after memset")
+	}
+}
+
+func TestGPUStreamPinned(t *testing.T) {
+	c := gpu(t)
+	const chunk, chunks = 4 << 20, 4
+	m, err := c.Alloc(0, chunk*chunks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, m)
+	src, err := c.AllocHost(chunk * chunks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, src)
+	dst, err := c.AllocHost(chunk * chunks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, dst)
+	copy(src.Bytes(), pattern(chunk*chunks, 0x77))
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, s)
+	for i := range chunks {
+		if err := s.CopyToDevice(m.Addr()+uint64(i*chunk), src.Bytes()[i*chunk:(i+1)*chunk]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	goMem := make([]byte, chunk)
+	if err := s.CopyFromDevice(dst.Bytes(), m.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CopyFromDevice(goMem, m.Addr()+chunk); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+		t.Fatal("pinned stream round trip differs")
+	}
+	if !bytes.Equal(goMem, src.Bytes()[chunk:2*chunk]) {
+		t.Fatal("pageable stream copy differs")
+	}
+	if err := c.Close(); !errors.Is(err, unix.EBUSY) {
+		t.Errorf("Close with live memory: %v", err)
+	}
+}
+
+// TestGPUConcurrentStreams has goroutines, each with a stream, copy into
+// their own region: calls land on whatever threads, each must find the
+// context current.
+func TestGPUConcurrentStreams(t *testing.T) {
+	c := gpu(t)
+	const g, n = 6, 2 << 20
+	m, err := c.Alloc(0, g*n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, m)
+	errc := make(chan error, g)
+	for i := range g {
+		go func() {
+			errc <- func() error {
+				s, err := c.NewStream(0)
+				if err != nil {
+					return err
+				}
+				defer s.Close()
+				want := pattern(n, byte(i))
+				got := make([]byte, n)
+				for range 20 {
+					dst := m.Addr() + uint64(i*n)
+					if err := s.CopyToDevice(dst, want); err != nil {
+						return err
+					}
+					if err := s.CopyFromDevice(got, dst); err != nil {
+						return err
+					}
+					if err := s.Synchronize(); err != nil {
+						return err
+					}
+					if !bytes.Equal(got, want) {
+						return fmt.Errorf("goroutine %d: bytes differ", i)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range g {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestGPUCopyRate(t *testing.T) {
+	c := gpu(t)
+	const n = 256 << 20
+	m, err := c.Alloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, m)
+	h, err := c.AllocHost(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, h)
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, s)
+	const chunk = 4 << 20
+	for round := range 3 {
+		start := time.Now()
+		for off := 0; off < n; off += chunk {
+			if err := s.CopyToDevice(m.Addr()+uint64(off), h.Bytes()[off:off+chunk]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		d := time.Since(start)
+		t.Logf("round %d: 256 MiB pinned host-to-device in 4 MiB async copies: %.1f GB/s (%.1f us per enqueue+copy)",
+			round, float64(n)/d.Seconds()/1e9, float64(d.Microseconds())/float64(n/chunk))
+	}
+}
+
+func TestGPUResolve(t *testing.T) {
+	c := gpu(t)
+	const n = 4 << 20 // a multiple of the 2 MiB allocation granule
+	m, err := c.Alloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, m)
+	a, err := c.attrs(0, m.Addr()+100)
+	t.Logf("attributes of +100: %+v (alloc %#x), %v", a, m.Addr(), err)
+	for _, r := range [][2]int64{{0, n}, {100, 4096}, {n - 1, 1}} {
+		if host, err := c.Resolve(0, m.Addr()+uint64(r[0]), r[1]); err != nil || host != 0 {
+			t.Errorf("Resolve(+%d, %d) = %#x, %v", r[0], r[1], host, err)
+		}
+	}
+	h, err := c.AllocHost(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, h)
+	goMem := make([]byte, 4096)
+	for _, b := range []struct {
+		what string
+		addr uint64
+		size int64
+	}{
+		{"one byte past the end", m.Addr(), n + 1},
+		{"starting at the end", m.Addr() + n, 1},
+		{"one byte before", m.Addr() - 1, 2},
+		{"pinned host memory", uint64(uintptr(unsafe.Pointer(&h.Bytes()[0]))), 4096},
+		{"Go memory", uint64(uintptr(unsafe.Pointer(&goMem[0]))), 4096},
+		{"address 0x1000", 0x1000, 4096},
+	} {
+		_, err := c.Resolve(0, b.addr, b.size)
+		if !errors.Is(err, unix.EFAULT) {
+			t.Errorf("Resolve %s: %v, want EFAULT", b.what, err)
+		} else {
+			t.Logf("Resolve %s: %v", b.what, err)
+		}
+	}
+	if devs, _ := c.Devices(); len(devs) > 1 {
+		if _, err := c.Resolve(1, m.Addr(), 4096); !errors.Is(err, unix.EFAULT) {
+			t.Errorf("Resolve on another device: %v", err)
+		}
+	}
+}
+
+func TestGPUErrors(t *testing.T) {
+	c := gpu(t)
+	_, err := c.Alloc(0, 1<<50)
+	var ce *CUDAError
+	if !errors.As(err, &ce) || ce.Name != "CUDA_ERROR_OUT_OF_MEMORY" || !errors.Is(err, unix.ENOMEM) ||
+		!strings.HasPrefix(err.Error(), "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (") {
+		t.Fatalf("1 PiB alloc: %v", err)
+	}
+	t.Logf("1 PiB alloc: %v", err)
+	_, err = c.Import(0, connector.Handle{}, 4096, 0)
+	if !errors.As(err, &ce) || !strings.HasPrefix(ce.Name, "CUDA_ERROR_") || ce.Func != c.d.cuIpcOpenMemHandle.name {
+		t.Fatalf("import of a zero handle: %v", err)
+	}
+	t.Logf("import of a zero handle: %v", err)
+	// The context still works after those errors.
+	m, err := c.Alloc(0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, m)
+}
+
+// TestGPUIPC exports memory and has a child process (this test binary
+// again) import it, check the parent's bytes and write its own.
+func TestGPUIPC(t *testing.T) {
+	c := gpu(t)
+	const n = 3 << 20
+	m, err := c.Alloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, m)
+	if err := c.CopyToDeviceSync(0, m.Addr(), pattern(n, 0x11)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := m.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestGPUIPCChild$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), ipcEnv+"="+hex.EncodeToString(h[:])+","+strconv.Itoa(n))
+	out, err := cmd.CombinedOutput()
+	t.Logf("child:\n%s", out)
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestGPUIPCChild") {
+		t.Fatalf("child: %v", err)
+	}
+	got := make([]byte, n)
+	if err := c.CopyToHost(got, m.Addr(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, pattern(n, 0x22)) {
+		t.Fatal("the child's bytes are not in the parent's memory")
+	}
+}
+
+// TestGPUIPCChild is the child half of TestGPUIPC.
+func TestGPUIPCChild(t *testing.T) {
+	arg := os.Getenv(ipcEnv)
+	if arg == "" {
+		t.Skip("child of TestGPUIPC only")
+	}
+	hs, ns, _ := strings.Cut(arg, ",")
+	raw, err := hex.DecodeString(hs)
+	n, err2 := strconv.Atoi(ns)
+	if err != nil || err2 != nil || len(raw) != connector.HandleSize {
+		t.Fatalf("bad %s=%q", ipcEnv, arg)
+	}
+	c := gpu(t)
+	var h connector.Handle
+	copy(h[:], raw)
+	if _, err := c.Import(0, h, int64(n)+(4<<20), os.Getppid()); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("import of more than was exported: %v, want EINVAL", err)
+	}
+	m, err := c.Import(0, h, int64(n), os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, m)
+	t.Logf("imported %#x+%d", m.Addr(), m.Size())
+	if _, err := c.Resolve(0, m.Addr()+4096, int64(n)-4096); err != nil {
+		t.Errorf("Resolve inside the import: %v", err)
+	}
+	got := make([]byte, n)
+	if err := c.CopyToHost(got, m.Addr(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, pattern(n, 0x11)) {
+		t.Fatal("imported memory does not hold the parent's bytes")
+	}
+	if err := c.CopyToDeviceSync(0, m.Addr(), pattern(n, 0x22)); err != nil {
+		t.Fatal(err)
+	}
+}
