@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector/nvidia"
+	"phxmount/fusefs"
+	"phxmount/ioengine"
+)
+
+// doctor reports what this machine offers, without mounting anything the
+// user can see (the passthrough probe mounts a throwaway overlay of an
+// empty temporary directory and unmounts it).
+func doctor(log *logrus.Entry, args []string) int {
+	if len(args) > 0 {
+		return fail(2, "doctor takes no arguments")
+	}
+	out := os.Stdout
+	line := func(ok bool, what, detail string) {
+		mark := "ok  "
+		if !ok {
+			mark = "no  "
+		}
+		fmt.Fprintf(out, "%s %-22s %s\n", mark, what, detail)
+	}
+	note := func(what, detail string) { fmt.Fprintf(out, "->   %-22s %s\n", what, detail) }
+
+	// FUSE.
+	fuseOK := false
+	if st, err := os.Stat("/dev/fuse"); err != nil {
+		line(false, "/dev/fuse", err.Error())
+	} else if st.Mode()&os.ModeCharDevice == 0 {
+		line(false, "/dev/fuse", "not a character device")
+	} else if fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
+		line(false, "/dev/fuse", "cannot open: "+err.Error())
+	} else {
+		unix.Close(fd)
+		fuseOK = true
+		line(true, "/dev/fuse", "present and openable")
+	}
+
+	// Passthrough.
+	rel := kernelRelease()
+	maj, min := kernelVersion(rel)
+	kernelOK := maj > 6 || (maj == 6 && min >= 9)
+	capOK := hasCapSysAdmin()
+	line(kernelOK, "kernel", fmt.Sprintf("%s (FUSE passthrough needs >= 6.9)", rel))
+	line(capOK, "CAP_SYS_ADMIN", map[bool]string{true: "held (needed to register passthrough files)", false: "missing: passthrough and direct mounts need it"}[capOK])
+	switch {
+	case !fuseOK:
+		line(false, "FUSE passthrough", "no /dev/fuse to probe with")
+	case !capOK:
+		line(false, "FUSE passthrough", "not without CAP_SYS_ADMIN")
+	default:
+		ok, why := probeMount(log)
+		line(ok, "FUSE passthrough", why)
+	}
+
+	// io_uring.
+	if e, err := ioengine.New(ioengine.KindIOUring, 8); err != nil {
+		line(false, "io_uring", err.Error()+" (the sync engine will be used)")
+	} else {
+		e.Close()
+		line(true, "io_uring", "a ring can be created (engine io_uring)")
+	}
+
+	// Kernel module.
+	devs, _ := filepath.Glob("/dev/phxfs_dev*")
+	_, modErr := os.Stat("/sys/module/phxfs")
+	switch {
+	case modErr == nil && len(devs) > 0:
+		line(true, "phxfs kernel module", "loaded; devices "+strings.Join(devs, " "))
+	case modErr == nil:
+		line(false, "phxfs kernel module", "loaded but no /dev/phxfs_dev* device")
+	case len(devs) > 0:
+		line(true, "phxfs kernel module", "devices "+strings.Join(devs, " "))
+	default:
+		line(false, "phxfs kernel module", "not loaded (no /dev/phxfs_dev*)")
+	}
+
+	// libcuda and its GPUs.
+	gpus := 0
+	if c, err := nvidia.Open(); err != nil {
+		line(false, "libcuda", err.Error())
+	} else {
+		ds, _ := c.Devices()
+		gpus = len(ds)
+		var names []string
+		for _, d := range ds {
+			names = append(names, fmt.Sprintf("%d: %s (%s, %d MiB)", d.Index, d.Name, d.PCIAddress, d.MemoryBytes>>20))
+		}
+		c.Close()
+		line(true, "libcuda", fmt.Sprintf("%d GPU(s): %s", gpus, strings.Join(names, "; ")))
+	}
+
+	// Transport a registration would get.
+	vendor := "emu"
+	if gpus > 0 {
+		vendor = "nvidia"
+	}
+	switch {
+	case len(devs) > 0:
+		note("transport", fmt.Sprintf("direct: %s exists, so a registration on vendor %s maps device pages through the kernel module", devs[0], vendor))
+	case vendor == "emu":
+		note("transport", "host: no GPU, so --vendor auto picks the emulated device, whose memory is host-addressable (O_DIRECT straight into it)")
+	default:
+		note("transport", "staged: NVIDIA GPU without the phxfs kernel module, so reads land in pinned bounce buffers and are copied to the GPU")
+	}
+	return 0
+}
+
+// probeMount mounts a throwaway overlay and asks it whether passthrough
+// took.
+func probeMount(log *logrus.Entry) (bool, string) {
+	dir, err := os.MkdirTemp("", "phxmount-doctor-")
+	if err != nil {
+		return false, "probe: " + err.Error()
+	}
+	defer os.RemoveAll(dir)
+	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
+	if err := os.Mkdir(backing, 0700); err != nil {
+		return false, "probe: " + err.Error()
+	}
+	if err := os.Mkdir(mnt, 0700); err != nil {
+		return false, "probe: " + err.Error()
+	}
+	fsys, err := fusefs.Mount(backing, mnt, fusefs.Options{Log: log})
+	if err != nil {
+		return false, "probe mount failed: " + err.Error()
+	}
+	ok, why := fsys.PassthroughActive()
+	fsys.Unmount()
+	fsys.Wait()
+	return ok, why + " (probed by a throwaway mount)"
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return "unknown"
+	}
+	return string(bytes.TrimRight(u.Release[:], "\x00"))
+}
+
+func kernelVersion(rel string) (int, int) {
+	parts := strings.SplitN(rel, ".", 3)
+	if len(parts) < 2 {
+		return 0, 0
+	}
+	maj, _ := strconv.Atoi(parts[0])
+	minStr := parts[1]
+	for i, r := range minStr {
+		if r < '0' || r > '9' {
+			minStr = minStr[:i]
+			break
+		}
+	}
+	min, _ := strconv.Atoi(minStr)
+	return maj, min
+}
+
+// hasCapSysAdmin reads the effective capability set from /proc.
+func hasCapSysAdmin() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return os.Geteuid() == 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&(1<<unix.CAP_SYS_ADMIN) != 0
+		}
+	}
+	return false
+}

@@ -1,0 +1,63 @@
+// Package fusefs is phxmount's overlay filesystem: a go-fuse v2 node tree
+// over a backing directory in which every ordinary operation passes through
+// to the backing files, and the project's ioctls and user.phx.* xattrs are
+// answered by a Control (see control.go).
+//
+// # Name resolution
+//
+// Every node holds an O_PATH descriptor on its backing inode, taken at
+// lookup. Operations resolve names relative to the parent's descriptor with
+// the *at system calls (openat, fstatat, mkdirat, unlinkat, renameat2,
+// linkat, symlinkat, readlinkat, fchownat, utimensat, mknodat, fchmodat2)
+// and re-open a node's own inode through /proc/self/fd, so no path string is
+// ever joined: long paths, renames under open files and concurrent changes
+// to the backing tree behave as on the backing directory. The daemon raises
+// RLIMIT_NOFILE to fs.nr_open at mount because every inode the kernel
+// caches costs one descriptor.
+//
+// # Identity
+//
+// stat through the mount reports the backing file's st_ino, size, mode,
+// nlink, uid, gid and times; only st_dev differs (it is the FUSE mount's).
+// Inodes from file systems mounted below the backing root (another st_dev)
+// get a number mixed with their device so that they cannot collide.
+//
+// # Permissions
+//
+// The daemon usually runs as root, so the mount is made with
+// default_permissions unless Options.NoDefaultPermissions is set: the
+// kernel checks every access against the mode, owner and group the backing
+// file reports, exactly as it would on the backing directory (POSIX ACLs
+// are not evaluated). Files, directories, symlinks and nodes are created
+// with the mode the caller asked for (the kernel has applied the umask) and
+// then given to the caller's uid and gid (the gid of a set-group-ID parent
+// directory is kept) when the daemon is root.
+//
+// # Passthrough
+//
+// Opened regular files use kernel FUSE passthrough (Linux >= 6.9,
+// CAP_SYS_ADMIN): reads and writes go from the kernel to the backing file
+// with no daemon round trip. go-fuse silently disables passthrough for the
+// whole mount when registering a backing descriptor fails; the overlay
+// probes a registration at mount and watches for READ/WRITE requests on
+// files that were meant to be passthrough, and reports the state through
+// PassthroughActive.
+//
+// # ioctls and virtual xattrs
+//
+// No ioctl ever reaches a backing descriptor: every ioctl goes to the
+// Control, and without a Control every ioctl gets ENOTTY. Names starting
+// with XattrPrefix (user.phx.) never reach a backing file: get and set go
+// to the Control (ENODATA / ENOTSUP without one), remove gets EPERM. listxattr
+// hides every user.phx.* name, including user.phx.info: a tool that copies
+// xattrs (cp -a, rsync -X, tar --xattrs) must not copy the virtual ones.
+//
+// # Locks
+//
+// flock locks are taken on the backing descriptor of the open file. POSIX
+// record locks are taken as open-file-description locks on one backing
+// descriptor per (inode, lock owner), which gives them POSIX semantics
+// (a process's locks are shared by its descriptors and released when it
+// closes any of them) and makes them visible to processes that lock the
+// backing file directly.
+package fusefs

@@ -1,0 +1,179 @@
+package fusefs
+
+import (
+	"context"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// file is an open regular file: the daemon's descriptor on the backing
+// file, opened with the caller's flags.
+type file struct {
+	fsys  *FS
+	n     *node
+	fd    int
+	flags int
+	of    OpenFile
+	// pt: handed out for passthrough; a READ or WRITE reaching the daemon
+	// means the kernel did not take it.
+	pt       bool
+	released atomic.Bool
+}
+
+// ptFile is a file offered to the kernel for passthrough.
+type ptFile struct{ *file }
+
+var (
+	_ fs.FileReader          = (*file)(nil)
+	_ fs.FileWriter          = (*file)(nil)
+	_ fs.FileFlusher         = (*file)(nil)
+	_ fs.FileFsyncer         = (*file)(nil)
+	_ fs.FileReleaser        = (*file)(nil)
+	_ fs.FileLseeker         = (*file)(nil)
+	_ fs.FileAllocater       = (*file)(nil)
+	_ fs.FilePassthroughFder = (*ptFile)(nil)
+)
+
+func asFile(f fs.FileHandle) *file {
+	switch h := f.(type) {
+	case *file:
+		return h
+	case *ptFile:
+		return h.file
+	}
+	return nil
+}
+
+// newFile wraps a freshly opened backing descriptor.
+func (f *FS) newFile(ctx context.Context, n *node, fd int, flags int) (fs.FileHandle, uint32) {
+	h := &file{fsys: f, n: n, fd: fd, flags: flags}
+	h.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags, Name: n.relPath()}
+	if f.ctl != nil {
+		h.of.Owner = callerOf(ctx)
+	} else if fc, ok := fuseCaller(ctx); ok {
+		h.of.Owner = Caller{Tid: int(fc.Pid), UID: fc.Uid, GID: fc.Gid}
+	}
+	if f.passthroughWanted() {
+		h.pt = true
+		return &ptFile{h}, 0
+	}
+	return h, 0
+}
+
+// PassthroughFd gives go-fuse the descriptor to register with the kernel.
+func (p *ptFile) PassthroughFd() (int, bool) { return p.fd, true }
+
+func (h *file) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if h.pt {
+		h.fsys.passthroughLost("READ", h.of.Name)
+	}
+	return fuse.ReadResultFd(uintptr(h.fd), off, len(dest)), 0
+}
+
+func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if h.pt {
+		h.fsys.passthroughLost("WRITE", h.of.Name)
+	}
+	m, err := unix.Pwrite(h.fd, data, off)
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	return uint32(m), 0
+}
+
+// Flush runs at every close(2) of a descriptor: it reports the write-back
+// errors the backing file system has (by closing a duplicate) and releases
+// the closing process's POSIX locks on the file.
+func (h *file) Flush(ctx context.Context) syscall.Errno {
+	if c, ok := ctx.(*fuse.Context); ok {
+		if owner, ok := h.fsys.flushOwners.Load(c.Cancel); ok {
+			h.n.dropOwner(owner.(uint64))
+		}
+	}
+	d, err := unix.Dup(h.fd)
+	if err != nil {
+		return toErrno(err)
+	}
+	return toErrno(unix.Close(d))
+}
+
+func (h *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if flags&1 != 0 {
+		return toErrno(unix.Fdatasync(h.fd))
+	}
+	return toErrno(unix.Fsync(h.fd))
+}
+
+func (h *file) Release(ctx context.Context) syscall.Errno {
+	if h.released.Swap(true) {
+		return unix.EBADF
+	}
+	if ctl := h.fsys.ctl; ctl != nil {
+		ctl.Released(&h.of)
+	}
+	return toErrno(unix.Close(h.fd))
+}
+
+func (h *file) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	r, err := unix.Seek(h.fd, int64(off), int(whence))
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	return uint64(r), 0
+}
+
+func (h *file) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	return toErrno(unix.Fallocate(h.fd, mode, int64(off), int64(size)))
+}
+
+// dirHandle is an open directory.
+type dirHandle struct {
+	fsys     *FS
+	ds       fs.DirStream
+	fd       int
+	of       OpenFile
+	released atomic.Bool
+}
+
+var (
+	_ fs.FileReaddirenter = (*dirHandle)(nil)
+	_ fs.FileSeekdirer    = (*dirHandle)(nil)
+	_ fs.FileFsyncdirer   = (*dirHandle)(nil)
+	_ fs.FileReleasedirer = (*dirHandle)(nil)
+)
+
+func (f *FS) newDir(ctx context.Context, n *node, fd int, flags int) *dirHandle {
+	ds, _ := fs.NewLoopbackDirStreamFd(fd)
+	d := &dirHandle{fsys: f, ds: ds, fd: fd}
+	d.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags | unix.O_DIRECTORY, Name: n.relPath()}
+	if f.ctl != nil {
+		d.of.Owner = callerOf(ctx)
+	}
+	return d
+}
+
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	return d.ds.(fs.FileReaddirenter).Readdirent(ctx)
+}
+
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	return d.ds.(fs.FileSeekdirer).Seekdir(ctx, off)
+}
+
+func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	return toErrno(unix.Fsync(d.fd))
+}
+
+func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	if d.released.Swap(true) {
+		return
+	}
+	if ctl := d.fsys.ctl; ctl != nil {
+		ctl.Released(&d.of)
+	}
+	d.ds.Close() // closes fd
+}

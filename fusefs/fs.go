@@ -1,0 +1,344 @@
+package fusefs
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"phxmount/internal/errs"
+)
+
+// FS is a mounted overlay.
+type FS struct {
+	backing    string
+	mountpoint string
+	opts       Options
+	ctl        Control
+	log        *logrus.Entry
+	server     *fuse.Server
+	root       *node
+	rootDev    uint64
+	isRoot     bool // the daemon runs with euid 0: chown what it creates
+
+	// nodes maps an inode key to its live node, so that a second lookup of
+	// a known inode reuses the node (and its descriptor).
+	nodesMu sync.Mutex
+	nodes   map[uint64]*node
+
+	nextFileID atomic.Uint64
+
+	// flushOwners carries the lock owner of a FLUSH from the raw layer to
+	// the file's Flush, keyed by the request's cancel channel.
+	flushOwners sync.Map
+
+	ptMu     sync.Mutex
+	ptWanted bool   // files are handed out as passthrough files
+	ptActive bool   // and the kernel accepted a registration
+	ptReason string // why passthrough is active or not
+	ptWarned bool
+
+	unmountOnce sync.Once
+	unmountErr  error
+}
+
+// Mount mounts an overlay of the backing directory on mountpoint and
+// serves it in the background. It sets the process umask to 0 and raises
+// RLIMIT_NOFILE. Call Unmount (or unmount the mountpoint) and
+// Wait to end it.
+func Mount(backing, mountpoint string, o Options) (*FS, error) {
+	log := o.Log
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	abs, err := filepath.Abs(backing)
+	if err != nil {
+		return nil, errs.New(unix.EINVAL, "backing directory %q", backing)
+	}
+	rootFd, err := unix.Open(abs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errs.New(errs.Errno(err), "backing directory %s", abs)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(rootFd, &st); err != nil {
+		unix.Close(rootFd)
+		return nil, errs.New(errs.Errno(err), "stat backing directory %s", abs)
+	}
+	raiseNoFile(log)
+	// The kernel applies the caller's umask before it sends a create; the
+	// daemon's own must not mask the mode a second time.
+	unix.Umask(0)
+
+	f := &FS{
+		backing:    abs,
+		mountpoint: mountpoint,
+		opts:       o,
+		ctl:        o.Control,
+		log:        log,
+		rootDev:    st.Dev,
+		isRoot:     os.Geteuid() == 0,
+		nodes:      make(map[uint64]*node),
+		ptWanted:   o.Passthrough != PassthroughOff,
+	}
+	if o.Passthrough == PassthroughOff {
+		f.ptReason = "disabled by --passthrough off"
+	}
+	f.root = &node{fsys: f, fd: rootFd}
+
+	mo := fuse.MountOptions{
+		AllowOther:    o.AllowOther,
+		MaxWrite:      o.MaxWrite,
+		MaxReadAhead:  o.MaxReadAhead,
+		MaxBackground: o.MaxBackground,
+		FsName:        o.FsName,
+		Name:          "phxmount",
+		DirectMount:   true,
+		EnableLocks:   true,
+		Debug:         o.Debug,
+		// Asynchronous direct I/O: lets the kernel keep several O_DIRECT
+		// requests of one file in flight on the classic path.
+		ExtraCapabilities: fuse.CAP_ASYNC_DIO,
+		// Symlink targets change only through the mount or the backing
+		// directory; cache them like attributes.
+		EnableSymlinkCaching: false,
+	}
+	if mo.MaxWrite == 0 {
+		mo.MaxWrite = 1 << 20 // clamped by go-fuse to the kernel's limit
+	}
+	if mo.MaxBackground == 0 {
+		mo.MaxBackground = 64
+	}
+	if mo.FsName == "" {
+		mo.FsName = abs
+	}
+	if !o.NoDefaultPermissions {
+		mo.Options = append(mo.Options, "default_permissions")
+	}
+	if o.ReadOnly {
+		mo.Options = append(mo.Options, "ro")
+	}
+	mo.Options = append(mo.Options, o.ExtraMountOptions...)
+	if o.Debug {
+		mo.Logger = logAdapter(log)
+	}
+
+	fo := &fs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    timeout(o.EntryTimeout, DefaultEntryTimeout),
+		AttrTimeout:     timeout(o.AttrTimeout, DefaultAttrTimeout),
+		NegativeTimeout: timeout(o.NegativeTimeout, DefaultNegativeTimeout),
+		NullPermissions: true,
+		RootStableAttr:  &fs.StableAttr{Ino: st.Ino},
+		Logger:          logAdapter(log),
+	}
+	raw := fs.NewNodeFS(f.root, fo)
+	server, err := fuse.NewServer(&rawFS{RawFileSystem: raw, fsys: f}, mountpoint, &fo.MountOptions)
+	if err != nil {
+		unix.Close(rootFd)
+		return nil, errs.New(errs.Errno(err), "mount %s on %s: %v", abs, mountpoint, err)
+	}
+	f.server = server
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		_ = server.Unmount()
+		return nil, errs.New(errs.Errno(err), "mount %s on %s: %v", abs, mountpoint, err)
+	}
+	f.probePassthrough()
+	if o.Passthrough == PassthroughOn {
+		if ok, why := f.PassthroughActive(); !ok {
+			_ = f.Unmount()
+			f.Wait()
+			return nil, errs.New(unix.EOPNOTSUPP, "--passthrough on: passthrough unavailable: %s", why)
+		}
+	}
+	return f, nil
+}
+
+// Server is the go-fuse server (for tests and tools).
+func (f *FS) Server() *fuse.Server { return f.server }
+
+// Backing is the absolute path of the backing directory.
+func (f *FS) Backing() string { return f.backing }
+
+// Wait blocks until the file system is unmounted.
+func (f *FS) Wait() { f.server.Wait() }
+
+// Unmount unmounts the overlay (retrying while it is busy, then lazily).
+func (f *FS) Unmount() error {
+	f.unmountOnce.Do(func() {
+		var err error
+		for i := 0; i < 5; i++ {
+			if err = f.server.Unmount(); err == nil {
+				break
+			}
+			if !strings.Contains(err.Error(), "busy") && errs.Errno(err) != unix.EBUSY {
+				break
+			}
+		}
+		if err != nil {
+			if lerr := unix.Unmount(f.mountpoint, unix.MNT_DETACH); lerr == nil {
+				err = nil
+			}
+		}
+		f.unmountErr = err
+	})
+	return f.unmountErr
+}
+
+// PassthroughActive says whether opened files use kernel passthrough, and
+// why (or why not), in words fit for a log line, doctor and user.phx.info.
+func (f *FS) PassthroughActive() (bool, string) {
+	f.ptMu.Lock()
+	defer f.ptMu.Unlock()
+	return f.ptWanted && f.ptActive, f.ptReason
+}
+
+func (f *FS) passthroughWanted() bool {
+	f.ptMu.Lock()
+	defer f.ptMu.Unlock()
+	return f.ptWanted
+}
+
+// passthroughLost records that the kernel sent a READ or WRITE for a file
+// that was handed out as passthrough: go-fuse failed to register its
+// backing descriptor and switched passthrough off for the whole mount.
+func (f *FS) passthroughLost(op, name string) {
+	f.ptMu.Lock()
+	defer f.ptMu.Unlock()
+	if !f.ptActive || f.ptWarned {
+		return
+	}
+	f.ptWarned = true
+	f.ptActive = false
+	f.ptWanted = false
+	f.ptReason = fmt.Sprintf("lost: the kernel sent %s for %q, so registering its backing file failed and go-fuse disabled passthrough for the mount; classic path from now on", op, name)
+	f.log.Warnf("passthrough: %s", f.ptReason)
+}
+
+// probePassthrough registers one backing descriptor with the kernel, the
+// way go-fuse does at open, and unregisters it: when that fails, go-fuse
+// would switch passthrough off silently at the first open.
+func (f *FS) probePassthrough() {
+	f.ptMu.Lock()
+	defer f.ptMu.Unlock()
+	if !f.ptWanted {
+		return
+	}
+	why := ""
+	if ks := f.server.KernelSettings(); ks == nil || ks.Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		why = "the kernel does not offer FUSE passthrough (needs Linux >= 6.9)"
+	} else {
+		fd, what, err := f.probeFile()
+		if err != nil {
+			why = "no file to probe with: " + err.Error()
+		} else {
+			id, errno := f.server.RegisterBackingFd(&fuse.BackingMap{Fd: int32(fd)})
+			unix.Close(fd)
+			if errno != 0 {
+				why = fmt.Sprintf("registering a backing file (%s) failed: %v", what, errno)
+				switch errno {
+				case syscall.EPERM:
+					why += " (needs CAP_SYS_ADMIN)"
+				case syscall.ELOOP:
+					why += " (the backing directory is itself on a stacked file system)"
+				}
+			} else {
+				f.server.UnregisterBackingFd(id)
+			}
+		}
+	}
+	if why != "" {
+		f.ptWanted = false
+		f.ptActive = false
+		f.ptReason = why
+		return
+	}
+	f.ptActive = true
+	f.ptReason = "kernel FUSE passthrough: reads and writes of opened files bypass the daemon"
+}
+
+// probeFile opens a regular file of the backing file system: an unnamed
+// O_TMPFILE in the backing root, or else an existing file at its top.
+func (f *FS) probeFile() (int, string, error) {
+	fd, err := unix.Openat(f.root.fd, ".", unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0600)
+	if err == nil {
+		return fd, "O_TMPFILE in the backing root", nil
+	}
+	d, err := os.Open(f.backing)
+	if err != nil {
+		return -1, "", err
+	}
+	defer d.Close()
+	ents, _ := d.ReadDir(256)
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			fd, err := unix.Openat(f.root.fd, e.Name(), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+			if err == nil {
+				return fd, "an existing backing file", nil
+			}
+		}
+	}
+	mfd, err := unix.MemfdCreate("phxmount-probe", unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, "", err
+	}
+	return mfd, "a memfd (the backing root is read-only and has no file to probe with)", nil
+}
+
+// inoKey is the inode number reported for a backing stat: the backing
+// st_ino on the backing root's device, a mix with the device elsewhere.
+func (f *FS) inoKey(st *unix.Stat_t) uint64 {
+	if st.Dev == f.rootDev {
+		return st.Ino
+	}
+	h := st.Ino ^ (st.Dev * 0x9E3779B97F4A7C15)
+	if h <= 1 {
+		h += 2
+	}
+	return h
+}
+
+// raiseNoFile lifts RLIMIT_NOFILE to fs.nr_open (root) or the hard limit:
+// every inode the kernel caches holds a descriptor.
+func raiseNoFile(log *logrus.Entry) {
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
+		return
+	}
+	want := lim.Max
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && n > want {
+			want = n
+		}
+	}
+	nl := unix.Rlimit{Cur: want, Max: want}
+	if unix.Setrlimit(unix.RLIMIT_NOFILE, &nl) != nil {
+		nl = unix.Rlimit{Cur: lim.Max, Max: lim.Max}
+		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &nl)
+	}
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil {
+		log.Debugf("RLIMIT_NOFILE %d", lim.Cur)
+	}
+}
+
+// rawFS wraps go-fuse's node bridge to see what the node API hides: the
+// lock owner of a FLUSH.
+type rawFS struct {
+	fuse.RawFileSystem
+	fsys *FS
+}
+
+func (r *rawFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	r.fsys.flushOwners.Store(cancel, in.LockOwner)
+	defer r.fsys.flushOwners.Delete(cancel)
+	return r.RawFileSystem.Flush(cancel, in)
+}
