@@ -1,0 +1,374 @@
+package integration
+
+// Mount helpers shared by every integration test.
+//
+// API (stable; other test files build on it):
+//
+//	requireMountEnv(t)                  skip (printing why) unless root with /dev/fuse
+//	phxmountBin(t) string               path of a phxmount binary built from this tree
+//	mountOverlay(t, opts...) (backing, mnt string)
+//	                                    start `phxmount` as a subprocess on a fresh
+//	                                    backing dir and mountpoint, wait for the mount,
+//	                                    unmount and stop it in t.Cleanup (even when the
+//	                                    test fails or the daemon died)
+//	startDaemon(t, opts...) *daemon     the same, returning the daemon (for signal and
+//	                                    crash tests): d.Backing, d.Mnt, d.Cmd, d.Stderr(),
+//	                                    d.Signal(sig), d.WaitExit(timeout), d.Mounted()
+//	mountInProcess(t, fusefs.Options, opts...) (backing, mnt string, fsys *fusefs.FS)
+//	                                    the overlay served by the test process itself
+//	                                    (a Control test double can be plugged in)
+//
+// Options for mountOverlay/startDaemon/mountInProcess:
+//
+//	withArgs("-o", "allow_other", "--passthrough", "off")  extra phxmount arguments
+//	withBacking(dir)                    use an existing backing directory
+//	withMountpoint(dir)                 use an existing mountpoint directory
+//	withEnv("PHX_ENGINE=sync")          extra environment for the daemon
+//
+// Mounts live under t.TempDir(); the backing directory is world-traversable
+// (0755) so that tests can drop privileges. The binary is bin/phxmount when
+// it is newer than every Go source of the tree, otherwise it is built once
+// per test run with -ldflags=-checklinkname=0 into a temporary directory.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/fusefs"
+)
+
+// requireMountEnv skips the test unless it can mount FUSE file systems.
+func requireMountEnv(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("integration: skipped: needs root to mount FUSE (run as root, e.g. make integration as root)")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("integration: skipped: no /dev/fuse (%v)", err)
+	}
+}
+
+// repoRoot is the directory holding go.mod.
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("integration: go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// phxmountBin returns a phxmount binary built from this tree.
+func phxmountBin(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		root := repoRoot(t)
+		if p := os.Getenv("PHXMOUNT_BIN"); p != "" {
+			binPath = p
+			return
+		}
+		cand := filepath.Join(root, "bin", "phxmount")
+		if st, err := os.Stat(cand); err == nil && !sourcesNewerThan(root, st.ModTime()) {
+			binPath = cand
+			return
+		}
+		dir, err := os.MkdirTemp("", "phxmount-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		out := filepath.Join(dir, "phxmount")
+		cmd := exec.Command("go", "build", "-ldflags=-checklinkname=0", "-o", out, "./cmd/phxmount")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build ./cmd/phxmount: %v\n%s", err, b)
+			return
+		}
+		binPath = out
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// sourcesNewerThan reports whether a non-test Go file of the tree (or
+// go.mod/go.sum) changed after mt.
+func sourcesNewerThan(root string, mt time.Time) bool {
+	newer := false
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || newer {
+			return filepath.SkipDir
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if p != root && (strings.HasPrefix(name, ".") || name == "bin" || name == "module" || name == "python") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if (strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go")) || name == "go.mod" || name == "go.sum" {
+			if info, err := d.Info(); err == nil && info.ModTime().After(mt) {
+				newer = true
+			}
+		}
+		return nil
+	})
+	return newer
+}
+
+type mountConfig struct {
+	args       []string
+	backing    string
+	mountpoint string
+	env        []string
+}
+
+// mountOption configures mountOverlay, startDaemon and mountInProcess.
+type mountOption func(*mountConfig)
+
+// withArgs adds phxmount arguments (placed before BACKING MOUNTPOINT).
+func withArgs(args ...string) mountOption {
+	return func(c *mountConfig) { c.args = append(c.args, args...) }
+}
+
+// withBacking uses an existing backing directory.
+func withBacking(dir string) mountOption { return func(c *mountConfig) { c.backing = dir } }
+
+// withMountpoint uses an existing mountpoint directory.
+func withMountpoint(dir string) mountOption { return func(c *mountConfig) { c.mountpoint = dir } }
+
+// withEnv adds KEY=VALUE entries to the daemon's environment.
+func withEnv(kv ...string) mountOption { return func(c *mountConfig) { c.env = append(c.env, kv...) } }
+
+func newMountConfig(t testing.TB, opts []mountOption) *mountConfig {
+	t.Helper()
+	c := &mountConfig{}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.backing == "" || c.mountpoint == "" {
+		base := t.TempDir()
+		if err := os.Chmod(base, 0755); err != nil {
+			t.Fatal(err)
+		}
+		if c.backing == "" {
+			c.backing = filepath.Join(base, "backing")
+			mustMkdir(t, c.backing)
+		}
+		if c.mountpoint == "" {
+			c.mountpoint = filepath.Join(base, "mnt")
+			mustMkdir(t, c.mountpoint)
+		}
+	}
+	return c
+}
+
+func mustMkdir(t testing.TB, dir string) {
+	t.Helper()
+	if err := os.Mkdir(dir, 0755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// daemon is a phxmount subprocess.
+type daemon struct {
+	Backing, Mnt string
+	Cmd          *exec.Cmd
+	stderr       *syncBuffer
+	exited       chan struct{}
+	exitErr      error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Stderr is what the daemon has logged so far.
+func (d *daemon) Stderr() string { return d.stderr.String() }
+
+// Signal sends sig to the daemon.
+func (d *daemon) Signal(sig os.Signal) error { return d.Cmd.Process.Signal(sig) }
+
+// WaitExit waits for the daemon to exit and returns its exit status (-1
+// for a signal, or on timeout with ok false).
+func (d *daemon) WaitExit(timeout time.Duration) (code int, ok bool) {
+	select {
+	case <-d.exited:
+		return d.Cmd.ProcessState.ExitCode(), true
+	case <-time.After(timeout):
+		return -1, false
+	}
+}
+
+// Mounted says whether the mountpoint is a FUSE mount right now.
+func (d *daemon) Mounted() bool { return isMounted(d.Mnt) }
+
+// startDaemon starts phxmount and waits until the mount is up.
+func startDaemon(t testing.TB, opts ...mountOption) *daemon {
+	t.Helper()
+	requireMountEnv(t)
+	bin := phxmountBin(t)
+	c := newMountConfig(t, opts)
+	args := append(append([]string{}, c.args...), c.backing, c.mountpoint)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), c.env...)
+	d := &daemon{Backing: c.backing, Mnt: c.mountpoint, Cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout = d.stderr
+	cmd.Stderr = d.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	go func() {
+		d.exitErr = cmd.Wait()
+		close(d.exited)
+	}()
+	t.Cleanup(func() { d.stop(t) })
+	deadline := time.Now().Add(15 * time.Second)
+	for !isMounted(c.mountpoint) {
+		select {
+		case <-d.exited:
+			t.Fatalf("phxmount %s exited before mounting (%v):\n%s", strings.Join(args, " "), d.exitErr, d.Stderr())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("phxmount %s: no mount after 15 s:\n%s", strings.Join(args, " "), d.Stderr())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return d
+}
+
+// stop unmounts and ends the daemon, whatever state it is in.
+func (d *daemon) stop(t testing.TB) {
+	select {
+	case <-d.exited:
+	default:
+		d.Cmd.Process.Signal(syscall.SIGTERM)
+		if _, ok := d.WaitExit(10 * time.Second); !ok {
+			t.Logf("phxmount did not exit 10 s after SIGTERM; killing it")
+			d.Cmd.Process.Kill()
+			d.WaitExit(5 * time.Second)
+		}
+	}
+	if isMounted(d.Mnt) {
+		unix.Unmount(d.Mnt, unix.MNT_DETACH)
+	}
+	if t.Failed() {
+		t.Logf("phxmount log:\n%s", d.Stderr())
+	}
+}
+
+// mountOverlay mounts the overlay with the phxmount binary; see the API at
+// the top of this file.
+func mountOverlay(t testing.TB, opts ...mountOption) (backing, mnt string) {
+	t.Helper()
+	d := startDaemon(t, opts...)
+	return d.Backing, d.Mnt
+}
+
+// mountInProcess serves the overlay from the test process. Only the
+// backing/mountpoint options apply.
+func mountInProcess(t testing.TB, o fusefs.Options, opts ...mountOption) (backing, mnt string, fsys *fusefs.FS) {
+	t.Helper()
+	requireMountEnv(t)
+	c := newMountConfig(t, opts)
+	fsys, err := fusefs.Mount(c.backing, c.mountpoint, o)
+	if err != nil {
+		t.Fatalf("fusefs.Mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := fsys.Unmount(); err != nil {
+			t.Logf("unmount %s: %v", c.mountpoint, err)
+		}
+		done := make(chan struct{})
+		go func() { fsys.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Logf("in-process server did not stop 10 s after unmount")
+		}
+	})
+	return c.backing, c.mountpoint, fsys
+}
+
+// isMounted says whether dir is a FUSE mount point (per mountinfo).
+func isMounted(dir string) bool {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		// ... mountpoint is field 4; the fs type follows the " - " separator.
+		if len(fields) < 5 || fields[4] != dir {
+			continue
+		}
+		for i, fl := range fields {
+			if fl == "-" && i+1 < len(fields) && strings.HasPrefix(fields[i+1], "fuse") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// runCmd runs a command with a timeout and returns its combined output,
+// failing the test when it fails.
+func runCmd(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
