@@ -1,0 +1,245 @@
+package client
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// The command values are the ABI: docs/abi.md lists them, C and Python
+// programs hard-code them.
+func TestCommandValues(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		got  uint32
+		want uint32
+	}{
+		{"REGISTER", CmdRegister, 0xC080E501},
+		{"DEREGISTER", CmdDeregister, 0x4020E502},
+		{"READ", CmdRead, 0xC030E503},
+		{"WRITE", CmdWrite, 0xC030E504},
+		{"INFO", CmdInfo, 0xC200E507},
+		{"BATCH_READ/16", CmdBatch(false, 16), 0xC290E505},
+		{"BATCH_READ/128", CmdBatch(false, 128), 0xD410E505},
+		{"BATCH_READ/400", CmdBatch(false, 400), 0xFE90E505},
+		{"BATCH_WRITE/16", CmdBatch(true, 16), 0xC290E506},
+		{"BATCH_WRITE/128", CmdBatch(true, 128), 0xD410E506},
+		{"BATCH_WRITE/400", CmdBatch(true, 400), 0xFE90E506},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %#x, want %#x", c.name, c.got, c.want)
+		}
+		if ours, err := Known(c.got); !ours || err != nil {
+			t.Errorf("%s: Known = %v, %v", c.name, ours, err)
+		}
+	}
+	if MaxExtents != 409 || BatchSize(MaxExtents) > MaxIoctlSize || BatchSize(MaxExtents+1) <= MaxIoctlSize {
+		t.Errorf("MaxExtents %d does not fill a restricted ioctl", MaxExtents)
+	}
+}
+
+func TestKnown(t *testing.T) {
+	for _, c := range []struct {
+		cmd  uint32
+		ours bool
+		bad  bool
+	}{
+		{0x80088801, false, false},            // the kernel module's type byte
+		{ioc(3, 0x40, 48), false, false},      // unknown number
+		{ioc(2, NrRead, IOSize), true, true},  // wrong direction
+		{ioc(3, NrRead, 40), true, true},      // wrong size
+		{ioc(3, NrBatchRead, 17), true, true}, // not 16+40k
+		{ioc(3, NrBatchRead, 16), true, true}, // zero capacity
+		{ioc(3, NrBatchWrite, uint32(BatchSize(409))), true, false},
+		{ioc(3, NrBatchWrite, uint32(BatchSize(1))), true, false},
+		{ioc(1, NrDeregister, DeregisterSize), true, false},
+		{ioc(3, NrDeregister, DeregisterSize), true, true},
+	} {
+		ours, err := Known(c.cmd)
+		if ours != c.ours || (err != nil) != c.bad {
+			t.Errorf("Known(%#x) = %v, %v; want ours=%v bad=%v", c.cmd, ours, err, c.ours, c.bad)
+		}
+		if err != nil && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("Known(%#x): %v is not EINVAL", c.cmd, err)
+		}
+	}
+}
+
+func TestRegisterRoundTrip(t *testing.T) {
+	req := RegisterReq{Vendor: VendorEmu, Device: 3, Size: 1 << 20}
+	for i := range req.Handle {
+		req.Handle[i] = byte(i * 7)
+	}
+	b := EncodeRegister(req)
+	if le.Uint32(b) != Magic || !bytes.Equal(b[:4], []byte("PHXM")) {
+		t.Fatalf("magic bytes %q", b[:4])
+	}
+	got, err := DecodeRegister(b)
+	if err != nil || got != req {
+		t.Fatalf("DecodeRegister = %+v, %v", got, err)
+	}
+	resp := RegisterResp{ID: 42, Transport: TransportStaged}
+	resp.Token[0], resp.Token[15] = 0xab, 0xcd
+	out := make([]byte, RegisterSize)
+	EncodeRegisterResp(out, req, resp)
+	r2, err := DecodeRegisterResp(out)
+	if err != nil || r2 != resp {
+		t.Fatalf("DecodeRegisterResp = %+v, %v", r2, err)
+	}
+	if resp.Token.String() != "ab0000000000000000000000000000cd" {
+		t.Errorf("token string %s", resp.Token)
+	}
+	// The request part of the reply is the request.
+	if _, err := DecodeRegister(out); err == nil {
+		t.Errorf("a reply (outputs set) decoded as a request")
+	}
+	bad := bytes.Clone(b)
+	bad[4] = 2
+	if _, err := DecodeRegister(bad); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("version 2: %v", err)
+	}
+	bad = bytes.Clone(b)
+	bad[0] ^= 1
+	if _, err := DecodeRegister(bad); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("bad magic: %v", err)
+	}
+	if _, err := DecodeRegister(b[:127]); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("short: %v", err)
+	}
+}
+
+func TestIORoundTrip(t *testing.T) {
+	r := IOReq{ID: 9, BufOffset: 4096, Length: 1 << 20, FileOffset: 12345}
+	b := EncodeIO(r)
+	got, err := DecodeIO(b)
+	if err != nil || got != r {
+		t.Fatalf("DecodeIO = %+v, %v", got, err)
+	}
+	out := make([]byte, IOSize)
+	EncodeIOResp(out, r, 777)
+	if n, err := DecodeIOResp(out); err != nil || n != 777 {
+		t.Fatalf("DecodeIOResp = %d, %v", n, err)
+	}
+	EncodeIOResp(out, r, -int64(unix.EFAULT))
+	if n, _ := DecodeIOResp(out); n != -int64(unix.EFAULT) {
+		t.Fatalf("negative result %d", n)
+	}
+	for _, bad := range []IOReq{
+		{ID: 1, Length: 1 << 63},
+		{ID: 1, FileOffset: 1 << 63},
+		{ID: 1, BufOffset: 1<<64 - 1},
+		{ID: 1, FileOffset: 1<<63 - 10, Length: 11},
+	} {
+		if _, err := DecodeIO(EncodeIO(bad)); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("DecodeIO(%+v) = %v, want EINVAL", bad, err)
+		}
+	}
+	b[40] = 1
+	if _, err := DecodeIO(b); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("result set on input: %v", err)
+	}
+}
+
+func TestBatchRoundTrip(t *testing.T) {
+	reqs := []IOReq{{1, 0, 10, 0}, {2, 64, 20, 100}, {1, 1 << 63, 1, 0}}
+	b, err := EncodeBatch(16, reqs)
+	if err != nil || len(b) != BatchSize(16) {
+		t.Fatalf("EncodeBatch: %d bytes, %v", len(b), err)
+	}
+	got, bad, err := DecodeBatch(b)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("DecodeBatch = %v, %v", got, err)
+	}
+	for i := range reqs {
+		if got[i] != reqs[i] {
+			t.Errorf("extent %d = %+v, want %+v", i, got[i], reqs[i])
+		}
+	}
+	if bad[0] != nil || bad[1] != nil || !errors.Is(bad[2], unix.EINVAL) {
+		t.Errorf("bad = %v", bad)
+	}
+	out := make([]byte, len(b))
+	EncodeBatchResp(out, b, []int64{10, 5, -int64(unix.EINVAL)})
+	res := make([]int64, 3)
+	failed, err := DecodeBatchResp(out, res)
+	if err != nil || failed != 2 || res[0] != 10 || res[1] != 5 || res[2] != -int64(unix.EINVAL) {
+		t.Fatalf("DecodeBatchResp = %d %v %v", failed, res, err)
+	}
+	// Count past the capacity, data past the count, results set on input.
+	c := bytes.Clone(b)
+	le.PutUint32(c[8:], 17)
+	if _, _, err := DecodeBatch(c); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("count 17 in 16: %v", err)
+	}
+	c = bytes.Clone(b)
+	c[BatchHeader+3*ExtentSize] = 1
+	if _, _, err := DecodeBatch(c); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("garbage past the count: %v", err)
+	}
+	if _, _, err := DecodeBatch(out); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("a reply decoded as a request: %v", err)
+	}
+	if _, err := EncodeBatch(2, reqs); err == nil {
+		t.Errorf("3 extents in capacity 2")
+	}
+	if _, err := EncodeBatch(MaxExtents+1, nil); err == nil {
+		t.Errorf("capacity past MaxExtents")
+	}
+}
+
+func TestInfoRoundTrip(t *testing.T) {
+	in := Info{Device: 1, Transport: TransportHost, Flags: InfoPassthrough | InfoReadOnly, Workers: 4,
+		PageSize: 65536, BounceSize: 4 << 20, DIOMemAlign: 512, DIOOffsetAlign: 4096, Devices: 2,
+		Vendor: "emu", Engine: "io_uring", PCIAddress: "0000:e0:01.0", DeviceName: "phxmount emulated device 1",
+		PassthroughWhy: "kernel passthrough active"}
+	for i, p := range in.Counters.fields() {
+		*p = uint64(1000 + i)
+	}
+	out := make([]byte, InfoSize)
+	EncodeInfo(out, in)
+	got, err := DecodeInfo(out)
+	if err != nil || got != in {
+		t.Fatalf("DecodeInfo = %+v, %v\nwant %+v", got, err, in)
+	}
+	if !got.Passthrough() || !got.ReadOnly() {
+		t.Errorf("flags")
+	}
+	if le.Uint64(out[countersOffset+8*(numCounters-1):]) != 1018 {
+		t.Errorf("XattrLoads is not the last counter at %d", countersOffset+8*(numCounters-1))
+	}
+	long := in
+	long.Vendor = "a-vendor-name-longer-than-sixteen"
+	EncodeInfo(out, long)
+	got, _ = DecodeInfo(out)
+	if got.Vendor != long.Vendor[:15] || got.Engine != in.Engine {
+		t.Errorf("long vendor = %q, engine %q", got.Vendor, got.Engine)
+	}
+	r := EncodeInfoReq(7)
+	if dev, err := DecodeInfoReq(r); err != nil || dev != 7 {
+		t.Errorf("DecodeInfoReq = %d, %v", dev, err)
+	}
+	if _, err := DecodeInfoReq(out); err == nil {
+		t.Errorf("a reply decoded as a request")
+	}
+}
+
+func TestDeregister(t *testing.T) {
+	b := EncodeDeregister(5)
+	if id, err := DecodeDeregister(b); err != nil || id != 5 {
+		t.Fatalf("DecodeDeregister = %d, %v", id, err)
+	}
+	b[20] = 1
+	if _, err := DecodeDeregister(b); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("reserved set: %v", err)
+	}
+}
+
+func TestClassFor(t *testing.T) {
+	for n, want := range map[int]int{1: 16, 16: 16, 17: 128, 128: 128, 129: 400, 400: 400} {
+		if got := classFor(n); got != want {
+			t.Errorf("classFor(%d) = %d, want %d", n, got, want)
+		}
+	}
+}

@@ -1,0 +1,271 @@
+package client
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// File is an open file on a phxmount mount. Every command can be sent on
+// any file of the mount; READ and WRITE move bytes of this file.
+type File struct {
+	fd   int
+	path string
+	own  bool
+	mu   sync.Mutex
+	shut bool
+}
+
+// Open opens path (a file or directory on a phxmount mount) read-only.
+func Open(path string) (*File, error) { return OpenFile(path, unix.O_RDONLY) }
+
+// OpenFile opens path with the given flags (O_RDONLY, O_WRONLY, O_RDWR,
+// O_DIRECT, ...); O_CLOEXEC is always added.
+func OpenFile(path string, flags int) (*File, error) {
+	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return &File{fd: fd, path: path, own: true}, nil
+}
+
+// NewFile wraps a descriptor the caller keeps ownership of: Close does not
+// close it.
+func NewFile(fd int, name string) *File { return &File{fd: fd, path: name} }
+
+// Fd returns the descriptor.
+func (f *File) Fd() int { return f.fd }
+
+// Name returns the path the file was opened with.
+func (f *File) Name() string { return f.path }
+
+// Close closes the file. Buffers registered through it are released by the
+// daemon (the file they were registered on is gone).
+func (f *File) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.shut {
+		return nil
+	}
+	f.shut = true
+	if !f.own {
+		return nil
+	}
+	return unix.Close(f.fd)
+}
+
+// Error is an ioctl that failed; it unwraps to its unix.Errno.
+type Error struct {
+	Op    string
+	Path  string
+	Errno unix.Errno
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("phx %s %s: %v", e.Op, e.Path, e.Errno) }
+
+// Unwrap returns the errno.
+func (e *Error) Unwrap() error { return e.Errno }
+
+func (f *File) ioctl(op string, cmd uint32, b []byte) error {
+	var p unsafe.Pointer
+	if len(b) > 0 {
+		p = unsafe.Pointer(&b[0])
+	}
+	for {
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(f.fd), uintptr(cmd), uintptr(p))
+		switch e {
+		case 0:
+			return nil
+		case unix.EINTR:
+			continue
+		}
+		return &Error{Op: op, Path: f.path, Errno: e}
+	}
+}
+
+// Ioctl sends a raw command with its payload (len(payload) must be the
+// command's size); the reply overwrites payload. For tests and tools.
+func (f *File) Ioctl(cmd uint32, payload []byte) error { return f.ioctl("ioctl", cmd, payload) }
+
+// Buffer is a registered device buffer.
+type Buffer struct {
+	ID        uint64
+	Token     Token
+	Transport Transport
+	Device    int
+	Size      int64
+}
+
+// Register registers size bytes of device memory that this process exported
+// as handle (an emu handle or a CUDA IPC handle) on device dev. The buffer
+// belongs to this process and dies with it, with Deregister, or when this
+// file is closed.
+func (f *File) Register(vendor Vendor, dev int, handle [HandleSize]byte, size int64) (Buffer, error) {
+	if dev < 0 || size <= 0 {
+		return Buffer{}, &Error{Op: "register", Path: f.path, Errno: unix.EINVAL}
+	}
+	req := RegisterReq{Vendor: vendor, Device: uint32(dev), Size: uint64(size), Handle: handle}
+	b := EncodeRegister(req)
+	if err := f.ioctl("register", CmdRegister, b); err != nil {
+		return Buffer{}, err
+	}
+	resp, err := DecodeRegisterResp(b)
+	if err != nil {
+		return Buffer{}, err
+	}
+	return Buffer{ID: resp.ID, Token: resp.Token, Transport: resp.Transport, Device: dev, Size: size}, nil
+}
+
+// Deregister releases a buffer; the daemon waits for I/O in flight on it.
+func (f *File) Deregister(b Buffer) error { return f.DeregisterID(b.ID) }
+
+// DeregisterID releases a buffer by id.
+func (f *File) DeregisterID(id uint64) error {
+	return f.ioctl("deregister", CmdDeregister, EncodeDeregister(id))
+}
+
+func (f *File) single(write bool, id uint64, bufOff, n, fileOff int64) (int64, error) {
+	op, cmd := "read", CmdRead
+	if write {
+		op, cmd = "write", CmdWrite
+	}
+	if bufOff < 0 || n < 0 || fileOff < 0 {
+		return 0, &Error{Op: op, Path: f.path, Errno: unix.EINVAL}
+	}
+	b := EncodeIO(IOReq{ID: id, BufOffset: uint64(bufOff), Length: uint64(n), FileOffset: uint64(fileOff)})
+	if err := f.ioctl(op, cmd, b); err != nil {
+		return 0, err
+	}
+	return DecodeIOResp(b)
+}
+
+// Read reads up to n bytes of the file at fileOff into the buffer at bufOff
+// and returns the bytes read (fewer only at end of file).
+func (f *File) Read(buf Buffer, bufOff, n, fileOff int64) (int64, error) {
+	return f.single(false, buf.ID, bufOff, n, fileOff)
+}
+
+// Write writes n bytes from the buffer at bufOff to the file at fileOff.
+func (f *File) Write(buf Buffer, bufOff, n, fileOff int64) (int64, error) {
+	return f.single(true, buf.ID, bufOff, n, fileOff)
+}
+
+// Extent is one transfer of a batch. Result is filled in: the bytes moved,
+// or a negative errno.
+type Extent struct {
+	Buffer     uint64 // buffer id
+	BufOffset  int64
+	Len        int64
+	FileOffset int64
+	Result     int64
+}
+
+// Err returns the extent's error: nil when it moved exactly Len bytes, its
+// errno when it failed, ErrShort when it stopped at end of file.
+func (e Extent) Err() error {
+	switch {
+	case e.Result < 0:
+		return unix.Errno(-e.Result)
+	case e.Result != e.Len:
+		return ErrShort
+	}
+	return nil
+}
+
+// ErrShort is an extent that moved fewer bytes than asked (end of file).
+var ErrShort = fmt.Errorf("phx: short transfer (end of file)")
+
+// ReadBatch reads every extent, sending as many ioctls as the batch needs
+// (at most MaxExtents extents each; the smallest of BatchClasses that
+// holds them). It fills every Result and returns the number of extents that
+// did not move exactly Len bytes; an error only when an ioctl failed as a
+// whole (then the extents it carried have Result -errno).
+func (f *File) ReadBatch(ext []Extent) (int, error) { return f.batch(false, ext) }
+
+// WriteBatch is ReadBatch for writes.
+func (f *File) WriteBatch(ext []Extent) (int, error) { return f.batch(true, ext) }
+
+// classFor picks the capacity of the ioctl that carries n (<= 400) extents.
+func classFor(n int) int {
+	for _, c := range BatchClasses {
+		if n <= c {
+			return c
+		}
+	}
+	return BatchClasses[len(BatchClasses)-1]
+}
+
+func (f *File) batch(write bool, ext []Extent) (int, error) {
+	op := "batch read"
+	if write {
+		op = "batch write"
+	}
+	failed := 0
+	var first error
+	maxc := BatchClasses[len(BatchClasses)-1]
+	reqs := make([]IOReq, 0, min(len(ext), maxc))
+	results := make([]int64, 0, min(len(ext), maxc))
+	for start := 0; start < len(ext); start += maxc {
+		part := ext[start:min(start+maxc, len(ext))]
+		reqs = reqs[:0]
+		bad := false
+		for _, e := range part {
+			if e.BufOffset < 0 || e.Len < 0 || e.FileOffset < 0 {
+				bad = true
+			}
+			reqs = append(reqs, IOReq{ID: e.Buffer, BufOffset: uint64(e.BufOffset), Length: uint64(e.Len), FileOffset: uint64(e.FileOffset)})
+		}
+		var err error
+		if bad {
+			err = &Error{Op: op, Path: f.path, Errno: unix.EINVAL}
+		} else {
+			capacity := classFor(len(part))
+			var b []byte
+			b, err = EncodeBatch(capacity, reqs)
+			if err == nil {
+				err = f.ioctl(op, CmdBatch(write, capacity), b)
+			}
+			if err == nil {
+				results = results[:len(part)]
+				_, err = DecodeBatchResp(b, results)
+			}
+		}
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			en := int64(unix.EIO)
+			if e, ok := err.(*Error); ok {
+				en = int64(e.Errno)
+			}
+			for i := range part {
+				part[i].Result = -en
+			}
+			failed += len(part)
+			continue
+		}
+		for i := range part {
+			part[i].Result = results[i]
+			if results[i] != part[i].Len {
+				failed++
+			}
+		}
+	}
+	return failed, first
+}
+
+// Info asks the daemon what a GPU-direct read through this file would do on
+// device 0, and for its counters.
+func (f *File) Info() (Info, error) { return f.InfoDevice(0) }
+
+// InfoDevice is Info for device dev.
+func (f *File) InfoDevice(dev int) (Info, error) {
+	b := EncodeInfoReq(int32(dev))
+	if err := f.ioctl("info", CmdInfo, b); err != nil {
+		return Info{}, err
+	}
+	return DecodeInfo(b)
+}
