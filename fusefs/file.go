@@ -7,6 +7,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/splice"
 	"golang.org/x/sys/unix"
 )
 
@@ -70,6 +71,15 @@ func (p *ptFile) PassthroughFd() (int, bool) { return p.fd, true }
 func (h *file) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if h.pt {
 		h.fsys.passthroughLost("READ", h.of.Name)
+	}
+	if len(dest)+4096 > splice.MaxPipeSize() {
+		// go-fuse cannot splice a reply larger than a pipe (and would log
+		// the failure for every read): read into the request's buffer.
+		m, err := unix.Pread(h.fd, dest, off)
+		if err != nil {
+			return nil, toErrno(err)
+		}
+		return fuse.ReadResultData(dest[:m]), 0
 	}
 	return fuse.ReadResultFd(uintptr(h.fd), off, len(dest)), 0
 }

@@ -127,9 +127,7 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		mo.Options = append(mo.Options, "ro")
 	}
 	mo.Options = append(mo.Options, o.ExtraMountOptions...)
-	if o.Debug {
-		mo.Logger = logAdapter(log)
-	}
+	mo.Logger = logAdapter(log)
 
 	fo := &fs.Options{
 		MountOptions:    mo,

@@ -13,7 +13,9 @@ package integration
 //	                                    test fails or the daemon died)
 //	startDaemon(t, opts...) *daemon     the same, returning the daemon (for signal and
 //	                                    crash tests): d.Backing, d.Mnt, d.Cmd, d.Stderr(),
-//	                                    d.Signal(sig), d.WaitExit(timeout), d.Mounted()
+//	                                    d.Signal(sig), d.WaitExit(timeout), d.Mounted(),
+//	                                    d.WaitLog(substring, timeout); it returns after the
+//	                                    daemon's "mounted; passthrough ..." log line
 //	mountInProcess(t, fusefs.Options, opts...) (backing, mnt string, fsys *fusefs.FS)
 //	                                    the overlay served by the test process itself
 //	                                    (a Control test double can be plugged in)
@@ -281,7 +283,24 @@ func startDaemon(t testing.TB, opts ...mountOption) *daemon {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The log line comes after the passthrough probe: wait for it so that
+	// tests see the final state.
+	if !d.WaitLog("mounted;", 10*time.Second) {
+		t.Logf("phxmount mounted but logged no \"mounted;\" line:\n%s", d.Stderr())
+	}
 	return d
+}
+
+// WaitLog waits until the daemon's log contains s.
+func (d *daemon) WaitLog(s string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(d.Stderr(), s) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // stop unmounts and ends the daemon, whatever state it is in.
