@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * phxfs: internal interfaces between the core (character devices, mmap,
+ * registrations) and the vendor backend chosen at build time.
+ */
+#ifndef _PHXFS_H
+#define _PHXFS_H
+
+#include <linux/device.h>
+#include <linux/kref.h>
+#include <linux/list.h>
+#include <linux/memremap.h>
+#include <linux/mutex.h>
+#include <linux/pci.h>
+#include <linux/types.h>
+
+#include "include/uapi/phxfs_ioctl.h"
+
+#define PHXFS_MAX_DEVS	16
+
+/*
+ * One device: a range of physical device memory (a GPU BAR, a stand-in
+ * BAR, or reserved RAM) with struct pages from memremap_pages().
+ */
+struct phxfs_dev {
+	struct kref kref;
+	int index;			/* minor number, N in phxfs_devN */
+	struct device *device;		/* the class device */
+	struct pci_dev *pdev;		/* NULL for reserved RAM */
+	int bar;			/* BAR of pdev phxfs owns, else -1 */
+	phys_addr_t start;		/* device memory, physical */
+	u64 size;
+
+	bool p2pdma;			/* pages from the PCI P2PDMA core */
+	void *p2p_kaddr;		/* the whole p2pdma pool, when p2pdma */
+	struct dev_pagemap pgmap;	/* pages from memremap_pages() */
+	int ref_base;			/* page refcount with no user pin */
+
+	struct mutex lock;		/* protects dead, vmas */
+	bool dead;			/* device going away: no new maps */
+	struct list_head vmas;		/* struct phxfs_vma.node */
+
+	atomic_long_t nr_regs;		/* live registrations */
+	atomic64_t mapped_bytes;	/* bytes of live registrations */
+
+	void *backend_data;
+};
+
+/* The private data of one mmap() of a device (shared by VMA copies). */
+struct phxfs_vma {
+	struct kref kref;		/* one per VMA that points here */
+	struct phxfs_dev *dev;		/* holds a reference */
+	struct file *file;		/* holds a reference */
+	struct address_space *mapping;	/* where unmap_mapping_pages() looks */
+	struct mutex lock;		/* protects regs and reg->dead */
+	struct list_head regs;		/* struct phxfs_reg.node */
+	struct list_head node;		/* in dev->vmas */
+};
+
+/* One MAP: device memory inserted into a range of a phxfs VMA. */
+struct phxfs_reg {
+	struct list_head node;		/* in pv->regs */
+	struct phxfs_vma *pv;
+	struct phxfs_dev *dev;
+	unsigned long uaddr;		/* host range */
+	u64 size;
+	u64 devaddr;			/* device range */
+	pgoff_t pgoff;			/* file page offset of uaddr */
+	bool dead;			/* revoked or unmapped: no new PTEs */
+	void *backend_data;
+};
+
+/*
+ * A vendor backend.  pin/phys/unpin are called without any phxfs lock
+ * held; unpin only after every PTE of the registration is gone and every
+ * transient pin (O_DIRECT in flight) has been dropped.
+ */
+struct phxfs_backend_ops {
+	const char *name;
+	u64 align;			/* device address and size alignment */
+	int (*init)(void);
+	void (*exit)(void);
+	int (*pin)(struct phxfs_dev *dev, struct phxfs_reg *reg);
+	/* physical address of byte @off (page aligned) of a pinned range */
+	phys_addr_t (*phys)(struct phxfs_reg *reg, u64 off);
+	void (*unpin)(struct phxfs_reg *reg);	/* NULL: nothing to release */
+	const struct attribute_group *attr_group;	/* may be NULL */
+};
+
+extern const struct phxfs_backend_ops phxfs_backend;
+
+/* core: devices */
+struct phxfs_dev *phxfs_dev_create(struct pci_dev *pdev, int bar,
+				   phys_addr_t start, u64 size,
+				   void *backend_data);
+void phxfs_dev_destroy(struct phxfs_dev *dev);
+void phxfs_dev_put(struct phxfs_dev *dev);
+
+/* core: memory (phxfs-mem.c) */
+int phxfs_pages_init(struct phxfs_dev *dev);
+void phxfs_pages_exit(struct phxfs_dev *dev);
+int phxfs_mmap(struct phxfs_dev *dev, struct file *file,
+	       struct vm_area_struct *vma);
+int phxfs_map(struct phxfs_dev *dev, const struct phxfs_ioctl_map *req);
+int phxfs_unmap(struct phxfs_dev *dev, const struct phxfs_ioctl_map *req);
+void phxfs_reg_revoke(struct phxfs_reg *reg);
+void phxfs_reg_drain(struct phxfs_reg *reg);
+int phxfs_dev_revoke_range(struct phxfs_dev *dev, u64 devaddr, u64 size);
+void phxfs_dev_kill(struct phxfs_dev *dev);
+
+#endif /* _PHXFS_H */
