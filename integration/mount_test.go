@@ -180,8 +180,11 @@ func newMountConfig(t testing.TB, opts []mountOption) *mountConfig {
 	}
 	if c.backing == "" || c.mountpoint == "" {
 		base := t.TempDir()
-		if err := os.Chmod(base, 0755); err != nil {
-			t.Fatal(err)
+		// t.TempDir's parent is 0700: open both for tests that drop privileges.
+		for _, d := range []string{filepath.Dir(base), base} {
+			if err := os.Chmod(d, 0755); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if c.backing == "" {
 			c.backing = filepath.Join(base, "backing")
