@@ -1,0 +1,395 @@
+package fusefs
+
+import (
+	"context"
+	"crypto/rand"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"phxmount/client"
+	"phxmount/connector"
+	"phxmount/internal/errs"
+	"phxmount/phxfs"
+)
+
+// This file is the control protocol server: the project's ioctls (the ABI
+// of package client, documented in docs/abi.md) over a phxfs library.
+// control_buffers.go holds the registrations and their lifetime,
+// control_xattr.go the user.phx.* names.
+
+// ControlConfig configures NewControl.
+type ControlConfig struct {
+	// Lib performs the I/O. Required.
+	Lib *phxfs.Lib
+	// Connector imports the buffers applications export (default: the
+	// library's connector).
+	Connector connector.Connector
+	// ReadOnly refuses every write ioctl with EROFS (a read-only mount).
+	ReadOnly bool
+	// Passthrough reports whether the overlay's kernel passthrough is
+	// active, and why; nil reports "unknown" (see SetPassthrough).
+	Passthrough func() (bool, string)
+	// MaxBuffersPerProcess bounds the live buffers of one process (default
+	// 4096; EMFILE past it).
+	MaxBuffersPerProcess int
+	// Log receives the control's log lines; nil uses logrus' standard logger.
+	Log *logrus.Entry
+}
+
+// ControlServer implements Control. Create it with NewControl and Close it
+// after the overlay is unmounted.
+type ControlServer struct {
+	cfg    ControlConfig
+	lib    *phxfs.Lib
+	conn   connector.Connector
+	vendor client.Vendor
+	log    *logrus.Entry
+	pt     atomic.Pointer[func() (bool, string)]
+
+	mu      sync.Mutex
+	changed *sync.Cond // a buffer's in-flight count dropped to zero
+	bufs    map[uint64]*buffer
+	tokens  map[client.Token]*buffer
+	byFile  map[uint64]map[*buffer]struct{}
+	procs   map[int]*proc
+	nextID  uint64
+	closed  bool
+
+	devMu   sync.Mutex
+	devOpen map[int]bool
+
+	watch *deathWatch
+	stats ctlCounters
+}
+
+type ctlCounters struct {
+	registered, relDereg, relClose, relDeath atomic.Uint64
+	bytesRead, bytesWritten                  atomic.Uint64
+	extents, failedExtents, rejected, calls  atomic.Uint64
+	loads                                    atomic.Uint64
+}
+
+var _ Control = (*ControlServer)(nil)
+
+// NewControl creates the control protocol server over a phxfs library.
+func NewControl(cfg ControlConfig) (*ControlServer, error) {
+	if cfg.Lib == nil {
+		return nil, errs.New(unix.EINVAL, "control: no phxfs library")
+	}
+	if cfg.Connector == nil {
+		cfg.Connector = cfg.Lib.Connector()
+	}
+	if cfg.MaxBuffersPerProcess <= 0 {
+		cfg.MaxBuffersPerProcess = 4096
+	}
+	log := cfg.Log
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	s := &ControlServer{
+		cfg:     cfg,
+		lib:     cfg.Lib,
+		conn:    cfg.Connector,
+		vendor:  client.VendorByName(cfg.Connector.Vendor()),
+		log:     log,
+		bufs:    map[uint64]*buffer{},
+		tokens:  map[client.Token]*buffer{},
+		byFile:  map[uint64]map[*buffer]struct{}{},
+		procs:   map[int]*proc{},
+		devOpen: map[int]bool{},
+	}
+	s.changed = sync.NewCond(&s.mu)
+	if cfg.Passthrough != nil {
+		s.SetPassthrough(cfg.Passthrough)
+	}
+	w, err := newDeathWatch(s.ownerDied)
+	if err != nil {
+		return nil, err
+	}
+	s.watch = w
+	return s, nil
+}
+
+// SetPassthrough sets the function that reports the overlay's passthrough
+// state (the overlay exists only after the control is created).
+func (s *ControlServer) SetPassthrough(fn func() (bool, string)) { s.pt.Store(&fn) }
+
+func (s *ControlServer) passthrough() (known, active bool, why string) {
+	p := s.pt.Load()
+	if p == nil || *p == nil {
+		return false, false, "the overlay does not report its passthrough state to the control"
+	}
+	active, why = (*p)()
+	return true, active, why
+}
+
+// Close releases every buffer and stops watching their owners. The library
+// is the caller's to close afterwards.
+func (s *ControlServer) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	var all []*buffer
+	for _, b := range s.bufs {
+		all = append(all, b)
+	}
+	s.mu.Unlock()
+	var first error
+	for _, b := range all {
+		if err := s.release(b, releaseShutdown); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.watch.close()
+	return first
+}
+
+// openDevice opens device dev in the library once, for the server's life.
+func (s *ControlServer) openDevice(dev int) error {
+	s.devMu.Lock()
+	defer s.devMu.Unlock()
+	if s.devOpen[dev] {
+		return nil
+	}
+	if err := s.lib.OpenDevice(dev); err != nil {
+		return err
+	}
+	s.devOpen[dev] = true
+	return nil
+}
+
+// Ioctl implements Control.
+func (s *ControlServer) Ioctl(ctx context.Context, c Caller, f *OpenFile, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	ours, err := client.Known(cmd)
+	if !ours {
+		return 0, unix.ENOTTY
+	}
+	s.stats.calls.Add(1)
+	e := unix.Errno(0)
+	if err == nil {
+		e = s.serve(c, f, cmd, in, out)
+	} else {
+		e = unix.EINVAL
+	}
+	if e != 0 {
+		s.stats.rejected.Add(1)
+		if s.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
+			s.log.WithFields(logrus.Fields{"cmd": cmdName(cmd), "pid": c.Tgid, "file": f.Name}).Debugf("ioctl refused: %v", e)
+		}
+	}
+	return 0, e
+}
+
+func cmdName(cmd uint32) string {
+	switch client.ParseCmd(cmd).Nr {
+	case client.NrRegister:
+		return "REGISTER"
+	case client.NrDeregister:
+		return "DEREGISTER"
+	case client.NrRead:
+		return "READ"
+	case client.NrWrite:
+		return "WRITE"
+	case client.NrBatchRead:
+		return "BATCH_READ"
+	case client.NrBatchWrite:
+		return "BATCH_WRITE"
+	case client.NrInfo:
+		return "INFO"
+	}
+	return "?"
+}
+
+func (s *ControlServer) serve(c Caller, f *OpenFile, cmd uint32, in, out []byte) unix.Errno {
+	nr := client.ParseCmd(cmd).Nr
+	if len(in) != client.ParseCmd(cmd).Size {
+		return unix.EINVAL
+	}
+	wantOut := nr != client.NrDeregister
+	if wantOut && len(out) != len(in) {
+		return unix.EINVAL
+	}
+	switch nr {
+	case client.NrRegister:
+		req, err := client.DecodeRegister(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		resp, e := s.register(c, f, req)
+		if e != 0 {
+			return e
+		}
+		client.EncodeRegisterResp(out, req, resp)
+		return 0
+	case client.NrDeregister:
+		id, err := client.DecodeDeregister(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		return s.deregister(c, id)
+	case client.NrRead, client.NrWrite:
+		write := nr == client.NrWrite
+		req, err := client.DecodeIO(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		if e := s.checkMode(f, write); e != 0 {
+			return e
+		}
+		res := s.transfer(c, f, write, []client.IOReq{req}, nil)
+		if res[0] < 0 {
+			return unix.Errno(-res[0])
+		}
+		client.EncodeIOResp(out, req, res[0])
+		return 0
+	case client.NrBatchRead, client.NrBatchWrite:
+		write := nr == client.NrBatchWrite
+		reqs, bad, err := client.DecodeBatch(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		if e := s.checkMode(f, write); e != 0 {
+			return e
+		}
+		res := s.transfer(c, f, write, reqs, bad)
+		client.EncodeBatchResp(out, in, res)
+		return 0
+	case client.NrInfo:
+		dev, err := client.DecodeInfoReq(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		info, e := s.info(int(dev), f.Fd)
+		if e != 0 {
+			return e
+		}
+		client.EncodeInfo(out, info)
+		return 0
+	}
+	return unix.ENOTTY
+}
+
+// checkMode refuses, before any I/O, what the open mode forbids.
+func (s *ControlServer) checkMode(f *OpenFile, write bool) unix.Errno {
+	acc := f.Flags & unix.O_ACCMODE
+	switch {
+	case f.Flags&unix.O_DIRECTORY != 0:
+		return unix.EISDIR
+	case write && s.cfg.ReadOnly:
+		return unix.EROFS
+	case write && acc == unix.O_RDONLY:
+		return unix.EBADF
+	case write && f.Flags&unix.O_APPEND != 0:
+		return unix.EINVAL
+	case !write && acc == unix.O_WRONLY:
+		return unix.EBADF
+	}
+	return 0
+}
+
+// transfer checks every extent against its registration and the caller,
+// then moves the bytes of those that pass. Results: bytes or -errno.
+func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []client.IOReq, bad []error) []int64 {
+	res := make([]int64, len(reqs))
+	preqs := make([]phxfs.Request, 0, len(reqs))
+	idx := make([]int, 0, len(reqs))
+	held := make([]*buffer, 0, len(reqs))
+
+	s.mu.Lock()
+	for i, r := range reqs {
+		if bad != nil && bad[i] != nil {
+			res[i] = -int64(unix.EINVAL)
+			continue
+		}
+		b := s.bufs[r.ID]
+		switch {
+		case b == nil || b.dying:
+			res[i] = -int64(unix.ENOENT)
+			continue
+		case !b.ownedBy(c):
+			res[i] = -int64(unix.EPERM)
+			continue
+		case r.BufOffset > uint64(b.size) || r.Length > uint64(b.size)-r.BufOffset:
+			res[i] = -int64(unix.EFAULT)
+			continue
+		}
+		b.inflight++
+		held = append(held, b)
+		idx = append(idx, i)
+		preqs = append(preqs, phxfs.Request{Fd: f.Fd, Device: b.dev, Buf: b.addr,
+			BufOffset: int64(r.BufOffset), Len: int64(r.Length), FileOffset: int64(r.FileOffset)})
+	}
+	s.mu.Unlock()
+
+	switch {
+	case len(preqs) == 1 && len(reqs) == 1:
+		p := &preqs[0]
+		var n int64
+		var err error
+		if write {
+			n, err = s.lib.Write(p.Fd, p.Device, p.Buf, p.BufOffset, p.Len, p.FileOffset)
+		} else {
+			n, err = s.lib.Read(p.Fd, p.Device, p.Buf, p.BufOffset, p.Len, p.FileOffset)
+		}
+		p.Result = n
+		if err != nil {
+			p.Result = -int64(errs.Errno(err))
+		}
+	case len(preqs) > 0:
+		var err error
+		if write {
+			_, err = s.lib.WriteBatch(preqs)
+		} else {
+			_, err = s.lib.ReadBatch(preqs)
+		}
+		if err != nil {
+			for i := range preqs {
+				preqs[i].Result = -int64(errs.Errno(err))
+			}
+		}
+	}
+
+	var moved, failed uint64
+	for k, i := range idx {
+		res[i] = preqs[k].Result
+		if res[i] > 0 {
+			moved += uint64(res[i])
+		}
+	}
+	for i := range res {
+		if res[i] < 0 || uint64(res[i]) != reqs[i].Length {
+			failed++
+		}
+	}
+	s.mu.Lock()
+	for _, b := range held {
+		b.inflight--
+		if b.inflight == 0 && b.dying {
+			s.changed.Broadcast()
+		}
+	}
+	s.mu.Unlock()
+
+	s.stats.extents.Add(uint64(len(reqs)))
+	s.stats.failedExtents.Add(failed)
+	if write {
+		s.stats.bytesWritten.Add(moved)
+	} else {
+		s.stats.bytesRead.Add(moved)
+	}
+	return res
+}
+
+// randomToken draws a capability token.
+func randomToken() (client.Token, error) {
+	var t client.Token
+	_, err := rand.Read(t[:])
+	return t, err
+}

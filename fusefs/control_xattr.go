@@ -1,0 +1,320 @@
+package fusefs
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"phxmount/client"
+	"phxmount/internal/errs"
+	"phxmount/phxfs"
+)
+
+// The virtual xattrs (docs/abi.md, "Virtual xattrs").
+const (
+	XattrInfo = XattrPrefix + "info"
+	XattrLoad = XattrPrefix + "load"
+)
+
+// info gathers INFO's answer for device dev; fd (the daemon's descriptor on
+// the file asked about, or -1) gives the O_DIRECT alignment.
+func (s *ControlServer) info(dev int, fd int) (client.Info, unix.Errno) {
+	if dev < 0 || dev > 1<<16 {
+		return client.Info{}, unix.ENODEV
+	}
+	if err := s.openDevice(dev); err != nil {
+		return client.Info{}, errs.Errno(err)
+	}
+	d, err := s.lib.Device(dev)
+	if err != nil {
+		return client.Info{}, errs.Errno(err)
+	}
+	infos, _ := s.conn.Devices()
+	in := client.Info{
+		Device:     int32(dev),
+		Transport:  client.TransportByName(string(d.Transport)),
+		Workers:    uint32(s.lib.Workers()),
+		PageSize:   uint64(d.PageSize),
+		BounceSize: uint64(s.lib.BounceSize()),
+		Devices:    uint32(len(infos)),
+		Vendor:     s.conn.Vendor(),
+		Engine:     s.lib.EngineName(),
+		PCIAddress: d.PCIAddress,
+		DeviceName: d.Name,
+	}
+	if known, active, why := s.passthrough(); known {
+		if active {
+			in.Flags |= client.InfoPassthrough
+		}
+		in.PassthroughWhy = why
+	} else {
+		in.PassthroughWhy = "unknown: " + why
+	}
+	if s.cfg.ReadOnly {
+		in.Flags |= client.InfoReadOnly
+	}
+	if s.conn.HostAddressable() {
+		in.Flags |= client.InfoHostAddressable
+	}
+	if fd >= 0 {
+		in.DIOMemAlign, in.DIOOffsetAlign = dioAlign(fd)
+	}
+	in.Counters = s.counters()
+	return in, 0
+}
+
+// dioAlign is the backing file's O_DIRECT alignment (0, 0 when unknown).
+func dioAlign(fd int) (mem, off uint32) {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &stx); err != nil || stx.Mask&unix.STATX_DIOALIGN == 0 {
+		return 0, 0
+	}
+	return stx.Dio_mem_align, stx.Dio_offset_align
+}
+
+func (s *ControlServer) counters() client.Counters {
+	s.mu.Lock()
+	live := uint64(len(s.bufs))
+	s.mu.Unlock()
+	ls := s.lib.Stats()
+	st := &s.stats
+	return client.Counters{
+		BuffersLive: live, BuffersRegistered: st.registered.Load(), ReleasedDeregister: st.relDereg.Load(),
+		ReleasedClose: st.relClose.Load(), ReleasedDeath: st.relDeath.Load(),
+		IoctlBytesRead: st.bytesRead.Load(), IoctlBytesWritten: st.bytesWritten.Load(),
+		IoctlExtents: st.extents.Load(), IoctlFailedExtents: st.failedExtents.Load(),
+		IoctlRejected: st.rejected.Load(), IoctlCalls: st.calls.Load(),
+		LibBytesRead: uint64(ls.BytesRead), LibBytesWritten: uint64(ls.BytesWritten),
+		LibRequests: uint64(ls.Requests), LibOps: uint64(ls.Ops), LibCoalesced: uint64(ls.Coalesced),
+		LibFailed: uint64(ls.Failed), LibBatches: uint64(ls.Batches), XattrLoads: st.loads.Load(),
+	}
+}
+
+func transportWhy(t phxfs.Transport, vendor string) string {
+	switch t {
+	case phxfs.Direct:
+		return "the phxfs kernel module maps device pages: O_DIRECT reads land in device memory by DMA"
+	case phxfs.Host:
+		return vendor + " device memory is host-addressable: reads land in it directly"
+	case phxfs.Staged:
+		return "no phxfs kernel module and " + vendor + " memory is not host-addressable: reads go through pinned bounce buffers and device copies"
+	}
+	return "unknown"
+}
+
+// GetXattr implements Control.
+func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, syscall.Errno) {
+	if name != XattrInfo {
+		return nil, unix.ENODATA
+	}
+	fd := -1
+	var st unix.Stat_t
+	haveStat := false
+	if t.Open != nil && !t.IsDir {
+		if f, e := t.Open(unix.O_RDONLY); e == 0 {
+			fd = f
+			defer unix.Close(fd)
+			haveStat = unix.Fstat(fd, &st) == nil
+		}
+	}
+	in, e := s.info(0, fd)
+	var b strings.Builder
+	kv := func(k string, v any) { fmt.Fprintf(&b, "%s=%v\n", k, v) }
+	path := t.Name
+	if t.IsRoot || path == "" {
+		path = "."
+	}
+	kv("path", path)
+	if haveStat {
+		kv("size", st.Size)
+	}
+	if e != 0 {
+		kv("transport", "unavailable")
+		kv("transport_why", "device 0: "+e.Error())
+	} else {
+		kv("transport", in.Transport)
+		kv("transport_why", transportWhy(phxfs.Transport(in.Transport.String()), in.Vendor))
+	}
+	kv("vendor", s.conn.Vendor())
+	if e == 0 {
+		kv("device", 0)
+		kv("devices", in.Devices)
+		kv("device_name", in.DeviceName)
+		kv("pci", in.PCIAddress)
+		kv("page_size", in.PageSize)
+		if fd >= 0 {
+			kv("dio_mem_align", in.DIOMemAlign)
+			kv("dio_offset_align", in.DIOOffsetAlign)
+		}
+		kv("engine", in.Engine)
+		kv("workers", in.Workers)
+		kv("bounce_size", in.BounceSize)
+	}
+	known, active, why := s.passthrough()
+	switch {
+	case !known:
+		kv("passthrough", "unknown")
+	case active:
+		kv("passthrough", "active")
+	default:
+		kv("passthrough", "inactive")
+	}
+	kv("passthrough_why", strings.ReplaceAll(why, "\n", " "))
+	kv("read_only", s.cfg.ReadOnly)
+	ct := s.counters()
+	for _, p := range []struct {
+		k string
+		v uint64
+	}{
+		{"buffers_live", ct.BuffersLive}, {"buffers_registered", ct.BuffersRegistered},
+		{"released_deregister", ct.ReleasedDeregister}, {"released_close", ct.ReleasedClose},
+		{"released_death", ct.ReleasedDeath}, {"ioctl_bytes_read", ct.IoctlBytesRead},
+		{"ioctl_bytes_written", ct.IoctlBytesWritten}, {"ioctl_extents", ct.IoctlExtents},
+		{"ioctl_failed_extents", ct.IoctlFailedExtents}, {"ioctl_rejected", ct.IoctlRejected},
+		{"ioctl_calls", ct.IoctlCalls}, {"lib_bytes_read", ct.LibBytesRead},
+		{"lib_bytes_written", ct.LibBytesWritten}, {"lib_requests", ct.LibRequests},
+		{"lib_ops", ct.LibOps}, {"lib_coalesced", ct.LibCoalesced}, {"lib_failed", ct.LibFailed},
+		{"lib_batches", ct.LibBatches}, {"xattr_loads", ct.XattrLoads},
+	} {
+		kv(p.k, p.v)
+	}
+	return []byte(b.String()), 0
+}
+
+// loadReq is a parsed user.phx.load value.
+type loadReq struct {
+	token      client.Token
+	offset     uint64
+	length     uint64
+	hasLength  bool
+	fileOffset uint64
+}
+
+// parseLoad parses "token=<hex>,offset=N[,length=N][,file_offset=N]".
+func parseLoad(v []byte) (loadReq, error) {
+	var r loadReq
+	s := strings.TrimRight(string(v), "\x00\n")
+	if s == "" || len(s) > 512 {
+		return r, errs.New(unix.EINVAL, "user.phx.load: empty or oversized value")
+	}
+	seen := map[string]bool{}
+	for _, part := range strings.Split(s, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || val == "" {
+			return r, errs.New(unix.EINVAL, "user.phx.load: %q is not key=value", part)
+		}
+		if seen[k] {
+			return r, errs.New(unix.EINVAL, "user.phx.load: %s given twice", k)
+		}
+		seen[k] = true
+		if k == "token" {
+			if len(val) != 2*client.TokenSize {
+				return r, errs.New(unix.EINVAL, "user.phx.load: token must be %d hex digits", 2*client.TokenSize)
+			}
+			if _, err := hex.Decode(r.token[:], []byte(val)); err != nil {
+				return r, errs.New(unix.EINVAL, "user.phx.load: token: %v", err)
+			}
+			continue
+		}
+		n, err := strconv.ParseUint(val, 0, 63)
+		if err != nil || n > client.MaxOffset {
+			return r, errs.New(unix.EINVAL, "user.phx.load: %s=%q is not a number below 2^63", k, val)
+		}
+		switch k {
+		case "offset":
+			r.offset = n
+		case "length":
+			r.length, r.hasLength = n, true
+		case "file_offset":
+			r.fileOffset = n
+		default:
+			return r, errs.New(unix.EINVAL, "user.phx.load: unknown key %q", k)
+		}
+	}
+	if !seen["token"] || !seen["offset"] {
+		return r, errs.New(unix.EINVAL, "user.phx.load: token and offset are required")
+	}
+	return r, nil
+}
+
+// SetXattr implements Control.
+func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []byte) syscall.Errno {
+	if name != XattrLoad {
+		return unix.ENOTSUP
+	}
+	r, err := parseLoad(value)
+	if err != nil {
+		return errs.Errno(err)
+	}
+	if t.IsDir {
+		return unix.EISDIR
+	}
+	s.mu.Lock()
+	b := s.tokens[r.token]
+	if b == nil || b.dying {
+		s.mu.Unlock()
+		return unix.EKEYREJECTED
+	}
+	if r.offset > uint64(b.size) {
+		s.mu.Unlock()
+		return unix.EFAULT
+	}
+	b.inflight++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		b.inflight--
+		if b.inflight == 0 && b.dying {
+			s.changed.Broadcast()
+		}
+		s.mu.Unlock()
+	}()
+
+	if t.Open == nil {
+		return unix.EACCES
+	}
+	fd, e := t.Open(unix.O_RDONLY)
+	if e != 0 {
+		return e
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return errs.Errno(err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return unix.EISDIR
+	}
+	size := uint64(max(st.Size, 0))
+	length := r.length
+	if r.hasLength {
+		if r.fileOffset > size || length > size-r.fileOffset {
+			return unix.EINVAL
+		}
+	} else {
+		if r.fileOffset < size {
+			length = size - r.fileOffset
+		}
+		length = min(length, uint64(b.size)-r.offset)
+	}
+	if length > uint64(b.size)-r.offset {
+		return unix.EFAULT
+	}
+	n, err := s.lib.Read(fd, b.dev, b.addr, int64(r.offset), int64(length), int64(r.fileOffset))
+	if err != nil {
+		return errs.Errno(err)
+	}
+	if uint64(n) != length {
+		return unix.EIO
+	}
+	s.stats.loads.Add(1)
+	s.stats.bytesRead.Add(uint64(n))
+	s.log.WithFields(logrus.Fields{"id": b.id, "pid": c.Tgid, "uid": c.UID, "file": t.Name}).
+		Infof("user.phx.load: %d bytes of %s into buffer %d at %d", n, t.Name, b.id, r.offset)
+	return 0
+}
