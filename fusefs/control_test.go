@@ -477,7 +477,9 @@ func TestControlXattrs(t *testing.T) {
 	if errno := e.s.SetXattr(e.me, target, XattrInfo, []byte("x")); errno != unix.ENOTSUP {
 		t.Errorf("set info: %v", errno)
 	}
-	load := func(v string) syscall.Errno { return e.s.SetXattr(Caller{Tgid: 1, UID: 65534}, target, XattrLoad, []byte(v)) }
+	load := func(v string) syscall.Errno {
+		return e.s.SetXattr(Caller{Tgid: 1, UID: 65534}, target, XattrLoad, []byte(v))
+	}
 	tok := r.Token.String()
 	for _, c := range []struct {
 		v    string
