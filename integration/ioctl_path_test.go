@@ -83,8 +83,8 @@ func TestIoctlPath(t *testing.T) {
 					ext = append(ext, e)
 				}
 				ext = append(ext,
-					client.Extent{Buffer: b2.ID, BufOffset: 1<<20 - 100, Len: 101, FileOffset: 0}, // past the buffer
-					client.Extent{Buffer: 9999, Len: 1},                                          // unknown id
+					client.Extent{Buffer: b2.ID, BufOffset: 1<<20 - 100, Len: 101, FileOffset: 0},    // past the buffer
+					client.Extent{Buffer: 9999, Len: 1},                                              // unknown id
 					client.Extent{Buffer: b1.ID, BufOffset: 7 << 20, Len: 4096, FileOffset: 1 << 40}, // past EOF: 0 bytes
 				)
 				failed, err := f.ReadBatch(ext)
@@ -148,7 +148,7 @@ func TestIoctlPath(t *testing.T) {
 			copy(wdata[5:], m2.Bytes()[3:100003])
 			wext := []client.Extent{
 				{Buffer: b2.ID, BufOffset: 200000, Len: 65536, FileOffset: 1 << 20},
-				{Buffer: b2.ID, BufOffset: 1<<20 - 1, Len: 2, FileOffset: 0}, // past the buffer
+				{Buffer: b2.ID, BufOffset: 1<<20 - 1, Len: 2, FileOffset: 0},   // past the buffer
 				{Buffer: b2.ID, BufOffset: 0, Len: 10, FileOffset: 2<<20 + 10}, // extends the file
 			}
 			if failed, err := w.WriteBatch(wext); err != nil || failed != 1 || wext[1].Result != -int64(unix.EFAULT) {
