@@ -300,6 +300,9 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 		if r.fileOffset < size {
 			length = size - r.fileOffset
 		}
+		if length > 0 && r.offset == uint64(b.size) {
+			return unix.EFAULT // the file has bytes and none fits
+		}
 		length = min(length, uint64(b.size)-r.offset)
 	}
 	if length > uint64(b.size)-r.offset {
