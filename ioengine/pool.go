@@ -251,16 +251,15 @@ func (p *Pool) submit(b *batch, jobs []job) error {
 
 // Close lets the workers finish every queued job, stops them and closes
 // their engines. Run and Each calls after Close fail with ESHUTDOWN. Close
-// must not be called from inside an Each function; a second Close is a no-op.
+// must not be called from inside an Each function. Every Close, the first
+// and any concurrent or later one, returns once the workers have stopped.
 func (p *Pool) Close() error {
 	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil
-	}
-	p.closed = true
-	for _, w := range p.workers {
-		close(w.jobs)
+	if !p.closed {
+		p.closed = true
+		for _, w := range p.workers {
+			close(w.jobs)
+		}
 	}
 	p.mu.Unlock()
 	p.wg.Wait()

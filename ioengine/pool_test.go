@@ -318,13 +318,18 @@ func TestPoolCloseQueued(t *testing.T) {
 			defer p.mu.RUnlock()
 			return p.closed
 		})
+		// A second Close also waits for the workers.
+		closeDone2 := make(chan error, 1)
+		go func() { closeDone2 <- p.Close() }()
 		select {
 		case <-closeDone:
 			t.Fatal("Close returned while jobs were still running")
+		case <-closeDone2:
+			t.Fatal("second Close returned while jobs were still running")
 		case <-time.After(20 * time.Millisecond):
 		}
 		close(release)
-		for what, c := range map[string]chan error{"Each": eachDone, "Run": runDone, "Close": closeDone} {
+		for what, c := range map[string]chan error{"Each": eachDone, "Run": runDone, "Close": closeDone, "second Close": closeDone2} {
 			select {
 			case err := <-c:
 				if err != nil {
