@@ -106,7 +106,9 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		Debug:         o.Debug,
 		// Asynchronous direct I/O: lets the kernel keep several O_DIRECT
 		// requests of one file in flight on the classic path.
-		ExtraCapabilities: fuse.CAP_ASYNC_DIO,
+		// READDIRPLUS_AUTO: the kernel asks for attributes with the names
+		// only while it uses them (ls -l, find), not for a plain readdir.
+		ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_READDIRPLUS_AUTO,
 		// Symlink targets change only through the mount or the backing
 		// directory; cache them like attributes.
 		EnableSymlinkCaching: false,

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -279,8 +280,8 @@ func (n *node) giveToCaller(ctx context.Context, fd int, symlink bool) unix.Errn
 		return 0
 	}
 	fc, ok := fuseCaller(ctx)
-	if !ok {
-		return 0
+	if !ok || (fc.Uid == uint32(os.Geteuid()) && fc.Gid == uint32(os.Getegid())) {
+		return 0 // already the creator's
 	}
 	var st, parent unix.Stat_t
 	if e := n.stat(&parent); e != 0 {
@@ -437,18 +438,18 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		}
 		return nil, nil, 0, e
 	}
-	var st unix.Stat_t
-	pfd, e := n.lookupFd(name, &st)
-	if e != 0 {
+	// The node's O_PATH descriptor comes from the file just opened, not
+	// from the name, which may already name something else.
+	pfd, err := unix.Open(procSelfFd(fd), unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
 		unix.Close(fd)
-		return nil, nil, 0, e
+		return nil, nil, 0, toErrno(err)
 	}
-	var fst unix.Stat_t
-	if err := unix.Fstat(fd, &fst); err != nil || fst.Ino != st.Ino || fst.Dev != st.Dev {
-		// Replaced between the create and the lookup.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		unix.Close(pfd)
-		return nil, nil, 0, unix.EAGAIN
+		return nil, nil, 0, toErrno(err)
 	}
 	ch := n.child(ctx, pfd, &st, out)
 	fh, ff := n.fsys.newFile(ctx, ch.Operations().(*node), fd, int(flags))

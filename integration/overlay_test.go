@@ -14,6 +14,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"phxmount/fusefs"
 )
 
 func needTool(t *testing.T, name string) {
@@ -52,8 +54,17 @@ func TestXattrs(t *testing.T) {
 	if _, err := unix.Getxattr(f, "user.phx.planted", buf); err != unix.ENODATA {
 		t.Fatalf("get user.phx.planted through the mount: %v, want ENODATA", err)
 	}
-	if _, err := unix.Getxattr(f, "user.phx.info", buf); err != unix.ENODATA {
-		t.Fatalf("get user.phx.info without a control: %v, want ENODATA", err)
+	// user.phx.info is the control's (when one is wired), never the file's.
+	big := make([]byte, 64<<10)
+	if n, err := unix.Getxattr(f, "user.phx.info", big); err == nil {
+		if n == 0 {
+			t.Fatalf("user.phx.info is empty")
+		}
+	} else if err != unix.ENODATA {
+		t.Fatalf("get user.phx.info: %v", err)
+	}
+	if _, err := unix.Getxattr(filepath.Join(backing, "f"), "user.phx.info", buf); err != unix.ENODATA {
+		t.Fatalf("user.phx.info is on the backing file: %v", err)
 	}
 	list := runCmd(t, "getfattr", "--absolute-names", "-d", "-m", "-", f)
 	if strings.Contains(list, "user.phx") || !strings.Contains(list, "user.color") || !strings.Contains(list, "user.size") {
@@ -61,7 +72,7 @@ func TestXattrs(t *testing.T) {
 	}
 	// Setting a user.phx.* name never writes the backing file.
 	if err := unix.Setxattr(f, "user.phx.load", []byte("token=1"), 0); err == nil {
-		t.Fatalf("setting user.phx.load without a control succeeded")
+		t.Fatalf("setting user.phx.load with a bogus token succeeded")
 	}
 	if _, err := unix.Getxattr(filepath.Join(backing, "f"), "user.phx.load", buf); err != unix.ENODATA {
 		t.Fatalf("user.phx.load reached the backing file: %v", err)
@@ -217,12 +228,12 @@ func TestForeignIoctlRefused(t *testing.T) {
 	if e != unix.ENOTTY {
 		t.Fatalf("FS_IOC_GETFLAGS through the mount: %v, want ENOTTY", e)
 	}
-	// A made-up restricted ioctl of the project's shape, without a control.
+	// Another made-up restricted ioctl of a type byte nobody uses.
 	in := make([]byte, 64)
-	cmd := uintptr(3<<30 | 64<<16 | 'P'<<8 | 1) // _IOWR('P', 1, [64]byte)
+	cmd := uintptr(3<<30 | 64<<16 | 0xEE<<8 | 0x7F) // _IOWR(0xEE, 0x7F, [64]byte)
 	_, _, e = unix.Syscall(unix.SYS_IOCTL, f.Fd(), cmd, uintptr(unsafe.Pointer(&in[0])))
 	if e != unix.ENOTTY {
-		t.Fatalf("project-shaped ioctl without a control: %v, want ENOTTY", e)
+		t.Fatalf("foreign ioctl: %v, want ENOTTY", e)
 	}
 }
 
@@ -421,3 +432,37 @@ func TestStatfsAndMknod(t *testing.T) {
 }
 
 var _ = syscall.EIO
+
+// TestNilControl: an overlay built without a Control refuses every ioctl
+// (ENOTTY) and every user.phx.* name (ENODATA on get, ENOTSUP on set).
+func TestNilControl(t *testing.T) {
+	backing, mnt, fsys := mountInProcess(t, fusefs.Options{})
+	if ok, why := fsys.PassthroughActive(); why == "" {
+		t.Errorf("PassthroughActive gives no reason (active %v)", ok)
+	}
+	p := filepath.Join(mnt, "f")
+	if err := os.WriteFile(p, []byte("x"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	if _, err := unix.Getxattr(p, "user.phx.info", buf); err != unix.ENODATA {
+		t.Fatalf("user.phx.info without a control: %v, want ENODATA", err)
+	}
+	if err := unix.Setxattr(p, "user.phx.load", []byte("token=1"), 0); err != unix.ENOTSUP {
+		t.Fatalf("set user.phx.load without a control: %v, want ENOTSUP", err)
+	}
+	if _, err := unix.Getxattr(filepath.Join(backing, "f"), "user.phx.load", buf); err != unix.ENODATA {
+		t.Fatalf("user.phx.load reached the backing file: %v", err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	in := make([]byte, 64)
+	cmd := uintptr(3<<30 | 64<<16 | 'P'<<8 | 1)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), cmd, uintptr(unsafe.Pointer(&in[0]))); e != unix.ENOTTY {
+		t.Fatalf("ioctl without a control: %v, want ENOTTY", e)
+	}
+	mustEqualFile(t, filepath.Join(backing, "f"), []byte("x"))
+}
