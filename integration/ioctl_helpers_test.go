@@ -300,6 +300,15 @@ func TestIoctlHelperChild(t *testing.T) {
 				ext = append(ext, client.Extent{Buffer: b.ID, BufOffset: j << 14, Len: 1 << 14, FileOffset: j << 14})
 			}
 		}
+		// Keep the open file alive in another process: the release must
+		// then come from this process's death.
+		keeper := exec.Command("sleep", "60")
+		keeper.ExtraFiles = []*os.File{os.NewFile(uintptr(f.Fd()), "f")}
+		if err := keeper.Start(); err != nil {
+			say("KEEPER %v", err)
+			return
+		}
+		say("KEEPER %d", keeper.Process.Pid)
 		say("IDS %s", strings.Join(ids, " "))
 		for n := 0; ; n++ {
 			if _, err := f.ReadBatch(ext); err != nil {
