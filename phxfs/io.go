@@ -198,6 +198,9 @@ func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
 // execute runs a prepared plan on the worker pool, fills every request's
 // Result and releases the plan's holds.
 func (l *Lib) execute(p *plan) {
+	if l.gate != nil {
+		l.gate()
+	}
 	switch {
 	case len(p.xfers) == 0:
 	case !p.staged:

@@ -187,8 +187,9 @@ func (l *Lib) hold(dev int, buf uint64, off, n int64) (*region, error) {
 	if off < 0 || uint64(off) > ^uint64(0)-buf {
 		return nil, errs.New(unix.EFAULT, "phxfs: buffer offset %d", off)
 	}
-	r := d.find(buf+uint64(off), n)
-	if r == nil {
+	// buf itself must lie inside the registration, and the transfer too.
+	r := d.find(buf, 0)
+	if r == nil || n < 0 || uint64(off) > r.end()-buf || uint64(n) > r.end()-buf-uint64(off) {
 		return nil, errs.New(unix.EFAULT, "phxfs: [%#x+%d, +%d) is not inside a registration on device %d", buf, off, n, dev)
 	}
 	r.holds++

@@ -78,6 +78,10 @@ type Lib struct {
 	staged []*stagedWorker // per pool worker, created on first use
 
 	stats counters
+
+	// gate, when set by a test, runs before each plan executes: the tests
+	// use it to hold I/O in flight deterministically.
+	gate func()
 }
 
 // New creates a library instance and starts its worker pool.
