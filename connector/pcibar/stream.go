@@ -1,0 +1,177 @@
+package pcibar
+
+import (
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
+	"phxmount/internal/errs"
+	"phxmount/kmod"
+)
+
+// View names how Stream copies reach a BAR.
+const (
+	ViewResource = "resource" // mmap of /sys/bus/pci/devices/ADDR/resource2
+	ViewModule   = "module"   // the whole BAR mapped by the phxfs module
+)
+
+// barView is a CPU mapping of a whole BAR.
+type barView struct {
+	kind string
+	b    []byte
+	dev  *kmod.Device  // ViewModule
+	m    *kmod.Mapping // ViewModule
+}
+
+func (v *barView) close() error {
+	if v.kind == ViewModule {
+		return v.dev.Close() // unmaps v.m
+	}
+	if err := unix.Munmap(v.b); err != nil {
+		return errs.New(errs.Errno(err), "pcibar: munmap BAR")
+	}
+	return nil
+}
+
+// openView maps d's BAR for the CPU: the sysfs resource file first; where
+// the kernel refuses that (x86 PAT: the module's pages already map the
+// range write-back), a module mapping of the whole BAR.
+func (d *device) openView() (*barView, error) {
+	d.viewMu.Lock()
+	defer d.viewMu.Unlock()
+	if d.view != nil {
+		return d.view, nil
+	}
+	p := filepath.Join(SysfsPCI, d.pci, "resource"+strconv.Itoa(BAR))
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errs.New(errs.Errno(err), "pcibar: open %s", p)
+	}
+	b, merr := unix.Mmap(fd, 0, int(d.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	unix.Close(fd)
+	if merr == nil {
+		d.view = &barView{kind: ViewResource, b: b}
+		return d.view, nil
+	}
+	if !kmod.Available(d.index) {
+		return nil, errs.New(errs.Errno(merr), "pcibar: mmap %s", p)
+	}
+	kd, err := kmod.Open(d.index)
+	if err != nil {
+		return nil, err
+	}
+	m, err := kd.Map(kmod.EmuDevAddr(d.index, 0), d.size)
+	if err != nil {
+		kd.Close()
+		return nil, errs.New(errs.Errno(err), "pcibar: mmap %s: %v; module mapping: %v", p, merr, err)
+	}
+	d.view = &barView{kind: ViewModule, b: m.Bytes(), dev: kd, m: m}
+	return d.view, nil
+}
+
+// ViewKind reports how Stream copies of device dev reach its BAR
+// (ViewResource or ViewModule), mapping it if needed.
+func (c *Connector) ViewKind(dev int) (string, error) {
+	d, err := c.device(dev)
+	if err != nil {
+		return "", err
+	}
+	v, err := d.openView()
+	if err != nil {
+		return "", err
+	}
+	return v.kind, nil
+}
+
+// Stream copies synchronously through a CPU mapping of the BAR.
+type Stream struct {
+	c    *Connector
+	dev  *device
+	view *barView
+
+	mu     sync.Mutex
+	err    error
+	closed bool
+}
+
+var _ connector.Stream = (*Stream)(nil)
+
+// NewStream implements connector.Connector.
+func (c *Connector) NewStream(dev int) (connector.Stream, error) {
+	d, err := c.device(dev)
+	if err != nil {
+		return nil, err
+	}
+	v, err := d.openView()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errs.New(unix.EINVAL, "pcibar: connector closed")
+	}
+	c.streams++
+	return &Stream{c: c, dev: d, view: v}, nil
+}
+
+func (s *Stream) record(err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errs.New(unix.EINVAL, "pcibar: stream closed")
+	}
+	if err != nil && s.err == nil {
+		s.err = err
+	}
+	return err
+}
+
+// CopyToDevice implements connector.Stream.
+func (s *Stream) CopyToDevice(dst uint64, src []byte) error {
+	off, err := s.dev.barOffset(dst, int64(len(src)))
+	if err == nil {
+		copy(s.view.b[off:], src)
+	}
+	return s.record(err)
+}
+
+// CopyFromDevice implements connector.Stream.
+func (s *Stream) CopyFromDevice(dst []byte, src uint64) error {
+	off, err := s.dev.barOffset(src, int64(len(dst)))
+	if err == nil {
+		copy(dst, s.view.b[off:off+int64(len(dst))])
+	}
+	return s.record(err)
+}
+
+// Synchronize implements connector.Stream: copies are done when enqueued;
+// it reports (and clears) the first error since the last Synchronize.
+func (s *Stream) Synchronize() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errs.New(unix.EINVAL, "pcibar: stream closed")
+	}
+	err := s.err
+	s.err = nil
+	return err
+}
+
+// Close implements connector.Stream.
+func (s *Stream) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errs.New(unix.EINVAL, "pcibar: stream closed twice")
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.c.mu.Lock()
+	s.c.streams--
+	s.c.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,6 @@
+# The phxfs library's suites on the real module: the direct transport.
+if [ ! -x /t/phxfs.test ]; then
+	echo "no phxfs tests yet"
+	exit 0
+fi
+cd /tmp && PHX_TEST_CONNECTOR=pcibar /t/phxfs.test -test.v -test.count=1 -test.timeout=240s
