@@ -18,6 +18,7 @@ run() { printf '$ %s\n' "$*"; "$@"; }
 if [ "$(id -u)" != 0 ]; then echo "demo: needs root to mount FUSE (try: sudo make demo)" >&2; exit 1; fi
 if [ ! -e /dev/fuse ]; then echo "demo: no /dev/fuse on this machine" >&2; exit 1; fi
 
+bash scripts/deps.sh
 step "build (CGO_ENABLED=0, -ldflags=-checklinkname=0)"
 make --no-print-directory build
 
