@@ -218,7 +218,7 @@ func TestStreamCopies(t *testing.T) {
 	if err := s.Synchronize(); err != nil {
 		t.Errorf("second Synchronize = %v", err)
 	}
-	if k, err := c.ViewKind(0); err != nil || k != ViewResource {
+	if k, _, err := c.ViewKind(0); err != nil || k != ViewResource {
 		t.Errorf("ViewKind = %q, %v", k, err)
 	}
 }
@@ -294,6 +294,9 @@ func TestRealBAR(t *testing.T) {
 	if string(got) != "written through the module" {
 		t.Fatalf("stream read %q", got)
 	}
-	view, _ := c.ViewKind(0)
-	t.Logf("BAR view: %s", view)
+	view, why, err := c.ViewKind(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("BAR view: %s %s", view, why)
 }

@@ -20,8 +20,9 @@ const (
 
 // barView is a CPU mapping of a whole BAR.
 type barView struct {
-	kind string
-	b    []byte
+	kind   string
+	resErr error // why the resource file could not be mapped (ViewModule)
+	b      []byte
 	dev  *kmod.Device  // ViewModule
 	m    *kmod.Mapping // ViewModule
 }
@@ -68,22 +69,26 @@ func (d *device) openView() (*barView, error) {
 		kd.Close()
 		return nil, errs.New(errs.Errno(err), "pcibar: mmap %s: %v; module mapping: %v", p, merr, err)
 	}
-	d.view = &barView{kind: ViewModule, b: m.Bytes(), dev: kd, m: m}
+	d.view = &barView{kind: ViewModule, resErr: errs.New(errs.Errno(merr), "pcibar: mmap %s", p), b: m.Bytes(), dev: kd, m: m}
 	return d.view, nil
 }
 
 // ViewKind reports how Stream copies of device dev reach its BAR
-// (ViewResource or ViewModule), mapping it if needed.
-func (c *Connector) ViewKind(dev int) (string, error) {
+// (ViewResource or ViewModule), mapping it if needed; for ViewModule,
+// reason says why the resource file could not be mapped.
+func (c *Connector) ViewKind(dev int) (kind, reason string, err error) {
 	d, err := c.device(dev)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	v, err := d.openView()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	return v.kind, nil
+	if v.resErr != nil {
+		reason = v.resErr.Error()
+	}
+	return v.kind, reason, nil
 }
 
 // Stream copies synchronously through a CPU mapping of the BAR.

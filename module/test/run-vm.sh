@@ -132,11 +132,13 @@ done
 
 # --- the disk: ext4 with a pattern file (8-byte LE words = their offset) --
 DISK=$WORK/disk.img
-if [ ! -f "$DISK" ] || [ "$TEST/vmcheck/main.go" -nt "$DISK" ]; then
+DISK_VERSION="pattern.bin 64M, ext4 256M, v1"
+if [ ! -f "$DISK" ] || [ "$(cat "$DISK.version" 2>/dev/null)" != "$DISK_VERSION" ]; then
 	rm -rf "$WORK/diskroot" && mkdir -p "$WORK/diskroot"
 	"$ROOTFS/bin/vmcheck" pattern "$WORK/diskroot/pattern.bin" $((64 << 20)) || fail "pattern file"
 	mkfs.ext4 -q -F -d "$WORK/diskroot" "$DISK" 256M >/dev/null || fail "mkfs.ext4"
 	rm -rf "$WORK/diskroot"
+	echo "$DISK_VERSION" >"$DISK.version"
 fi
 
 # --- the initramfs ----------------------------------------------------------
@@ -156,7 +158,7 @@ set +e
 timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
 	-accel tcg -cpu max -smp 1 -m 2G -nographic -no-reboot -nic none -vga none \
 	-kernel "$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" \
-	-append "console=ttyS0 quiet oops=panic panic=-1 panic_on_warn=0" \
+	-append "console=ttyS0 quiet oops=panic panic=-1" \
 	-drive file="$DISK",if=none,id=nvm,format=raw,cache=none,aio=threads \
 	-device nvme,serial=phxfs0,drive=nvm \
 	-object memory-backend-file,id=bar,size="$BAR_SIZE",share=on,mem-path="$SHM" \

@@ -3,4 +3,4 @@ if [ ! -x /t/phxfs.test ]; then
 	echo "no phxfs tests yet"
 	exit 0
 fi
-cd /tmp && PHX_TEST_CONNECTOR=pcibar /t/phxfs.test -test.v -test.count=1 -test.timeout=240s
+cd /tmp && PHX_TEST_CONNECTOR=pcibar /t/phxfs.test -test.v -test.short -test.count=1 -test.timeout=240s
