@@ -45,7 +45,7 @@ func (l *Lib) OpenDevice(index int) error {
 		d.info.PageSize = 64 << 10
 	}
 	if !l.cfg.NoKernelModule && (l.cfg.Transport == "" || l.cfg.Transport == Direct) {
-		kdev, err := openKernelDevice(index)
+		kdev, err := openKernelDevice(d.info)
 		switch {
 		case err == nil:
 			d.kdev = kdev
@@ -146,7 +146,6 @@ type kernelDevice interface {
 	Close() error
 }
 
-// openKernelDevice opens /dev/phxfs_devN; ENODEV where the module is absent.
-var openKernelDevice = func(index int) (kernelDevice, error) {
-	return nil, errs.New(unix.ENODEV, "phxfs kernel module not loaded (no /dev/phxfs_dev%d)", index)
-}
+// openKernelDevice opens the module's device serving a connector device;
+// ENODEV where the module is absent. Tests replace it.
+var openKernelDevice = kernelDeviceFor

@@ -209,3 +209,11 @@ func describe(reqs []Request) string {
 	}
 	return s
 }
+
+func connectorDevice(t testing.TB, c connector.Connector, i int) connector.DeviceInfo {
+	infos, err := c.Devices()
+	if err != nil || i >= len(infos) {
+		t.Fatalf("device %d: %v", i, err)
+	}
+	return infos[i]
+}

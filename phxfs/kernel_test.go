@@ -1,0 +1,94 @@
+package phxfs
+
+import (
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
+	"phxmount/connector/emu"
+)
+
+// fakeKernel stands in for the module: Map returns the memory's own host
+// address, the way the module's VMA would alias device pages.
+type fakeKernel struct {
+	c       connector.Connector
+	dev     int
+	maps    int
+	unmaps  int
+	closed  bool
+	refused bool
+}
+
+func (k *fakeKernel) Map(addr uint64, size int64) (uintptr, func() error, error) {
+	if k.refused {
+		return 0, nil, unix.ENOMEM
+	}
+	host, err := k.c.Resolve(k.dev, addr, size)
+	if err != nil {
+		return 0, nil, err
+	}
+	k.maps++
+	return host, func() error { k.unmaps++; return nil }, nil
+}
+
+func (k *fakeKernel) Close() error { k.closed = true; return nil }
+
+func TestDirectTransportSeam(t *testing.T) {
+	c, _ := emu.New(emu.Config{Devices: 2})
+	kernels := map[string]*fakeKernel{}
+	saved := openKernelDevice
+	openKernelDevice = func(info connector.DeviceInfo) (kernelDevice, error) {
+		if info.Index == 1 {
+			return nil, unix.ENODEV
+		}
+		k := &fakeKernel{c: c, dev: info.Index}
+		kernels[info.PCIAddress] = k
+		return k, nil
+	}
+	defer func() { openKernelDevice = saved }()
+
+	l, err := New(Config{Connector: c, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for i := 0; i < 2; i++ {
+		if err := l.OpenDevice(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m0 := alloc(t, c, 0, 1*mib)
+	m1 := alloc(t, c, 1, 1*mib)
+	r0 := register(t, l, m0)
+	r1 := register(t, l, m1)
+	if r0.Transport != Direct || r1.Transport != Host {
+		t.Fatalf("transports %s and %s, want direct (module) and host (no module device)", r0.Transport, r1.Transport)
+	}
+	name := patternFile(t, 1*mib)
+	fd := openFile(t, name, unix.O_RDONLY|unix.O_DIRECT)
+	if n, err := l.Read(fd, 0, m0.Addr(), 0, 1*mib, 0); err != nil || n != 1*mib {
+		t.Fatalf("direct read: %d, %v", n, err)
+	}
+	checkPattern(t, deviceBytes(t, c, m0, 0, 1*mib), 0)
+	k := kernels[connectorDevice(t, c, 0).PCIAddress]
+	if err := l.DeregMem(0, m0.Addr(), m0.Size()); err != nil {
+		t.Fatal(err)
+	}
+	if k.maps != 1 || k.unmaps != 1 {
+		t.Fatalf("module saw %d maps and %d unmaps", k.maps, k.unmaps)
+	}
+	k.refused = true
+	_, err = l.RegMem(0, m0.Addr(), m0.Size())
+	wantErrno(t, err, unix.ENOMEM)
+	if err := l.CloseDevice(0); err != nil || !k.closed {
+		t.Fatalf("close: %v, module device closed %v", err, k.closed)
+	}
+
+	// The PCI mapping from a vendor ordinal to a device.
+	if i, err := DeviceForPCI(c, connectorDevice(t, c, 1).PCIAddress); err != nil || i != 1 {
+		t.Fatalf("DeviceForPCI: %d, %v", i, err)
+	}
+	_, err = DeviceForPCI(c, "0000:ff:1f.7")
+	wantErrno(t, err, unix.ENODEV)
+}
