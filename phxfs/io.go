@@ -196,31 +196,56 @@ func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
 }
 
 // execute runs a prepared plan on the worker pool, fills every request's
-// Result and releases the plan's holds.
+// Result and releases the plan's holds. A large plan runs in rounds: each
+// round queues one job per worker, so other batches (other devices, other
+// clients) interleave with it instead of waiting for all of it.
 func (l *Lib) execute(p *plan) {
 	if l.gate != nil {
 		l.gate()
 	}
-	switch {
-	case len(p.xfers) == 0:
-	case !p.staged:
-		ops := make([]ioengine.Op, len(p.xfers))
-		for i, x := range p.xfers {
-			ops[i] = ioengine.Op{Fd: x.fd, Write: p.write, Addr: x.host, Len: x.len, Off: x.off}
-		}
-		if err := l.pool.Run(ops); err != nil {
-			for i := range p.xfers {
-				p.xfers[i].result = -int64(errs.Errno(err))
-			}
+	for lo := 0; lo < len(p.xfers); {
+		hi := l.roundEnd(p.xfers, lo)
+		round := *p
+		round.xfers = p.xfers[lo:hi] // shares the results with p
+		if p.staged {
+			l.runStriped(&round)
 		} else {
-			for i := range ops {
-				p.xfers[i].result = ops[i].Result
-			}
+			l.runHost(&round)
 		}
-	default:
-		l.runStriped(p)
+		lo = hi
 	}
 	l.finish(p)
+}
+
+// roundEnd ends a round at a queue depth's worth of operations per worker,
+// or 64 MiB per worker.
+func (l *Lib) roundEnd(xs []xfer, lo int) int {
+	maxOps := l.pool.Workers() * l.cfg.QueueDepth
+	maxBytes := int64(l.pool.Workers()) * 64 << 20
+	var bytes int64
+	hi := lo
+	for hi < len(xs) && hi-lo < maxOps && (hi == lo || bytes+xs[hi].len <= maxBytes) {
+		bytes += xs[hi].len
+		hi++
+	}
+	return hi
+}
+
+// runHost runs transfers that land in host-addressable memory.
+func (l *Lib) runHost(p *plan) {
+	ops := make([]ioengine.Op, len(p.xfers))
+	for i, x := range p.xfers {
+		ops[i] = ioengine.Op{Fd: x.fd, Write: p.write, Addr: x.host, Len: x.len, Off: x.off}
+	}
+	if err := l.pool.Run(ops); err != nil {
+		for i := range p.xfers {
+			p.xfers[i].result = -int64(errs.Errno(err))
+		}
+		return
+	}
+	for i := range ops {
+		p.xfers[i].result = ops[i].Result
+	}
 }
 
 // finish turns xfer results into request results and drops the holds.

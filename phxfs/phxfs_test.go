@@ -573,3 +573,47 @@ func TestLibCloseDrainsEverything(t *testing.T) {
 	wantErrno(t, err, unix.EINVAL)
 	wantErrno(t, l.Close(), unix.EINVAL)
 }
+
+// TestDevicesShareThePoolFairly runs a large batch on device 0 and, while it
+// runs, a small one on device 1: the small one must not wait for the large
+// one to finish.
+func TestDevicesShareThePoolFairly(t *testing.T) {
+	forEach(t, func(t *testing.T, s setup) {
+		l, c := newLib(t, s, 2)
+		name := patternFile(t, 4*mib)
+		fd := openFile(t, name, unix.O_RDONLY)
+		m0 := alloc(t, c, 0, 1*mib)
+		m1 := alloc(t, c, 1, 1*mib)
+		register(t, l, m0)
+		register(t, l, m1)
+		var big []Request
+		for i := int64(0); i < 8192; i++ {
+			big = append(big, Request{Fd: fd, Device: 0, Buf: m0.Addr(), BufOffset: (i % 16) * 64 << 10, Len: 64 << 10, FileOffset: ((i * 7) % 64) * 64 << 10})
+		}
+		bigDone := make(chan struct{})
+		started := l.Stats().Ops
+		t0 := time.Now()
+		var bigTook time.Duration
+		go func() {
+			defer close(bigDone)
+			defer func() { bigTook = time.Since(t0) }()
+			if n, err := l.ReadBatch(big); n != 0 || err != nil {
+				t.Errorf("big batch: %d failed, %v", n, err)
+			}
+		}()
+		for l.Stats().Ops == started {
+			time.Sleep(time.Millisecond)
+		}
+		small := []Request{{Fd: fd, Device: 1, Buf: m1.Addr(), Len: 64 << 10, FileOffset: 128 << 10}}
+		t1 := time.Now()
+		if n, err := l.ReadBatch(small); n != 0 || err != nil {
+			t.Fatalf("small batch: %d failed, %v", n, err)
+		}
+		smallTook := time.Since(t1)
+		checkPattern(t, deviceBytes(t, c, m1, 0, 64<<10), 128<<10)
+		<-bigDone
+		if smallTook > bigTook/4 {
+			t.Fatalf("the small batch on device 1 took %v of the big batch's %v on device 0: it waited for it", smallTook, bigTook)
+		}
+	})
+}

@@ -10,7 +10,9 @@ import (
 
 // stagedWorker is one pool worker's staged-transport state: two bounce
 // buffers, so the storage read of one overlaps the device copy of the
-// other, and a copy stream per bounce buffer per device.
+// other, and a copy stream per bounce buffer per device. Each bounce buffer
+// has dioSlack bytes past BounceSize so that an O_DIRECT read widened to
+// the file's alignment fits (see policy.go).
 type stagedWorker struct {
 	bounce  [2]connector.HostMemory
 	streams map[int]*[2]connector.Stream
@@ -35,7 +37,7 @@ func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, *[2]connector.Stream, 
 	if sw == nil {
 		sw = &stagedWorker{streams: map[int]*[2]connector.Stream{}}
 		for i := range sw.bounce {
-			b, err := l.conn.AllocHost(l.cfg.BounceSize)
+			b, err := l.conn.AllocHost(l.cfg.BounceSize + dioSlack)
 			if err != nil {
 				sw.close()
 				return nil, nil, errs.New(errs.Errno(err), "phxfs: allocate bounce buffer: %v", err)
@@ -67,6 +69,9 @@ func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, *[2]connector.Stream, 
 // engine in one go and its staged ones through its bounce pipeline.
 func (l *Lib) runStriped(p *plan) {
 	workers := l.pool.Workers()
+	mode := CurrentDirectIO()
+	tw := newTwins(p, mode)
+	defer tw.close()
 	err := l.pool.Each(func(w int, eng ioengine.Engine) {
 		var host []ioengine.Op
 		var hostIdx, staged []int
@@ -93,7 +98,7 @@ func (l *Lib) runStriped(p *plan) {
 		if p.write {
 			l.stagedWrite(w, eng, p.xfers, staged)
 		} else {
-			l.stagedRead(w, eng, p.xfers, staged)
+			l.stagedRead(w, eng, p.xfers, staged, tw, mode)
 		}
 	})
 	if err != nil {
@@ -106,8 +111,9 @@ func (l *Lib) runStriped(p *plan) {
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 
 // stagedRead reads each xfer into a bounce buffer and copies it to the
-// device; the copy of one buffer runs while the other is being read.
-func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int) {
+// device; the copy of one buffer runs while the other is being read. Each
+// read goes through the page cache or around it as policy.go decides.
+func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw twins, mode DirectIO) {
 	var pending [2]int // xfer whose copy is in flight from each bounce buffer, -1 none
 	pending[0], pending[1] = -1, -1
 	var streams *[2]connector.Stream
@@ -136,16 +142,12 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int) {
 		streams = s
 		settle(slot)
 		buf := sw.bounce[slot].Bytes()
-		op := []ioengine.Op{{Fd: x.fd, Addr: addrOf(buf), Len: x.len, Off: x.off}}
-		if err := eng.Run(op); err != nil {
-			x.result = -int64(errs.Errno(err))
+		data, n := readStaged(eng, x, buf, tw, mode)
+		x.result = n
+		if n <= 0 {
 			continue
 		}
-		x.result = op[0].Result
-		if x.result <= 0 {
-			continue
-		}
-		if err := s[slot].CopyToDevice(x.devAddr, buf[:x.result]); err != nil {
+		if err := s[slot].CopyToDevice(x.devAddr, data[:n]); err != nil {
 			x.result = -int64(errs.Errno(err))
 			continue
 		}
@@ -155,6 +157,35 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int) {
 		settle(0)
 		settle(1)
 	}
+}
+
+// readStaged reads x into the bounce buffer buf and returns where x's bytes
+// start in it and how many there are (or a negative errno).
+func readStaged(eng ioengine.Engine, x *xfer, buf []byte, tw twins, mode DirectIO) ([]byte, int64) {
+	if t, start, head, span, ok := tw.directSpan(x, mode, addrOf(buf), int64(len(buf))); ok {
+		op := []ioengine.Op{{Fd: t.fd, Addr: addrOf(buf), Len: span, Off: start}}
+		err := eng.Run(op)
+		if err == nil && op[0].Result == span {
+			staged.directReads.Add(1)
+			staged.directBytes.Add(x.len)
+			return buf[head:], x.len
+		}
+		// Failed or short (the file shrank, the file system changed its
+		// mind): redo it buffered, and stop trying on an error.
+		if err != nil || op[0].Result < 0 {
+			t.broken.Store(true)
+		}
+		staged.fallbacks.Add(1)
+	}
+	op := []ioengine.Op{{Fd: x.fd, Addr: addrOf(buf), Len: x.len, Off: x.off}}
+	if err := eng.Run(op); err != nil {
+		return buf, -int64(errs.Errno(err))
+	}
+	if op[0].Result > 0 {
+		staged.bufferedReads.Add(1)
+		staged.bufferedBytes.Add(op[0].Result)
+	}
+	return buf, op[0].Result
 }
 
 // stagedWrite copies each xfer from the device into a bounce buffer and

@@ -1,0 +1,237 @@
+package phxfs
+
+import (
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/internal/errs"
+)
+
+// This file is the staged transport's read policy: per transfer, read
+// through the page cache or around it with O_DIRECT.
+//
+//   - A range the page cache holds (any page of it cached, dirty or under
+//     writeback) is read buffered: the copy from the cache is the fastest
+//     path there is, and the cache is never thrown away.
+//   - A cold range is read with O_DIRECT on a second descriptor of the same
+//     file, widened to the file's O_DIRECT alignment inside the bounce buffer
+//     (so unaligned requests qualify too): no page-cache fill, no extra copy.
+//   - The last, partial block of a file, a file system without O_DIRECT, a
+//     descriptor already opened O_DIRECT and a kernel without cachestat(2)
+//     (Linux < 6.5) all read buffered. A failed or short O_DIRECT read is
+//     retried buffered, so the policy never changes a result.
+//
+// Residency comes from cachestat(2). The O_DIRECT descriptor is opened once
+// per file per batch (by reopening /proc/self/fd/N), only when a cold range
+// is found.
+//
+// The policy and its counters are process-wide (Config has no field for
+// them yet): SetDirectIO, or PHX_DIRECT_IO=auto|never|always at start.
+
+// DirectIO is the staged transport's read policy.
+type DirectIO int32
+
+const (
+	// DirectAuto reads cold ranges with O_DIRECT and resident ones
+	// buffered (the default).
+	DirectAuto DirectIO = iota
+	// DirectNever reads everything buffered.
+	DirectNever
+	// DirectAlways reads with O_DIRECT wherever the file allows it, cached
+	// or not (for tests and measurements).
+	DirectAlways
+)
+
+// EnvDirectIO names the environment variable read at start.
+const EnvDirectIO = "PHX_DIRECT_IO"
+
+func (d DirectIO) String() string {
+	switch d {
+	case DirectAuto:
+		return "auto"
+	case DirectNever:
+		return "never"
+	case DirectAlways:
+		return "always"
+	}
+	return "DirectIO(" + strconv.Itoa(int(d)) + ")"
+}
+
+// ParseDirectIO parses "auto" (or ""), "never" or "always".
+func ParseDirectIO(s string) (DirectIO, error) {
+	switch s {
+	case "", "auto":
+		return DirectAuto, nil
+	case "never", "off":
+		return DirectNever, nil
+	case "always", "on":
+		return DirectAlways, nil
+	}
+	return DirectAuto, errs.New(unix.EINVAL, "phxfs: direct I/O policy %q: want auto, never or always", s)
+}
+
+var directIO atomic.Int32
+
+func init() {
+	if d, err := ParseDirectIO(os.Getenv(EnvDirectIO)); err == nil {
+		directIO.Store(int32(d))
+	}
+}
+
+// SetDirectIO sets the process-wide read policy of the staged transport and
+// returns the previous one. Batches already running keep the old one.
+func SetDirectIO(d DirectIO) DirectIO { return DirectIO(directIO.Swap(int32(d))) }
+
+// CurrentDirectIO returns the process-wide read policy.
+func CurrentDirectIO() DirectIO { return DirectIO(directIO.Load()) }
+
+// StagedStats counts the staged transport's storage reads, process-wide.
+type StagedStats struct {
+	DirectReads   int64 // reads done with O_DIRECT
+	DirectBytes   int64 // bytes they delivered to the device
+	BufferedReads int64 // reads through the page cache
+	BufferedBytes int64
+	Fallbacks     int64 // O_DIRECT reads that failed or came up short and were redone buffered
+	Cachestat     bool  // cachestat(2) works on this kernel (as far as seen)
+}
+
+var staged struct {
+	directReads, directBytes, bufferedReads, bufferedBytes, fallbacks atomic.Int64
+	noCachestat                                                       atomic.Bool
+}
+
+// StagedCounters returns a snapshot of the process-wide staged counters.
+func StagedCounters() StagedStats {
+	return StagedStats{
+		DirectReads: staged.directReads.Load(), DirectBytes: staged.directBytes.Load(),
+		BufferedReads: staged.bufferedReads.Load(), BufferedBytes: staged.bufferedBytes.Load(),
+		Fallbacks: staged.fallbacks.Load(), Cachestat: !staged.noCachestat.Load(),
+	}
+}
+
+// sysCachestat is cachestat(2)'s number on x86-64 and arm64 (Linux 6.5).
+const sysCachestat = 451
+
+type cachestatRange struct{ off, len uint64 }
+
+type cachestatResult struct {
+	nrCache, nrDirty, nrWriteback, nrEvicted, nrRecentlyEvicted uint64
+}
+
+// resident reports whether any page of [off, off+n) of fd is in the page
+// cache (cached, dirty or under writeback). ok is false when the kernel
+// cannot tell (no cachestat, or a file it does not support).
+func resident(fd int, off, n int64) (res, ok bool) {
+	if staged.noCachestat.Load() || n <= 0 {
+		return false, false
+	}
+	r := cachestatRange{off: uint64(off), len: uint64(n)}
+	var cs cachestatResult
+	_, _, e := unix.Syscall6(sysCachestat, uintptr(fd), uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
+	switch e {
+	case 0:
+		return cs.nrCache+cs.nrDirty+cs.nrWriteback > 0, true
+	case unix.ENOSYS:
+		staged.noCachestat.Store(true)
+	}
+	return false, false
+}
+
+// dioSlack is the room past BounceSize that each bounce buffer has, so a
+// transfer widened to a 4 KiB alignment on both ends still fits.
+const dioSlack = 8 << 10
+
+// twin is the O_DIRECT descriptor of one file for one batch, opened on
+// first need.
+type twin struct {
+	src  int // the request's descriptor
+	once sync.Once
+
+	fd       int   // O_DIRECT descriptor; -1 when there is none
+	size     int64 // file size when opened
+	memAlign int64
+	offAlign int64
+	broken   atomic.Bool // an O_DIRECT read failed: read buffered from now on
+}
+
+// twins maps a batch's descriptors to their twins.
+type twins map[int]*twin
+
+// newTwins prepares (without opening anything) a twin for every descriptor
+// of the plan's staged reads; nil when the policy is DirectNever.
+func newTwins(p *plan, mode DirectIO) twins {
+	if p.write || mode == DirectNever {
+		return nil
+	}
+	t := twins{}
+	for i := range p.xfers {
+		x := &p.xfers[i]
+		if x.staged && t[x.fd] == nil {
+			t[x.fd] = &twin{src: x.fd, fd: -1}
+		}
+	}
+	return t
+}
+
+func (ts twins) close() {
+	for _, t := range ts {
+		if t.fd >= 0 {
+			unix.Close(t.fd)
+		}
+	}
+}
+
+// open opens the twin: a regular file, not already O_DIRECT, on a file
+// system that reports its O_DIRECT alignment and accepts O_DIRECT opens.
+func (t *twin) open() {
+	fl, err := unix.FcntlInt(uintptr(t.src), unix.F_GETFL, 0)
+	if err != nil || fl&unix.O_DIRECT != 0 || fl&unix.O_ACCMODE == unix.O_WRONLY {
+		return
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(t.src, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE|unix.STATX_SIZE|unix.STATX_DIOALIGN, &st); err != nil {
+		return
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mask&unix.STATX_DIOALIGN == 0 || st.Dio_offset_align == 0 || st.Dio_mem_align == 0 {
+		return
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(t.src), unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	t.fd, t.size = fd, int64(st.Size)
+	t.memAlign, t.offAlign = int64(st.Dio_mem_align), int64(st.Dio_offset_align)
+}
+
+// directSpan decides how xfer x is read. ok: read [start, start+span) from
+// the twin into a bounce buffer of capacity bytes at addr, x's bytes begin at
+// head inside it. Otherwise read x buffered.
+func (ts twins) directSpan(x *xfer, mode DirectIO, addr uintptr, capacity int64) (t *twin, start, head, span int64, ok bool) {
+	t = ts[x.fd]
+	if t == nil || t.broken.Load() {
+		return nil, 0, 0, 0, false
+	}
+	if mode == DirectAuto {
+		res, known := resident(x.fd, x.off, x.len)
+		if res || !known {
+			return nil, 0, 0, 0, false
+		}
+	}
+	t.once.Do(t.open)
+	if t.fd < 0 || int64(addr)%t.memAlign != 0 {
+		return nil, 0, 0, 0, false
+	}
+	a := t.offAlign
+	start = x.off / a * a
+	end := (x.off + x.len + a - 1) / a * a
+	if end > t.size || end-start > capacity {
+		// The file's last partial block, or no room to widen: buffered.
+		return nil, 0, 0, 0, false
+	}
+	return t, start, x.off - start, end - start, true
+}

@@ -1,0 +1,196 @@
+package phxfs
+
+import (
+	"bytes"
+	"os"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestParseDirectIO(t *testing.T) {
+	for s, want := range map[string]DirectIO{"": DirectAuto, "auto": DirectAuto, "never": DirectNever, "off": DirectNever, "always": DirectAlways, "on": DirectAlways} {
+		got, err := ParseDirectIO(s)
+		if err != nil || got != want {
+			t.Errorf("ParseDirectIO(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	if _, err := ParseDirectIO("sometimes"); err == nil {
+		t.Error("ParseDirectIO(sometimes) succeeded")
+	}
+	for _, d := range []DirectIO{DirectAuto, DirectNever, DirectAlways} {
+		if got, err := ParseDirectIO(d.String()); err != nil || got != d {
+			t.Errorf("round trip of %v: %v, %v", d, got, err)
+		}
+	}
+}
+
+// withDirectIO sets the process-wide policy for one test.
+func withDirectIO(t *testing.T, d DirectIO) {
+	prev := SetDirectIO(d)
+	t.Cleanup(func() { SetDirectIO(prev) })
+}
+
+// cacheState is cachestat(2) over a whole file; it skips the test where the
+// kernel has no cachestat.
+func cacheState(t *testing.T, name string) cachestatResult {
+	t.Helper()
+	fd := openFile(t, name, unix.O_RDONLY)
+	r := cachestatRange{}
+	var cs cachestatResult
+	_, _, e := unix.Syscall6(sysCachestat, uintptr(fd), uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
+	if e != 0 {
+		t.Skipf("cachestat(2) unavailable here (%v): the auto policy reads buffered", e)
+	}
+	return cs
+}
+
+// dropCache writes the file back and drops its pages from the page cache.
+func dropCache(t *testing.T, name string) {
+	t.Helper()
+	fd := openFile(t, name, unix.O_RDONLY)
+	if err := unix.Fsync(fd); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	if cs := cacheState(t, name); cs.nrCache != 0 {
+		t.Skipf("the page cache kept %d pages of the file after FADV_DONTNEED", cs.nrCache)
+	}
+}
+
+// needDirectIO skips where the test file's file system takes no O_DIRECT.
+func needDirectIO(t *testing.T, name string) {
+	t.Helper()
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, name, 0, unix.STATX_DIOALIGN, &st); err != nil || st.Mask&unix.STATX_DIOALIGN == 0 || st.Dio_offset_align == 0 {
+		t.Skipf("%s: the file system reports no O_DIRECT alignment (statx: %v)", name, err)
+	}
+	fd, err := unix.Open(name, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Skipf("%s: O_DIRECT open: %v", name, err)
+	}
+	unix.Close(fd)
+}
+
+type extent struct{ bufOff, off, n int64 }
+
+// readExtents reads the extents into m as one batch.
+func readExtents(t *testing.T, l *Lib, fd int, m interface{ Addr() uint64 }, ext []extent) {
+	t.Helper()
+	reqs := make([]Request, len(ext))
+	for i, e := range ext {
+		reqs[i] = Request{Fd: fd, Device: 0, Buf: m.Addr(), BufOffset: e.bufOff, Len: e.n, FileOffset: e.off}
+	}
+	if n, err := l.ReadBatch(reqs); n != 0 || err != nil {
+		t.Fatalf("batch: %d failed, %v: %s", n, err, describe(reqs))
+	}
+}
+
+func TestStagedDirectIOPolicy(t *testing.T) {
+	for _, engine := range []string{"io_uring", "sync"} {
+		t.Run(engine, func(t *testing.T) {
+			s := setup{engine, Staged}
+			l, c := newLib(t, s, 1) // 256 KiB bounce buffers, 3 workers
+			const size = 3*mib + 1234
+			name := patternFile(t, size)
+			needDirectIO(t, name)
+			file := make([]byte, size)
+			fillPattern(file, 0)
+			m := alloc(t, c, 0, 4*mib)
+			register(t, l, m)
+			fd := openFile(t, name, unix.O_RDONLY)
+			// Unaligned offsets and lengths, a piece ending in the file's
+			// last partial block, one ending exactly at the end of file.
+			ext := []extent{{0, 777, mib + 5}, {mib + 64<<10, mib + 4093, 700 << 10}, {2*mib + 64<<10, 3*mib - 3, 1237}, {3 * mib, 0, 4096}}
+			check := func() {
+				t.Helper()
+				got := deviceBytes(t, c, m, 0, 4*mib)
+				for _, e := range ext {
+					if !bytes.Equal(got[e.bufOff:e.bufOff+e.n], file[e.off:e.off+e.n]) {
+						t.Fatalf("extent %+v: device bytes differ from the file", e)
+					}
+				}
+				fillDevice(t, c, m, 0, make([]byte, 4*mib))
+			}
+
+			t.Run("always", func(t *testing.T) {
+				withDirectIO(t, DirectAlways)
+				before := cacheState(t, name)
+				s0 := StagedCounters()
+				readExtents(t, l, fd, m, ext)
+				check()
+				s1 := StagedCounters()
+				if s1.DirectReads == s0.DirectReads {
+					t.Fatalf("no O_DIRECT read (counters %+v -> %+v)", s0, s1)
+				}
+				if s1.BufferedReads == s0.BufferedReads {
+					t.Fatalf("the last partial block was not read buffered (counters %+v -> %+v)", s0, s1)
+				}
+				if s1.Fallbacks != s0.Fallbacks {
+					t.Fatalf("O_DIRECT reads fell back: %+v -> %+v", s0, s1)
+				}
+				// O_DIRECT reads leave the page cache as it was.
+				if after := cacheState(t, name); after.nrCache != before.nrCache {
+					t.Fatalf("cached pages %d before, %d after O_DIRECT reads", before.nrCache, after.nrCache)
+				}
+			})
+			t.Run("never", func(t *testing.T) {
+				withDirectIO(t, DirectNever)
+				s0 := StagedCounters()
+				readExtents(t, l, fd, m, ext)
+				check()
+				if s1 := StagedCounters(); s1.DirectReads != s0.DirectReads || s1.BufferedReads == s0.BufferedReads {
+					t.Fatalf("never: counters %+v -> %+v", s0, s1)
+				}
+			})
+			t.Run("auto", func(t *testing.T) {
+				withDirectIO(t, DirectAuto)
+				// Hot (just written): everything buffered.
+				cacheState(t, name)
+				s0 := StagedCounters()
+				readExtents(t, l, fd, m, ext)
+				check()
+				if s1 := StagedCounters(); s1.DirectReads != s0.DirectReads {
+					t.Fatalf("auto read a resident file with O_DIRECT: %+v -> %+v", s0, s1)
+				}
+				// Cold: O_DIRECT, and the page cache stays empty of it.
+				dropCache(t, name)
+				s0 = StagedCounters()
+				readExtents(t, l, fd, m, ext)
+				check()
+				s1 := StagedCounters()
+				if s1.DirectReads == s0.DirectReads {
+					t.Fatalf("auto read a cold file buffered only: %+v -> %+v", s0, s1)
+				}
+				cs := cacheState(t, name)
+				// Only the buffered tail block may have been cached.
+				if cs.nrCache*uint64(os.Getpagesize()) > 64<<10 {
+					t.Fatalf("a cold O_DIRECT load filled the page cache: %d pages", cs.nrCache)
+				}
+			})
+		})
+	}
+}
+
+// TestStagedDirectIOWithDirectFd: a descriptor opened O_DIRECT by the caller
+// gets no twin; aligned reads work as before.
+func TestStagedDirectIOWithDirectFd(t *testing.T) {
+	withDirectIO(t, DirectAlways)
+	l, c := newLib(t, setup{"io_uring", Staged}, 1)
+	name := patternFile(t, 2*mib)
+	needDirectIO(t, name)
+	m := alloc(t, c, 0, 2*mib)
+	register(t, l, m)
+	fd := openFile(t, name, unix.O_RDONLY|unix.O_DIRECT)
+	s0 := StagedCounters()
+	if n, err := l.Read(fd, 0, m.Addr(), 0, mib, 4096); err != nil || n != mib {
+		t.Fatalf("read: %d, %v", n, err)
+	}
+	checkPattern(t, deviceBytes(t, c, m, 0, mib), 4096)
+	if s1 := StagedCounters(); s1.DirectReads != s0.DirectReads {
+		t.Fatalf("an O_DIRECT descriptor got a twin: %+v -> %+v", s0, s1)
+	}
+}
