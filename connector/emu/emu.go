@@ -245,7 +245,7 @@ func (c *Connector) mapFd(dev, fd int, size int64) (*Memory, error) {
 	}
 	alias := view
 	if c.cfg.Staged {
-		alias, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		alias, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 		if err != nil {
 			unmapAligned(view)
 			return nil, errs.New(errs.Errno(err), "emu: map copy-engine alias: %v", err)
@@ -271,7 +271,9 @@ func mapAligned(fd int, size int64, prot int) ([]byte, error) {
 	base := uintptr(unsafe.Pointer(&reserve[0]))
 	head := int(((base + PageSize - 1) &^ (PageSize - 1)) - base)
 	// MAP_FIXED replaces the aligned part of the reservation with the file.
-	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, unix.MAP_SHARED|unix.MAP_FIXED)
+	// Populate now, as registering GPU memory pins it: the first transfer
+	// should not pay for page faults.
+	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_POPULATE)
 	if err != nil {
 		unix.Munmap(reserve)
 		return nil, errs.New(errs.Errno(err), "emu: map device memory: %v", err)
