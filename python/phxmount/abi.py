@@ -1,0 +1,280 @@
+"""The phxmount ioctl ABI, version 1, written from docs/abi.md.
+
+Pure data: command numbers and the packing and unpacking of every struct
+(little-endian, no padding). No system calls here; see client.py.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import struct
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+MAGIC = 0x4D584850  # the bytes "PHXM"
+VERSION = 1
+TYPE = 0xE5
+
+NR_REGISTER = 0x01
+NR_DEREGISTER = 0x02
+NR_READ = 0x03
+NR_WRITE = 0x04
+NR_BATCH_READ = 0x05
+NR_BATCH_WRITE = 0x06
+NR_INFO = 0x07
+
+REGISTER_SIZE = 128
+DEREGISTER_SIZE = 32
+IO_SIZE = 48
+BATCH_HEADER = 16
+EXTENT_SIZE = 40
+INFO_SIZE = 512
+MAX_IOCTL_SIZE = 16383
+MAX_EXTENTS = (MAX_IOCTL_SIZE - BATCH_HEADER) // EXTENT_SIZE  # 409
+HANDLE_SIZE = 64
+TOKEN_SIZE = 16
+MAX_OFFSET = (1 << 63) - 1
+
+_IOC_WRITE = 1
+_IOC_READ = 2
+
+VENDOR_ANY, VENDOR_EMU, VENDOR_NVIDIA, VENDOR_PCIBAR = 0, 1, 2, 3
+VENDORS = {VENDOR_ANY: "any", VENDOR_EMU: "emu", VENDOR_NVIDIA: "nvidia", VENDOR_PCIBAR: "pcibar"}
+
+TRANSPORT_DIRECT, TRANSPORT_HOST, TRANSPORT_STAGED = 1, 2, 3
+TRANSPORTS = {TRANSPORT_DIRECT: "direct", TRANSPORT_HOST: "host", TRANSPORT_STAGED: "staged"}
+
+INFO_PASSTHROUGH = 1 << 0
+INFO_READ_ONLY = 1 << 1
+INFO_HOST_ADDRESSABLE = 1 << 2
+
+COUNTER_NAMES = (
+    "buffers_live", "buffers_registered", "released_deregister", "released_close",
+    "released_death", "ioctl_bytes_read", "ioctl_bytes_written", "ioctl_extents",
+    "ioctl_failed_extents", "ioctl_rejected", "ioctl_calls", "lib_bytes_read",
+    "lib_bytes_written", "lib_requests", "lib_ops", "lib_coalesced", "lib_failed",
+    "lib_batches", "xattr_loads",
+)
+COUNTERS_OFFSET = 312
+
+
+def ioc(direction: int, nr: int, size: int) -> int:
+    return (direction << 30) | (size << 16) | (TYPE << 8) | nr
+
+
+CMD_REGISTER = ioc(_IOC_READ | _IOC_WRITE, NR_REGISTER, REGISTER_SIZE)  # 0xC080E501
+CMD_DEREGISTER = ioc(_IOC_WRITE, NR_DEREGISTER, DEREGISTER_SIZE)  # 0x4020E502
+CMD_READ = ioc(_IOC_READ | _IOC_WRITE, NR_READ, IO_SIZE)  # 0xC030E503
+CMD_WRITE = ioc(_IOC_READ | _IOC_WRITE, NR_WRITE, IO_SIZE)  # 0xC030E504
+CMD_INFO = ioc(_IOC_READ | _IOC_WRITE, NR_INFO, INFO_SIZE)  # 0xC200E507
+
+
+def batch_size(capacity: int) -> int:
+    return BATCH_HEADER + capacity * EXTENT_SIZE
+
+
+def cmd_batch(write: bool, capacity: int) -> int:
+    if not 1 <= capacity <= MAX_EXTENTS:
+        raise ValueError(f"batch capacity {capacity} not in 1..{MAX_EXTENTS}")
+    return ioc(_IOC_READ | _IOC_WRITE, NR_BATCH_WRITE if write else NR_BATCH_READ, batch_size(capacity))
+
+
+_HEADER = struct.Struct("<IHH")
+_REGISTER = struct.Struct("<IHHIIQ64sQ16sI12s")
+_DEREGISTER = struct.Struct("<IHHQ16s")
+_IO = struct.Struct("<IHHQQQQq")
+_BATCH_HEAD = struct.Struct("<IHHII")
+_EXTENT = struct.Struct("<QQQQq")
+_INFO_HEAD = struct.Struct("<IHHiIIIQQIIII16s16s32s64s128s")
+_INFO_REQ = struct.Struct("<IHHi")
+assert _REGISTER.size == REGISTER_SIZE and _DEREGISTER.size == DEREGISTER_SIZE
+assert _IO.size == IO_SIZE and _BATCH_HEAD.size == BATCH_HEADER and _EXTENT.size == EXTENT_SIZE
+assert _INFO_HEAD.size == COUNTERS_OFFSET
+
+
+class ABIError(ValueError):
+    """A reply that does not decode (wrong magic, version or size)."""
+
+
+def _check_header(b: bytes, size: int, what: str) -> None:
+    if len(b) != size:
+        raise ABIError(f"{what}: {len(b)} bytes, want {size}")
+    magic, version, flags = _HEADER.unpack_from(b)
+    if magic != MAGIC or version != VERSION or flags != 0:
+        raise ABIError(f"{what}: header {magic:#x}/{version}/{flags}")
+
+
+def _u64(name: str, v: int) -> int:
+    if not 0 <= v <= MAX_OFFSET:
+        raise ValueError(f"{name} {v} is not in [0, 2^63)")
+    return v
+
+
+# --- REGISTER ---------------------------------------------------------------
+
+def encode_register(vendor: int, device: int, size: int, handle: bytes) -> bytearray:
+    if len(handle) != HANDLE_SIZE:
+        raise ValueError(f"handle of {len(handle)} bytes, want {HANDLE_SIZE}")
+    if not 0 <= device < 1 << 32 or not 0 <= vendor < 1 << 32:
+        raise ValueError("vendor/device out of range")
+    return bytearray(_REGISTER.pack(MAGIC, VERSION, 0, vendor, device, _u64("size", size), bytes(handle),
+                                    0, b"", 0, b""))
+
+
+@dataclass
+class Registered:
+    id: int
+    token: bytes
+    transport: int
+
+    @property
+    def transport_name(self) -> str:
+        return TRANSPORTS.get(self.transport, f"transport({self.transport})")
+
+
+def decode_register_resp(b: bytes) -> Registered:
+    _check_header(bytes(b), REGISTER_SIZE, "REGISTER reply")
+    f = _REGISTER.unpack(bytes(b))
+    return Registered(id=f[7], token=f[8], transport=f[9])
+
+
+# --- DEREGISTER -------------------------------------------------------------
+
+def encode_deregister(buf_id: int) -> bytearray:
+    return bytearray(_DEREGISTER.pack(MAGIC, VERSION, 0, buf_id, b""))
+
+
+# --- READ / WRITE -----------------------------------------------------------
+
+def encode_io(buf_id: int, buf_offset: int, length: int, file_offset: int) -> bytearray:
+    _check_extent(buf_offset, length, file_offset)
+    return bytearray(_IO.pack(MAGIC, VERSION, 0, buf_id, buf_offset, length, file_offset, 0))
+
+
+def decode_io_resp(b: bytes) -> int:
+    _check_header(bytes(b), IO_SIZE, "READ/WRITE reply")
+    return _IO.unpack(bytes(b))[7]
+
+
+def _check_extent(buf_offset: int, length: int, file_offset: int) -> None:
+    _u64("buf_offset", buf_offset)
+    _u64("length", length)
+    _u64("file_offset", file_offset)
+    if file_offset + length > MAX_OFFSET:
+        raise ValueError("file_offset + length is not below 2^63")
+
+
+# --- BATCH ------------------------------------------------------------------
+
+@dataclass
+class Extent:
+    """One batch extent: length bytes at file_offset <-> buffer id at buf_offset."""
+    id: int
+    buf_offset: int
+    length: int
+    file_offset: int
+    result: int = 0
+
+
+def encode_batch(capacity: int, extents: Sequence[Extent]) -> bytearray:
+    if not 1 <= capacity <= MAX_EXTENTS:
+        raise ValueError(f"batch capacity {capacity} not in 1..{MAX_EXTENTS}")
+    if len(extents) > capacity:
+        raise ValueError(f"{len(extents)} extents do not fit a batch of {capacity}")
+    b = bytearray(batch_size(capacity))
+    _BATCH_HEAD.pack_into(b, 0, MAGIC, VERSION, 0, len(extents), 0)
+    for i, e in enumerate(extents):
+        _check_extent(e.buf_offset, e.length, e.file_offset)
+        _EXTENT.pack_into(b, BATCH_HEADER + i * EXTENT_SIZE, e.id, e.buf_offset, e.length, e.file_offset, 0)
+    return b
+
+
+def decode_batch_resp(b: bytes, count: int) -> Tuple[int, List[int]]:
+    """Returns (failed, per-extent results: bytes moved or -errno)."""
+    if len(b) < BATCH_HEADER or (len(b) - BATCH_HEADER) % EXTENT_SIZE:
+        raise ABIError(f"batch reply of {len(b)} bytes")
+    _check_header(bytes(b[:8]), 8, "BATCH reply")
+    _, _, _, n, failed = _BATCH_HEAD.unpack_from(b, 0)
+    if n != count:
+        raise ABIError(f"batch reply counts {n} extents, {count} sent")
+    results = [_EXTENT.unpack_from(b, BATCH_HEADER + i * EXTENT_SIZE)[4] for i in range(count)]
+    return failed, results
+
+
+def batch_capacity_for(n: int) -> int:
+    """The capacity a batch of n extents is sent with: exactly n (any 1..409 is valid)."""
+    if not 1 <= n <= MAX_EXTENTS:
+        raise ValueError(f"{n} extents: one batch carries 1..{MAX_EXTENTS}")
+    return n
+
+
+# --- INFO -------------------------------------------------------------------
+
+def encode_info_req(device: int) -> bytearray:
+    b = bytearray(INFO_SIZE)
+    _INFO_REQ.pack_into(b, 0, MAGIC, VERSION, 0, device)
+    return b
+
+
+def _cstr(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+@dataclass
+class Info:
+    device: int
+    transport: int
+    flags: int
+    workers: int
+    page_size: int
+    bounce_size: int
+    dio_mem_align: int
+    dio_offset_align: int
+    devices: int
+    vendor: str
+    engine: str
+    pci_address: str
+    device_name: str
+    passthrough_why: str
+    counters: dict = field(default_factory=dict)
+
+    @property
+    def transport_name(self) -> str:
+        return TRANSPORTS.get(self.transport, f"transport({self.transport})")
+
+    @property
+    def passthrough(self) -> bool:
+        return bool(self.flags & INFO_PASSTHROUGH)
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self.flags & INFO_READ_ONLY)
+
+    @property
+    def host_addressable(self) -> bool:
+        return bool(self.flags & INFO_HOST_ADDRESSABLE)
+
+
+def decode_info(b: bytes) -> Info:
+    b = bytes(b)
+    _check_header(b, INFO_SIZE, "INFO reply")
+    f = _INFO_HEAD.unpack_from(b, 0)
+    counters = dict(zip(COUNTER_NAMES, struct.unpack_from(f"<{len(COUNTER_NAMES)}Q", b, COUNTERS_OFFSET)))
+    return Info(device=f[3], transport=f[4], flags=f[5], workers=f[6], page_size=f[7], bounce_size=f[8],
+                dio_mem_align=f[9], dio_offset_align=f[10], devices=f[11], vendor=_cstr(f[13]),
+                engine=_cstr(f[14]), pci_address=_cstr(f[15]), device_name=_cstr(f[16]),
+                passthrough_why=_cstr(f[17]), counters=counters)
+
+
+# --- the emu handle (docs/abi.md, informative) -------------------------------
+
+EMU_HANDLE_MAGIC = b"PHXEMU01"
+
+
+def emu_handle(pid: int, fd: int, size: int, inode: int, device: int) -> bytes:
+    h = struct.pack("<8sIIQQI", EMU_HANDLE_MAGIC, pid, fd, size, inode, device)
+    return h + bytes(HANDLE_SIZE - len(h))
+
+
+def errno_name(e: int) -> str:
+    return _errno.errorcode.get(e, str(e))

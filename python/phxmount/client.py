@@ -1,0 +1,171 @@
+"""The ioctl client of a phxmount mount: fcntl.ioctl over the ABI of abi.py.
+
+Everything here works without torch and without a GPU; the emulated device
+(EmuBuffer) stands in for GPU memory on a mount started with --vendor emu.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as _FutureTimeout
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from . import abi
+
+
+class PhxError(OSError):
+    """An ioctl the daemon refused, or an extent that failed."""
+
+
+def _ioctl(fd: int, cmd: int, buf: bytearray, what: str, path: str) -> None:
+    while True:
+        try:
+            fcntl.ioctl(fd, cmd, buf, True)
+            return
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise PhxError(e.errno, f"phx {what} {path}: {os.strerror(e.errno)}") from None
+
+
+class PhxFile:
+    """An open file (or directory) on a phxmount mount. Every command can be
+    sent on any file of the mount; READ and the batches move bytes of this
+    file. Buffers registered through it are released when it is closed."""
+
+    def __init__(self, path: Union[str, os.PathLike, int], flags: int = os.O_RDONLY):
+        if isinstance(path, int):
+            self.fd, self.path, self._own = path, f"fd {path}", False
+        else:
+            self.path = os.fspath(path)
+            self.fd = os.open(self.path, flags | os.O_CLOEXEC)
+            self._own = True
+
+    def close(self) -> None:
+        if self._own and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> "PhxFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def fileno(self) -> int:
+        return self.fd
+
+    # --- commands -----------------------------------------------------------
+
+    def info(self, device: int = 0) -> abi.Info:
+        b = abi.encode_info_req(device)
+        _ioctl(self.fd, abi.CMD_INFO, b, "INFO", self.path)
+        return abi.decode_info(b)
+
+    def register(self, vendor: int, device: int, handle: bytes, size: int) -> abi.Registered:
+        b = abi.encode_register(vendor, device, size, handle)
+        _ioctl(self.fd, abi.CMD_REGISTER, b, "REGISTER", self.path)
+        return abi.decode_register_resp(b)
+
+    def deregister(self, buf_id: int) -> None:
+        _ioctl(self.fd, abi.CMD_DEREGISTER, abi.encode_deregister(buf_id), "DEREGISTER", self.path)
+
+    def read(self, buf_id: int, buf_offset: int, length: int, file_offset: int) -> int:
+        """READ: bytes moved (fewer only at end of file)."""
+        b = abi.encode_io(buf_id, buf_offset, length, file_offset)
+        _ioctl(self.fd, abi.CMD_READ, b, "READ", self.path)
+        return abi.decode_io_resp(b)
+
+    def write(self, buf_id: int, buf_offset: int, length: int, file_offset: int) -> int:
+        b = abi.encode_io(buf_id, buf_offset, length, file_offset)
+        _ioctl(self.fd, abi.CMD_WRITE, b, "WRITE", self.path)
+        return abi.decode_io_resp(b)
+
+    def batch(self, extents: Sequence[abi.Extent], write: bool = False) -> Tuple[int, List[int]]:
+        """One BATCH ioctl (1..409 extents); returns (failed, results)."""
+        cap = abi.batch_capacity_for(len(extents))
+        b = abi.encode_batch(cap, extents)
+        _ioctl(self.fd, abi.cmd_batch(write, cap), b, "BATCH_WRITE" if write else "BATCH_READ", self.path)
+        failed, results = abi.decode_batch_resp(b, len(extents))
+        for e, r in zip(extents, results):
+            e.result = r
+        return failed, results
+
+    def batch_read_all(self, extents: Sequence[abi.Extent], timeout: Optional[float] = None,
+                       on_abandon=None) -> None:
+        """Submits every extent (as many BATCH ioctls as needed, 409 each),
+        waits up to timeout seconds and raises PhxError naming the first
+        extent that did not move exactly its length. The ioctls run on a
+        helper thread; on a timeout TimeoutError is raised and on_abandon (if
+        given) is called once they have finished, since the daemon may still
+        be writing into the buffer until then."""
+        extents = list(extents)
+        groups = [extents[i:i + abi.MAX_EXTENTS] for i in range(0, len(extents), abi.MAX_EXTENTS)]
+
+        def run() -> None:
+            for g in groups:
+                self.batch(g)
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="phx-batch")
+        fut = pool.submit(run)
+        pool.shutdown(wait=False)
+        try:
+            fut.result(timeout=timeout)
+        except _FutureTimeout:
+            if on_abandon is not None:
+                fut.add_done_callback(lambda _f: on_abandon())
+            raise TimeoutError(f"phx batch read of {len(extents)} extents on {self.path}: "
+                               f"not done after {timeout} s") from None
+        for e in extents:
+            if e.result != e.length:
+                if e.result < 0:
+                    raise PhxError(-e.result, f"phx batch read {self.path}: extent {e.length} bytes at file offset "
+                                              f"{e.file_offset}: {os.strerror(-e.result)}")
+                raise PhxError(errno.EIO, f"phx batch read {self.path}: extent {e.length} bytes at file offset "
+                                          f"{e.file_offset}: only {e.result} bytes (file shorter than its header says?)")
+
+
+def phx_info_xattr(path: Union[str, os.PathLike]) -> Dict[str, str]:
+    """user.phx.info of a file or directory on the mount, as a dict."""
+    raw = os.getxattr(path, "user.phx.info")
+    out = {}
+    for line in raw.decode("utf-8", "replace").splitlines():
+        k, sep, v = line.partition("=")
+        if sep:
+            out[k] = v
+    return out
+
+
+class EmuBuffer:
+    """Device memory of the emulated device (--vendor emu): a memfd named
+    phxemu-* that this process maps. It stands in for a GPU buffer in tests
+    on machines without one; view is the "device" bytes."""
+
+    PAGE = 64 << 10
+
+    def __init__(self, size: int, device: int = 0):
+        self.size = (max(size, 1) + self.PAGE - 1) // self.PAGE * self.PAGE
+        self.device = device
+        self.fd = os.memfd_create(f"phxemu-dev{device}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.map = mmap.mmap(self.fd, self.size)
+        self.view = memoryview(self.map)
+
+    def handle(self) -> bytes:
+        st = os.fstat(self.fd)
+        return abi.emu_handle(os.getpid(), self.fd, self.size, st.st_ino, self.device)
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        self.view.release()
+        self.map.close()
+        os.close(self.fd)
+        self.fd = -1

@@ -1,0 +1,88 @@
+"""The safetensors load through the mount, independent of where the buffer
+lives: parse the header, plan every tensor's extent (cut at 128 MiB), submit
+them all as BATCH ioctls, wait with a timeout. torch_helpers puts the buffer
+in GPU memory; load_safetensors_emu (here) in the emulated device's memory."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Union
+
+from . import abi
+from .client import EmuBuffer, PhxFile
+from .safetensors import DEFAULT_CHUNK, Header, plan_extents, read_header
+
+DEFAULT_TIMEOUT = 120.0  # seconds for a whole file, as the NIXL GDS loader
+
+
+@dataclass
+class LoadStats:
+    path: str = ""
+    bytes: int = 0
+    tensors: int = 0
+    extents: int = 0
+    ioctls: int = 0
+    transport: str = ""
+    seconds: float = 0.0  # whole load: header, allocation, registration, I/O, tensors
+    io_seconds: float = 0.0  # the BATCH ioctls alone
+    extra: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def load_registered(f: PhxFile, h: Header, buf_id: int, chunk: int = DEFAULT_CHUNK,
+                    timeout: Optional[float] = DEFAULT_TIMEOUT, stats: Optional[LoadStats] = None,
+                    on_abandon: Optional[Callable[[], None]] = None, base: int = 0) -> None:
+    """Reads every tensor of h into the registered buffer buf_id, the data
+    section laid out as in the file from buffer offset base."""
+    ext = [abi.Extent(buf_id, e.buf_offset, e.length, e.file_offset) for e in plan_extents(h, chunk, base)]
+    t0 = time.perf_counter()
+    f.batch_read_all(ext, timeout=timeout, on_abandon=on_abandon)
+    if stats is not None:
+        stats.io_seconds = time.perf_counter() - t0
+        stats.extents = len(ext)
+        stats.ioctls = (len(ext) + abi.MAX_EXTENTS - 1) // abi.MAX_EXTENTS
+        stats.bytes = sum(e.length for e in ext)
+        stats.tensors = len(h.tensors)
+
+
+def load_safetensors_emu(path: Union[str, os.PathLike], device: int = 0, chunk: int = DEFAULT_CHUNK,
+                         timeout: Optional[float] = DEFAULT_TIMEOUT,
+                         stats: Optional[LoadStats] = None) -> Dict[str, bytes]:
+    """The same load into the emulated device (a mount started with --vendor
+    emu); returns each tensor's raw bytes, for tests without a GPU."""
+    t0 = time.perf_counter()
+    f = PhxFile(path)
+    buf: Optional[EmuBuffer] = None
+    abandoned = False
+    try:
+        h = read_header(f.fd)
+        buf = EmuBuffer(h.data_len, device)
+        reg = f.register(abi.VENDOR_EMU, device, buf.handle(), buf.size)
+        if stats is not None:
+            stats.transport = reg.transport_name
+
+        def abandon() -> None:
+            f.close()
+            buf.close()
+
+        try:
+            load_registered(f, h, reg.id, chunk, timeout, stats, on_abandon=abandon)
+        except TimeoutError:
+            abandoned = True
+            raise
+        f.deregister(reg.id)
+        out = {t.name: bytes(buf.view[t.begin:t.end]) for t in h.tensors}
+        if stats is not None:
+            stats.path = os.fspath(path)
+            stats.seconds = time.perf_counter() - t0
+        return out
+    finally:
+        if not abandoned:
+            f.close()
+            if buf is not None:
+                buf.close()

@@ -1,0 +1,166 @@
+"""A safetensors header parser and load planner. Pure Python, no torch.
+
+The format: an 8-byte little-endian header length N, N bytes of JSON
+({name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}),
+then the data section; offsets are relative to its start (8 + N).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+# Bytes per element of each safetensors dtype.
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}
+
+MAX_HEADER = 100 * 1000 * 1000  # the format's own limit
+DEFAULT_CHUNK = 128 << 20  # bytes per extent: the 128 MiB of the NIXL GDS loader
+
+
+class SafetensorsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    begin: int  # offset in the data section
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class Header:
+    header_len: int
+    data_start: int  # file offset of the data section: 8 + header_len
+    data_len: int  # bytes of the data section that tensors use
+    tensors: Tuple[TensorInfo, ...]  # in data order
+    metadata: Dict[str, str]
+
+
+def parse_header_bytes(prefix: bytes, file_size: Optional[int] = None) -> Header:
+    """Parses a header from the file's first bytes (8 + N at least)."""
+    if len(prefix) < 8:
+        raise SafetensorsError("file shorter than the 8-byte header length")
+    (n,) = struct.unpack_from("<Q", prefix)
+    if n > MAX_HEADER:
+        raise SafetensorsError(f"header length {n} exceeds {MAX_HEADER}")
+    if len(prefix) < 8 + n:
+        raise SafetensorsError(f"header of {n} bytes, only {len(prefix) - 8} present")
+    try:
+        obj = json.loads(prefix[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SafetensorsError(f"header is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise SafetensorsError("header is not a JSON object")
+    meta = obj.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise SafetensorsError("__metadata__ must map strings to strings")
+    tensors: List[TensorInfo] = []
+    for name, d in obj.items():
+        if not isinstance(d, dict):
+            raise SafetensorsError(f"{name}: entry is not an object")
+        dtype, shape, offs = d.get("dtype"), d.get("shape"), d.get("data_offsets")
+        if dtype not in DTYPE_SIZES:
+            raise SafetensorsError(f"{name}: unsupported dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+            raise SafetensorsError(f"{name}: bad shape {shape!r}")
+        if (not isinstance(offs, list) or len(offs) != 2 or
+                not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in offs) or offs[0] > offs[1]):
+            raise SafetensorsError(f"{name}: bad data_offsets {offs!r}")
+        numel = 1
+        for x in shape:
+            numel *= x
+        if offs[1] - offs[0] != numel * DTYPE_SIZES[dtype]:
+            raise SafetensorsError(f"{name}: {offs[1] - offs[0]} bytes for {dtype}{shape}, want {numel * DTYPE_SIZES[dtype]}")
+        tensors.append(TensorInfo(name, dtype, tuple(shape), offs[0], offs[1]))
+    tensors.sort(key=lambda t: (t.begin, t.end))
+    pos = 0
+    for t in tensors:
+        if t.begin < pos:
+            raise SafetensorsError(f"{t.name}: data [{t.begin}, {t.end}) overlaps the previous tensor")
+        pos = max(pos, t.end)
+    data_start = 8 + n
+    if file_size is not None and data_start + pos > file_size:
+        raise SafetensorsError(f"tensors need {data_start + pos} bytes, the file has {file_size}")
+    return Header(n, data_start, pos, tuple(tensors), dict(meta))
+
+
+def read_header(f: Union[int, str, os.PathLike]) -> Header:
+    """Reads and parses the header of a file (a path or an open descriptor)."""
+    own = not isinstance(f, int)
+    fd = os.open(f, os.O_RDONLY | os.O_CLOEXEC) if own else f
+    try:
+        size = os.fstat(fd).st_size
+        first = os.pread(fd, 8, 0)
+        if len(first) < 8:
+            raise SafetensorsError("file shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", first)
+        if n > MAX_HEADER or 8 + n > size:
+            raise SafetensorsError(f"header length {n} does not fit a file of {size} bytes")
+        body = b""
+        while len(body) < n:
+            part = os.pread(fd, n - len(body), 8 + len(body))
+            if not part:
+                raise SafetensorsError("file ended inside the header")
+            body += part
+        return parse_header_bytes(first + body, size)
+    finally:
+        if own:
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class Extent:
+    buf_offset: int
+    length: int
+    file_offset: int
+
+
+def plan_extents(h: Header, chunk: int = DEFAULT_CHUNK, base: int = 0) -> List[Extent]:
+    """Every tensor's bytes, cut at chunk bytes: the buffer holds the data
+    section as laid out in the file, starting at buffer offset base."""
+    if chunk <= 0:
+        raise ValueError("chunk must be positive")
+    out: List[Extent] = []
+    for t in h.tensors:
+        done = 0
+        while done < t.nbytes:
+            n = min(chunk, t.nbytes - done)
+            out.append(Extent(base + t.begin + done, n, h.data_start + t.begin + done))
+            done += n
+    return out
+
+
+def write_file(path: Union[str, os.PathLike], tensors: Sequence[Tuple[str, str, Sequence[int], bytes]],
+               metadata: Optional[Dict[str, str]] = None, align: int = 8) -> Header:
+    """Writes a safetensors file from (name, dtype, shape, raw bytes) in order
+    (tests and tools). The header is padded with spaces to a multiple of align."""
+    hdr: Dict[str, object] = {}
+    if metadata:
+        hdr["__metadata__"] = dict(metadata)
+    pos = 0
+    for name, dtype, shape, data in tensors:
+        hdr[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + len(data)]}
+        pos += len(data)
+    body = json.dumps(hdr, separators=(",", ":")).encode()
+    body += b" " * ((-(8 + len(body))) % align)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(body)))
+        f.write(body)
+        for _, _, _, data in tensors:
+            f.write(data)
+    return parse_header_bytes(struct.pack("<Q", len(body)) + body)
