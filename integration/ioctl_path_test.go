@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -43,6 +44,9 @@ func TestIoctlPath(t *testing.T) {
 			}
 			if in.Transport != tc.transport || in.Vendor != "emu" || in.PageSize != 64<<10 {
 				t.Fatalf("INFO = %+v", in)
+			}
+			if in.PassthroughWhy == "" || strings.HasPrefix(in.PassthroughWhy, "unknown") {
+				t.Errorf("INFO does not report the passthrough state: %q", in.PassthroughWhy)
 			}
 			m1, m2 := emuBuffer(t, 0, 8<<20), emuBuffer(t, 0, 1<<20)
 			b1, b2 := register(t, fs[0], m1), register(t, fs[1], m2)

@@ -24,6 +24,10 @@ func TestXattrInfo(t *testing.T) {
 				t.Errorf("%s: user.phx.info lacks %q:\n%s", p, want, out)
 			}
 		}
+		// The daemon wires the overlay's passthrough state into the control.
+		if !strings.Contains(out, "passthrough=active\n") && !strings.Contains(out, "passthrough=inactive\n") {
+			t.Errorf("%s: user.phx.info does not report the passthrough state:\n%s", p, out)
+		}
 	}
 	if info := phxInfo(t, filepath.Join(d.Mnt, "f")); info["size"] != "123457" || info["path"] != "f" {
 		t.Errorf("file info: %v", info)

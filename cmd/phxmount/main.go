@@ -69,6 +69,11 @@ func run(args []string) int {
 	if err != nil {
 		return fail(1, "%v", err)
 	}
+	// The control exists before the overlay: tell it how to report the
+	// overlay's passthrough state (INFO and user.phx.info).
+	if s, ok := ctl.(interface{ SetPassthrough(func() (bool, string)) }); ok {
+		s.SetPassthrough(fsys.PassthroughActive)
+	}
 	active, why := fsys.PassthroughActive()
 	pt := "inactive"
 	if active {
