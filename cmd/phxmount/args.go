@@ -20,6 +20,14 @@ type config struct {
 	engine   string // auto, io_uring, sync
 	workers  int
 	logLevel logrus.Level
+
+	// The emulated device (--vendor emu, or auto without a GPU):
+	// emuStaged makes its memory non-host-addressable (the staged
+	// transport); emuDevices is its number of devices (0: default). The
+	// environment variables PHXMOUNT_EMU_STAGED=1 and PHXMOUNT_EMU_DEVICES=N
+	// still work; a flag wins over its variable.
+	emuStaged  bool
+	emuDevices int
 }
 
 const usage = `usage: phxmount [options] BACKING MOUNTPOINT
@@ -40,6 +48,9 @@ the foreground until SIGINT or SIGTERM (or an unmount).
   --vendor V            auto (default), nvidia, emu, pcibar
   --engine E            auto (default), io_uring, sync
   --workers N           I/O workers of the GPU data path (0: default)
+  --emu-staged          the emulated device's memory is not host-addressable
+                        (the staged transport; env PHXMOUNT_EMU_STAGED=1)
+  --emu-devices N       number of emulated devices (env PHXMOUNT_EMU_DEVICES)
   --log-level L         panic, fatal, error, warn, info (default), debug, trace
   -f                    foreground (always; accepted for compatibility)
   -d                    -o debug
@@ -142,6 +153,26 @@ func parseArgs(args []string) (*config, error) {
 				return nil, badf("--workers %q: want a number from 0 to 4096", v)
 			}
 			c.workers = n
+		case "--emu-staged":
+			if hasInline {
+				b, err := strconv.ParseBool(inline)
+				if err != nil {
+					return nil, badf("--emu-staged=%q: want true or false", inline)
+				}
+				c.emuStaged = b
+			} else {
+				c.emuStaged = true
+			}
+		case "--emu-devices":
+			v, err := value(&i, name, inline, hasInline)
+			if err != nil {
+				return nil, err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 64 {
+				return nil, badf("--emu-devices %q: want a number from 1 to 64", v)
+			}
+			c.emuDevices = n
 		case "--log-level":
 			v, err := value(&i, name, inline, hasInline)
 			if err != nil {

@@ -24,18 +24,16 @@ import (
 // returns a function that releases it all after unmount.
 //
 // --vendor auto takes nvidia when connector/nvidia.Open succeeds and falls
-// back to the emulated device, loudly. The emulated device reads two
-// environment variables: PHXMOUNT_EMU_STAGED=1 makes its memory
-// non-host-addressable (the staged transport), PHXMOUNT_EMU_DEVICES=N sets
-// the number of devices.
+// back to the emulated device, loudly. The emulated device is configured by
+// --emu-staged (its memory is non-host-addressable: the staged transport)
+// and --emu-devices N, or by the environment variables they replace,
+// PHXMOUNT_EMU_STAGED=1 and PHXMOUNT_EMU_DEVICES=N (see emuConfig).
 // ---------------------------------------------------------------------------
 func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(), err error) {
 	newEmu := func() (connector.Connector, error) {
-		cfg := emu.Config{Staged: os.Getenv("PHXMOUNT_EMU_STAGED") == "1"}
-		if v := os.Getenv("PHXMOUNT_EMU_DEVICES"); v != "" {
-			if cfg.Devices, err = strconv.Atoi(v); err != nil {
-				return nil, fmt.Errorf("PHXMOUNT_EMU_DEVICES=%q: want a number", v)
-			}
+		cfg, err := emuConfig(c, os.Getenv)
+		if err != nil {
+			return nil, err
 		}
 		return emu.New(cfg)
 	}
@@ -63,7 +61,7 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 	if e, ok := conn.(*emu.Connector); ok {
 		mode := "host-addressable (host transport)"
 		if !e.HostAddressable() {
-			mode = "NOT host-addressable (staged transport, PHXMOUNT_EMU_STAGED=1)"
+			mode = "NOT host-addressable (staged transport, --emu-staged)"
 		}
 		log.Warnf("vendor emu: the emulated device's memory is %s", mode)
 	}
@@ -95,4 +93,18 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 			log.Warnf("%s connector: %v", conn.Vendor(), err)
 		}
 	}, nil
+}
+
+// emuConfig is the emulated device's configuration: the flags, else the
+// environment variables they replace.
+func emuConfig(c *config, getenv func(string) string) (emu.Config, error) {
+	cfg := emu.Config{Staged: c.emuStaged || getenv("PHXMOUNT_EMU_STAGED") == "1", Devices: c.emuDevices}
+	if v := getenv("PHXMOUNT_EMU_DEVICES"); v != "" && cfg.Devices == 0 {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return cfg, fmt.Errorf("PHXMOUNT_EMU_DEVICES=%q: want a number", v)
+		}
+		cfg.Devices = n
+	}
+	return cfg, nil
 }

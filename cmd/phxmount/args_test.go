@@ -1,0 +1,44 @@
+package main
+
+import "testing"
+
+// TestEmuFlags: --emu-staged and --emu-devices configure the emulated
+// device; the environment variables they replace still work, and a flag
+// wins over its variable.
+func TestEmuFlags(t *testing.T) {
+	env := func(kv map[string]string) func(string) string {
+		return func(k string) string { return kv[k] }
+	}
+	for _, tc := range []struct {
+		args    []string
+		env     map[string]string
+		staged  bool
+		devices int
+	}{
+		{nil, nil, false, 0},
+		{[]string{"--emu-staged"}, nil, true, 0},
+		{[]string{"--emu-staged=false"}, nil, false, 0},
+		{[]string{"--emu-devices", "3"}, nil, false, 3},
+		{[]string{"--emu-devices=2", "--emu-staged"}, nil, true, 2},
+		{nil, map[string]string{"PHXMOUNT_EMU_STAGED": "1", "PHXMOUNT_EMU_DEVICES": "2"}, true, 2},
+		{[]string{"--emu-devices", "4"}, map[string]string{"PHXMOUNT_EMU_DEVICES": "2"}, false, 4},
+	} {
+		c, err := parseArgs(append(tc.args, "b", "m"))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		cfg, err := emuConfig(c, env(tc.env))
+		if err != nil || cfg.Staged != tc.staged || cfg.Devices != tc.devices {
+			t.Errorf("%v %v: %+v, %v; want staged %v, devices %d", tc.args, tc.env, cfg, err, tc.staged, tc.devices)
+		}
+	}
+	for _, bad := range [][]string{{"--emu-devices"}, {"--emu-devices", "x"}, {"--emu-devices", "0"}, {"--emu-staged=maybe"}} {
+		if _, err := parseArgs(append(bad, "b", "m")); err == nil {
+			t.Errorf("%v: accepted", bad)
+		}
+	}
+	c, _ := parseArgs([]string{"b", "m"})
+	if _, err := emuConfig(c, env(map[string]string{"PHXMOUNT_EMU_DEVICES": "two"})); err == nil {
+		t.Errorf("PHXMOUNT_EMU_DEVICES=two accepted")
+	}
+}
