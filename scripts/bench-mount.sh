@@ -9,9 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
-[ -x "$BIN/phxmount" ] && [ -x "$BIN/phxbench-mount" ] || {
+[ -x "$BIN/phxmount" ] && [ -x "$BIN/phxbench-mount" ] && [ -x "$BIN/phxbench-ioctl" ] || {
 	mkdir -p "$BIN"
-	CGO_ENABLED=0 go build -ldflags=-checklinkname=0 -o "$BIN/" ./cmd/phxmount ./cmd/phxbench-mount
+	CGO_ENABLED=0 go build -ldflags=-checklinkname=0 -o "$BIN/" ./cmd/phxmount ./cmd/phxbench-mount ./cmd/phxbench-ioctl
 }
 if [ "$(id -u)" != 0 ]; then echo "bench-mount: needs root (mount, drop_caches)" >&2; exit 1; fi
 RAW=${BENCH_MOUNT_RAW:-$PWD/bench-mount-raw.json}
@@ -38,9 +38,8 @@ echo "kernel $(uname -r), $(nproc) cores; backing $backing ($(df --output=fstype
 	-reps "${BENCH_REPS:-3}" -size-mb "${BENCH_SIZE_MB:-256}" -files "${BENCH_FILES:-10000}" \
 	-raw "$RAW" -note "$state"
 
-# ---------------------------------------------------------------------------
-# HOOK(ioctl rows): the control protocol's benchmark (ioctl read through the
-# mount vs phxfs called directly) runs here against the same mount, e.g.
-#   "$BIN/phxbench-ioctl" -mount "$mnt" -reps "${BENCH_REPS:-3}" -raw "${RAW%.json}-ioctl.json"
-# or as rows added in cmd/phxbench-mount (see its HOOK comment).
-# ---------------------------------------------------------------------------
+# The control protocol's rows: ioctl read through the same mount against
+# phxfs called directly (its own table; raw numbers beside the others).
+echo
+"$BIN/phxbench-ioctl" -mount "$mnt" -backing "$backing" \
+	-reps "${BENCH_REPS:-3}" -raw "${RAW%.json}-ioctl.json"

@@ -247,13 +247,9 @@ func main() {
 		}
 	}
 
-	// ---------------------------------------------------------------------
-	// HOOK(ioctl rows): the control protocol's rows go here — "ioctl read
-	// through the mount" against "phxfs read called directly" — appended to
-	// rows with the same two-sided Samples ("backing" = phxfs direct,
-	// "mount" = ioctl path), so that they print and save like the others.
-	// rows = append(rows, ioctlRows(*backing, *mount, *reps)...)
-	// ---------------------------------------------------------------------
+	// The control protocol's rows (ioctl read through the mount against
+	// phxfs called directly) are cmd/phxbench-ioctl's table, which
+	// scripts/bench-mount.sh prints after this one against the same mount.
 
 	fmt.Printf("%-34s %12s %12s %8s %8s %s\n", "benchmark (median of "+strconv.Itoa(*reps)+")", "backing", "mount", "ratio", "target", "")
 	for _, r := range rows {
