@@ -130,6 +130,18 @@ for pkg in kmod connector/pcibar phxfs; do
 		fail "go test -c ./$pkg"
 done
 
+# binaries that load libraries at run time (purego: the nvidia connector)
+# are dynamically linked even without cgo: bring their libraries along
+for bin in "$ROOTFS"/bin/vmcheck "$ROOTFS"/t/*.test; do
+	[ -e "$bin" ] || continue
+	libs=$(ldd "$bin" 2>/dev/null | grep -o '/[^ ]*' || true)
+	for lib in $libs; do
+		[ -e "$ROOTFS$lib" ] && continue
+		mkdir -p "$ROOTFS$(dirname "$lib")"
+		cp -L "$lib" "$ROOTFS$lib"
+	done
+done
+
 # --- the disk: ext4 with a pattern file (8-byte LE words = their offset) --
 DISK=$WORK/disk.img
 DISK_VERSION="pattern.bin 64M, ext4 256M, v1"
@@ -158,7 +170,7 @@ set +e
 timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
 	-accel tcg -cpu max -smp 1 -m 2G -nographic -no-reboot -nic none -vga none \
 	-kernel "$KERNEL/vmlinuz" -initrd "$WORK/initramfs.cpio" \
-	-append "console=ttyS0 quiet oops=panic panic=-1" \
+	-append "console=ttyS0 quiet oops=panic panic=-1 memmap=128M\$0x40000000" \
 	-drive file="$DISK",if=none,id=nvm,format=raw,cache=none,aio=threads \
 	-device nvme,serial=phxfs0,drive=nvm \
 	-object memory-backend-file,id=bar,size="$BAR_SIZE",share=on,mem-path="$SHM" \

@@ -201,6 +201,9 @@ func run(file, scratch string) error {
 	if err := busyModule(conn, dev); err != nil {
 		return err
 	}
+	if err := reservedRAM(fd); err != nil {
+		return err
+	}
 	if err := unbind(); err != nil {
 		return err
 	}
@@ -581,4 +584,43 @@ func unbind() error {
 	}
 	ok("rebind: phxfs_dev0 back over the same device memory")
 	return mp2.Unmap()
+}
+
+// reservedRAM: device 1 is reserved RAM (emu_ram=): O_DIRECT lands there
+// too, checked through the module mapping (no host view of guest RAM).
+func reservedRAM(fd int) error {
+	if !kmod.Available(1) {
+		ok("no reserved-RAM device: skipped")
+		return nil
+	}
+	d, err := kmod.Open(1)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if _, err := d.PCIAddress(); !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("PCIAddress of reserved RAM: %v, want ENODEV", err)
+	}
+	size, err := kmod.ReadAttrInt(1, "mem_size")
+	if err != nil {
+		return err
+	}
+	const n = 2 << 20
+	const fileOff = 5 << 20
+	mp, err := d.Map(kmod.EmuDevAddr(1, uint64(size-n)), n)
+	if err != nil {
+		return err
+	}
+	scribble(mp.Bytes())
+	if got, err := unix.Pread(fd, mp.Bytes(), fileOff); err != nil || got != n {
+		return fmt.Errorf("O_DIRECT pread into reserved RAM: %d, %v", got, err)
+	}
+	if err := checkPattern(mp.Bytes(), fileOff, "reserved RAM"); err != nil {
+		return err
+	}
+	if _, err := d.Map(kmod.EmuDevAddr(0, 0), 64<<10); !errors.Is(err, unix.ERANGE) {
+		return fmt.Errorf("device 0 address on device 1: %v, want ERANGE", err)
+	}
+	ok("reserved-RAM device: O_DIRECT pread landed %d MiB at its end", n>>20)
+	return mp.Unmap()
 }
