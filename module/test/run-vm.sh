@@ -95,20 +95,32 @@ fi
 
 # --- the module -----------------------------------------------------------
 BUILD=$WORK/build
-build_module() { # vendor dir
-	rm -rf "$2" && mkdir -p "$2"
-	cp -r "$ROOT"/module/*.c "$ROOT"/module/*.h "$ROOT"/module/Makefile "$ROOT"/module/include "$2/"
-	make -s -C "$2" KDIR="$KDIR" CC=gcc-12 PHXFS_VENDOR="$1" KCFLAGS=-Werror W=1 >"$2/build.log" 2>&1 ||
-		{ cat "$2/build.log"; fail "building phxfs.ko (PHXFS_VENDOR=$1)"; }
-	if grep -E "warning:|error:" "$2/build.log" | grep -v "Skipping BTF" >/dev/null; then
-		cat "$2/build.log"
-		fail "phxfs.ko (PHXFS_VENDOR=$1) builds with warnings"
+build_module() { # vendor dir [kdir [make args...]]
+	local vendor=$1 dir=$2 kdir=${3:-$KDIR}
+	shift 3 || shift $#
+	rm -rf "$dir" && mkdir -p "$dir"
+	cp -r "$ROOT"/module/*.c "$ROOT"/module/*.h "$ROOT"/module/Makefile "$ROOT"/module/include "$dir/"
+	make -s -C "$dir" KDIR="$kdir" CC=gcc-12 PHXFS_VENDOR="$vendor" KCFLAGS=-Werror W=1 "$@" >"$dir/build.log" 2>&1 ||
+		{ cat "$dir/build.log"; fail "building phxfs.ko (PHXFS_VENDOR=$vendor, $kdir)"; }
+	if grep -E "warning:|error:" "$dir/build.log" | grep -v -E "Skipping BTF|modpost: \"pci_(alloc|free)_p2pmem\"|modpost: \"pci_p2pdma_add_resource\"" >/dev/null; then
+		cat "$dir/build.log"
+		fail "phxfs.ko (PHXFS_VENDOR=$vendor) builds with warnings"
 	fi
 }
-log "building phxfs.ko for $KVER (emu; nvidia compile check)"
+log "building phxfs.ko for $KVER (emu; compile checks: nvidia, CONFIG_PCI_P2PDMA)"
 build_module emu "$BUILD/emu"
 build_module nvidia "$BUILD/nvidia"
-checks=2
+# The P2PDMA branch: the same headers with CONFIG_PCI_P2PDMA switched on,
+# compiled only (this kernel does not export the P2PDMA functions).
+P2PK=$WORK/headers-p2pdma
+rm -rf "$P2PK" && cp -a "$KDIR" "$P2PK"
+find "$KDIR" -maxdepth 1 -type l | while read -r l; do # relative links: re-aim them
+	ln -sfn "$(readlink -f "$l")" "$P2PK/$(basename "$l")"
+done
+echo '#define CONFIG_PCI_P2PDMA 1' >>"$P2PK/include/generated/autoconf.h"
+sed -i 's/^# CONFIG_PCI_P2PDMA is not set/CONFIG_PCI_P2PDMA=y/' "$P2PK/include/config/auto.conf" "$P2PK/.config"
+build_module emu "$BUILD/p2pdma" "$P2PK" KBUILD_MODPOST_WARN=1
+checks=3
 
 # --- the Go programs (static) ---------------------------------------------
 ROOTFS=$WORK/rootfs
