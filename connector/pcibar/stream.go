@@ -23,8 +23,8 @@ type barView struct {
 	kind   string
 	resErr error // why the resource file could not be mapped (ViewModule)
 	b      []byte
-	dev  *kmod.Device  // ViewModule
-	m    *kmod.Mapping // ViewModule
+	dev    *kmod.Device  // ViewModule
+	m      *kmod.Mapping // ViewModule
 }
 
 func (v *barView) close() error {
