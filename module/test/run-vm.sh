@@ -129,6 +129,11 @@ GOFLAGS_VM=(-ldflags=-checklinkname=0 -trimpath)
 export CGO_ENABLED=0
 (cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/vmcheck" ./module/test/vmcheck) ||
 	fail "go build ./module/test/vmcheck"
+# phxmount itself, for the steps that mount inside the VM
+if [ -d "$ROOT/cmd/phxmount" ]; then
+	(cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/phxmount" ./cmd/phxmount) ||
+		fail "go build ./cmd/phxmount"
+fi
 for pkg in kmod connector/pcibar phxfs; do
 	[ -d "$ROOT/$pkg" ] || continue
 	ls "$ROOT/$pkg"/*_test.go >/dev/null 2>&1 || continue
@@ -144,7 +149,7 @@ done
 
 # binaries that load libraries at run time (purego: the nvidia connector)
 # are dynamically linked even without cgo: bring their libraries along
-for bin in "$ROOTFS"/bin/vmcheck "$ROOTFS"/t/*.test; do
+for bin in "$ROOTFS"/bin/* "$ROOTFS"/t/*.test; do
 	[ -e "$bin" ] || continue
 	libs=$(ldd "$bin" 2>/dev/null | grep -o '/[^ ]*' || true)
 	for lib in $libs; do
