@@ -45,7 +45,7 @@ func (l *Lib) OpenDevice(index int) error {
 		d.info.PageSize = 64 << 10
 	}
 	if !l.cfg.NoKernelModule && (l.cfg.Transport == "" || l.cfg.Transport == Direct) {
-		kdev, err := openKernelDevice(d.info)
+		kdev, err := openKernelDevice(l.conn.Vendor(), d.info)
 		switch {
 		case err == nil:
 			d.kdev = kdev

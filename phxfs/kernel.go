@@ -38,18 +38,29 @@ func kernelDeviceIndexes() []int {
 	return out
 }
 
+// moduleBackends maps a connector vendor to the kernel backend that
+// understands its device addresses: only then can the module map them.
+var moduleBackends = map[string]string{"nvidia": "nvidia", "pcibar": "emu"}
+
 // kernelDeviceFor finds the module's device for a connector device by PCI
 // address (the reference's find_dev_for_cuda_gpu): a vendor's device
 // ordinals need not follow the module's minors. A module device without a
 // PCI address (reserved RAM) serves the connector device of the same index.
-func kernelDeviceFor(info connector.DeviceInfo) (kernelDevice, error) {
+func kernelDeviceFor(vendor string, info connector.DeviceInfo) (kernelDevice, error) {
 	idx := kernelDeviceIndexes()
 	if len(idx) == 0 {
 		return nil, errs.New(unix.ENODEV, "phxfs kernel module not loaded (no %s)", kmod.DevicePath(info.Index))
 	}
+	want, ok := moduleBackends[vendor]
+	if !ok {
+		return nil, errs.New(unix.ENODEV, "the phxfs kernel module cannot map %s device memory", vendor)
+	}
 	for _, i := range idx {
 		pci, err := kmod.ReadAttr(i, "pci_address")
 		if err != nil {
+			continue
+		}
+		if backend, _ := kmod.ReadAttr(i, "backend"); backend != want {
 			continue
 		}
 		if strings.EqualFold(pci, info.PCIAddress) || ((pci == "none" || pci == "") && i == info.Index) {
@@ -60,7 +71,7 @@ func kernelDeviceFor(info connector.DeviceInfo) (kernelDevice, error) {
 			return moduleDevice{d}, nil
 		}
 	}
-	return nil, errs.New(unix.ENODEV, "no phxfs kernel device serves %s (PCI %s) among %d module devices", info.Name, info.PCIAddress, len(idx))
+	return nil, errs.New(unix.ENODEV, "no phxfs kernel device with the %s backend serves %s (PCI %s) among %d module devices", want, info.Name, info.PCIAddress, len(idx))
 }
 
 // DeviceForPCI returns the index of the connector device at a PCI address,

@@ -38,7 +38,7 @@ func TestDirectTransportSeam(t *testing.T) {
 	c, _ := emu.New(emu.Config{Devices: 2})
 	kernels := map[string]*fakeKernel{}
 	saved := openKernelDevice
-	openKernelDevice = func(info connector.DeviceInfo) (kernelDevice, error) {
+	openKernelDevice = func(vendor string, info connector.DeviceInfo) (kernelDevice, error) {
 		if info.Index == 1 {
 			return nil, unix.ENODEV
 		}
@@ -90,5 +90,9 @@ func TestDirectTransportSeam(t *testing.T) {
 		t.Fatalf("DeviceForPCI: %d, %v", i, err)
 	}
 	_, err = DeviceForPCI(c, "0000:ff:1f.7")
+	wantErrno(t, err, unix.ENODEV)
+
+	// The module cannot map memory of a vendor it has no backend for.
+	_, err = kernelDeviceFor("emu", connectorDevice(t, c, 0))
 	wantErrno(t, err, unix.ENODEV)
 }

@@ -544,7 +544,7 @@ func TestTransportChoice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if _, err := openKernelDevice(connectorDevice(t, c, 0)); err == nil {
+	if _, err := openKernelDevice(c.Vendor(), connectorDevice(t, c, 0)); err == nil {
 		t.Skip("the phxfs kernel module is loaded here: the refusal below cannot be tested")
 	}
 	wantErrno(t, d.OpenDevice(0), unix.ENODEV)
