@@ -1,6 +1,7 @@
 package phxfs
 
 import (
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -87,4 +88,23 @@ func DeviceForPCI(c connector.Connector, pci string) (int, error) {
 		}
 	}
 	return -1, errs.New(unix.ENODEV, "no %s device at PCI address %s", c.Vendor(), pci)
+}
+
+// TransportFor says which transport a registration on device index of c
+// would get and why, without opening anything for long: for diagnostics.
+func TransportFor(c connector.Connector, index int) (Transport, string) {
+	infos, err := c.Devices()
+	if err != nil || index < 0 || index >= len(infos) {
+		return "", fmt.Sprintf("no %s device %d", c.Vendor(), index)
+	}
+	kdev, kerr := openKernelDevice(c.Vendor(), infos[index])
+	switch {
+	case kerr == nil:
+		kdev.Close()
+		return Direct, fmt.Sprintf("the phxfs kernel module serves %s device %d (%s): O_DIRECT lands in device pages", c.Vendor(), index, infos[index].PCIAddress)
+	case c.HostAddressable():
+		return Host, fmt.Sprintf("%s memory is host-addressable: O_DIRECT lands in it (%v)", c.Vendor(), kerr)
+	default:
+		return Staged, fmt.Sprintf("reads land in pinned bounce buffers and are copied to the device (%v)", kerr)
+	}
 }

@@ -11,9 +11,13 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"phxmount/connector"
+	"phxmount/connector/emu"
 	"phxmount/connector/nvidia"
+	"phxmount/connector/pcibar"
 	"phxmount/fusefs"
 	"phxmount/ioengine"
+	"phxmount/phxfs"
 )
 
 // doctor reports what this machine offers, without mounting anything the
@@ -101,18 +105,25 @@ func doctor(log *logrus.Entry, args []string) int {
 		line(true, "libcuda", fmt.Sprintf("%d GPU(s): %s", gpus, strings.Join(names, "; ")))
 	}
 
-	// Transport a registration would get.
-	vendor := "emu"
+	// Transport a registration would get: the vendor --vendor auto picks,
+	// and the VM's BAR stand-in where the module's emu backend is loaded.
+	var conns []connector.Connector
 	if gpus > 0 {
-		vendor = "nvidia"
+		if c, err := nvidia.Open(); err == nil {
+			conns = append(conns, c)
+		}
+	} else if c, err := emu.New(emu.Config{}); err == nil {
+		conns = append(conns, c)
 	}
-	switch {
-	case len(devs) > 0:
-		note("transport", fmt.Sprintf("direct: %s exists, so a registration on vendor %s maps device pages through the kernel module", devs[0], vendor))
-	case vendor == "emu":
-		note("transport", "host: no GPU, so --vendor auto picks the emulated device, whose memory is host-addressable (O_DIRECT straight into it)")
-	default:
-		note("transport", "staged: NVIDIA GPU without the phxfs kernel module, so reads land in pinned bounce buffers and are copied to the GPU")
+	if len(devs) > 0 {
+		if c, err := pcibar.New(pcibar.Config{}); err == nil {
+			conns = append(conns, c)
+		}
+	}
+	for _, c := range conns {
+		t, why := phxfs.TransportFor(c, 0)
+		note("transport", fmt.Sprintf("%s (--vendor %s): %s", t, c.Vendor(), why))
+		c.Close()
 	}
 	return 0
 }
