@@ -1,0 +1,181 @@
+"""The client against a real phxmount mount on the emulated device (--vendor
+emu, host and staged memory): the whole ioctl path without a GPU. Needs
+root, /dev/fuse and bin/phxmount (make build); skips with the reason
+otherwise."""
+
+import errno
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+import phxmount  # noqa: E402
+from phxmount import abi, safetensors as st  # noqa: E402
+from phxmount.client import EmuBuffer, PhxError, PhxFile  # noqa: E402
+from phxmount.loader import LoadStats, load_safetensors_emu  # noqa: E402
+
+PHXMOUNT = os.environ.get("PHXMOUNT_BIN", os.path.join(ROOT, "bin", "phxmount"))
+
+
+def why_not():
+    if os.geteuid() != 0:
+        return "not root (mounting FUSE needs root)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    if not os.access(PHXMOUNT, os.X_OK):
+        return f"no {PHXMOUNT} (run make build)"
+    return None
+
+
+class Mount:
+    def __init__(self, backing, staged):
+        self.backing = backing
+        self.mnt = tempfile.mkdtemp(prefix="phxpy-mnt-")
+        self.log = open(os.path.join(os.path.dirname(backing), f"phxmount-{int(staged)}.log"), "w+")
+        env = dict(os.environ, PHXMOUNT_EMU_STAGED="1" if staged else "0")
+        self.p = subprocess.Popen([PHXMOUNT, "--vendor", "emu", "--workers", "3", backing, self.mnt],
+                                  stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        for _ in range(100):
+            self.log.seek(0)
+            if "mounted;" in self.log.read():
+                return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.close()
+        raise RuntimeError("phxmount did not mount")
+
+    def close(self):
+        if os.path.ismount(self.mnt):
+            subprocess.run(["umount", self.mnt], check=False)
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        os.rmdir(self.mnt)
+        self.log.close()
+
+
+def make_model(path, seed=7):
+    rnd = random.Random(seed)
+    specs = [("embed", "BF16", (300, 1000)), ("odd", "U8", (13,)), ("w1", "F32", (513, 1001)), ("flag", "BOOL", (7,)),
+             ("none", "F16", (0, 3)), ("bias", "I64", (4099,)), ("w2", "F64", (77777,))]
+    ts = []
+    for name, dt, shape in specs:
+        n = st.DTYPE_SIZES[dt]
+        for s in shape:
+            n *= s
+        ts.append((name, dt, shape, rnd.randbytes(n)))
+    return st.write_file(path, ts, metadata={"format": "pt"}), {name: data for name, _, _, data in ts}
+
+
+@unittest.skipIf(why_not(), f"SKIP: {why_not()}")
+class EmuMountTest(unittest.TestCase):
+    staged = False
+
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix="phxpy-", dir="/var/tmp")
+        backing = os.path.join(cls.work, "backing")
+        os.mkdir(backing)
+        cls.header, cls.data = make_model(os.path.join(backing, "model.safetensors"))
+        with open(os.path.join(backing, "small.bin"), "wb") as f:
+            f.write(bytes(range(256)) * 1000 + b"tail")
+        cls.m = Mount(backing, cls.staged)
+        cls.path = os.path.join(cls.m.mnt, "model.safetensors")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.m.close()
+        shutil.rmtree(cls.work)
+
+    def test_available_is_honest(self):
+        a = phxmount.available(self.path)
+        self.assertFalse(a.ok)
+        self.assertTrue(a.on_mount)
+        self.assertEqual(a.vendor, "emu")
+        self.assertEqual(a.transport, "staged" if self.staged else "host")
+        self.assertIn("not an NVIDIA GPU", a.reason)
+        self.assertEqual(a.xattr.get("transport"), a.transport)
+        off = phxmount.available(self.m.backing)
+        self.assertFalse(off.ok or off.on_mount)
+        self.assertIn("not on a phxmount mount", off.reason)
+
+    def test_load_one_batch(self):
+        s = LoadStats()
+        out = load_safetensors_emu(self.path, chunk=128 << 20, stats=s)
+        self.assertEqual(out, self.data)
+        self.assertEqual(s.ioctls, 1)
+        self.assertEqual(s.extents, len([t for t in self.header.tensors if t.nbytes]))
+        self.assertEqual(s.transport, "staged" if self.staged else "host")
+
+    def test_load_many_extents(self):
+        # Small chunks: more than 409 extents, so several BATCH ioctls.
+        s = LoadStats()
+        out = load_safetensors_emu(self.path, chunk=(4 << 10) + 3, stats=s)
+        self.assertEqual(out, self.data)
+        self.assertGreater(s.extents, abi.MAX_EXTENTS)
+        self.assertGreater(s.ioctls, 1)
+
+    def test_read_and_errors(self):
+        small = os.path.join(self.m.mnt, "small.bin")
+        want = bytes(range(256)) * 1000 + b"tail"
+        buf = EmuBuffer(len(want))
+        try:
+            with PhxFile(small) as f:
+                r = f.register(abi.VENDOR_EMU, 0, buf.handle(), buf.size)
+                self.assertEqual(f.read(r.id, 64, 1000, 5), 1000)
+                self.assertEqual(bytes(buf.view[64:1064]), want[5:1005])
+                # Short at end of file.
+                self.assertEqual(f.read(r.id, 0, 4096, len(want) - 4), 4)
+                self.assertEqual(bytes(buf.view[:4]), b"tail")
+                # Past the buffer: EFAULT, nothing moves.
+                with self.assertRaises(PhxError) as e:
+                    f.read(r.id, buf.size - 10, 11, 0)
+                self.assertEqual(e.exception.errno, errno.EFAULT)
+                with self.assertRaises(PhxError) as e:
+                    f.read(r.id + 1000, 0, 10, 0)
+                self.assertEqual(e.exception.errno, errno.ENOENT)
+                # A batch with one bad extent: the others move, and the client names it.
+                ext = [abi.Extent(r.id, 0, 100, 0), abi.Extent(r.id, buf.size, 1, 0)]
+                with self.assertRaises(PhxError) as e:
+                    f.batch_read_all(ext)
+                self.assertEqual(e.exception.errno, errno.EFAULT)
+                self.assertEqual(ext[0].result, 100)
+                # An NVIDIA handle on an emu mount: refused.
+                with self.assertRaises(PhxError) as e:
+                    f.register(abi.VENDOR_NVIDIA, 0, bytes(64), 1 << 16)
+                self.assertEqual(e.exception.errno, errno.ENODEV)
+                f.deregister(r.id)
+                with self.assertRaises(PhxError) as e:
+                    f.read(r.id, 0, 10, 0)
+                self.assertEqual(e.exception.errno, errno.ENOENT)
+        finally:
+            buf.close()
+
+    def test_timeout_releases_when_done(self):
+        with PhxFile(self.m.mnt) as root:
+            live0 = root.info().counters["buffers_live"]
+            with self.assertRaises(TimeoutError):
+                load_safetensors_emu(self.path, chunk=4096, timeout=0)
+            deadline = time.time() + 20
+            while root.info().counters["buffers_live"] != live0 and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(root.info().counters["buffers_live"], live0, "the abandoned load's buffer was not released")
+
+
+class EmuStagedMountTest(EmuMountTest):
+    staged = True
+
+
+if __name__ == "__main__":
+    unittest.main()
