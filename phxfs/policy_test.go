@@ -3,6 +3,7 @@ package phxfs
 import (
 	"bytes"
 	"os"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -90,6 +91,9 @@ func readExtents(t *testing.T, l *Lib, fd int, m interface{ Addr() uint64 }, ext
 }
 
 func TestStagedDirectIOPolicy(t *testing.T) {
+	if !slices.Contains(testTransports(), Staged) {
+		t.Skipf("the staged transport's O_DIRECT policy: PHX_TEST_CONNECTOR=%s runs only %v, not staged", os.Getenv("PHX_TEST_CONNECTOR"), testTransports())
+	}
 	for _, engine := range []string{"io_uring", "sync"} {
 		t.Run(engine, func(t *testing.T) {
 			s := setup{engine, Staged}
