@@ -129,6 +129,9 @@ GOFLAGS_VM=(-ldflags=-checklinkname=0 -trimpath)
 export CGO_ENABLED=0
 (cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/vmcheck" ./module/test/vmcheck) ||
 	fail "go build ./module/test/vmcheck"
+# the application side of step 70-phxmount (ioctls through the mount)
+(cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/vmclient" ./module/test/vmclient) ||
+	fail "go build ./module/test/vmclient"
 # phxmount itself, for the steps that mount inside the VM
 if [ -d "$ROOT/cmd/phxmount" ]; then
 	(cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/phxmount" ./cmd/phxmount) ||
