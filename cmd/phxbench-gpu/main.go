@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"phxmount/connector"
+	"phxmount/connector/emu"
 	"phxmount/connector/nvidia"
 	"phxmount/phxfs"
 )
@@ -361,6 +362,7 @@ func benchMain(args []string) error {
 	workers := fs.Int("workers", 0, "phxfs workers for the hot/cold loads (0: the sweep's best at -bounce)")
 	bounce := fs.Int64("bounce", 4, "phxfs bounce size (MiB) for the hot/cold loads")
 	cold := fs.Bool("cold", true, "also measure cold (drop_caches)")
+	vendor := fs.String("vendor", "nvidia", "nvidia, or emu (staged emulated device: a dry run without a GPU)")
 	fs.Parse(args)
 	if *file == "" || *out == "" {
 		return fmt.Errorf("bench: -file and -out please")
@@ -381,7 +383,12 @@ func benchMain(args []string) error {
 		os.WriteFile(*out, b, 0o644)
 	}()
 
-	conn, err := nvidia.Open()
+	var conn connector.Connector
+	if *vendor == "emu" {
+		conn, err = emu.New(emu.Config{Staged: true})
+	} else {
+		conn, err = nvidia.Open()
+	}
 	if err != nil {
 		return err
 	}
@@ -518,7 +525,7 @@ func benchMain(args []string) error {
 	rep.Chosen["workers"], rep.Chosen["bounce"] = int64(*workers), *bounce*mib
 
 	// The chosen configuration, hot, with the bytes checked.
-	if err := conn.Memset(0, mem.Addr(), 0, size); err != nil {
+	if err := zero(conn, mem); err != nil {
 		return err
 	}
 	best := time.Duration(1 << 62)
@@ -560,7 +567,9 @@ func benchMain(args []string) error {
 
 	for _, mode := range []phxfs.DirectIO{phxfs.DirectAuto, phxfs.DirectNever} {
 		phxfs.SetDirectIO(mode)
-		conn.Memset(0, mem.Addr(), 0, size)
+		if err := zero(conn, mem); err != nil {
+			return err
+		}
 		s0 := phxfs.StagedCounters()
 		dropCaches()
 		d, err := load(*workers, *bounce*mib, false)
@@ -578,6 +587,27 @@ func benchMain(args []string) error {
 	rep.Staged = map[string]any{"direct_reads": s.DirectReads, "buffered_reads": s.BufferedReads, "fallbacks": s.Fallbacks, "cachestat": s.Cachestat}
 	fmt.Println("verify: phxfs cold loads equal the file")
 	return nil
+}
+
+// zero clears device memory through the copy engine (64 MiB at a time).
+func zero(conn connector.Connector, mem connector.Memory) error {
+	h, err := conn.AllocHost(64 * mib)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	clear(h.Bytes())
+	s, err := conn.NewStream(0)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for off := int64(0); off < mem.Size(); off += 64 * mib {
+		if err := s.CopyToDevice(mem.Addr()+uint64(off), h.Bytes()[:min(64*mib, mem.Size()-off)]); err != nil {
+			return err
+		}
+	}
+	return s.Synchronize()
 }
 
 // warmRegister checks that the buffer can be registered at all.
@@ -609,7 +639,8 @@ func plan(ts []tensor, fd int, start int64, mem connector.Memory) []phxfs.Reques
 
 func pinnedCeiling(rep *report, conn connector.Connector, mem connector.Memory, threads int) error {
 	// One 1 GiB pinned buffer, one stream, whole-buffer copies.
-	h, err := conn.AllocHost(gib)
+	block := min(int64(gib), mem.Size()/(64<<10)*(64<<10))
+	h, err := conn.AllocHost(block)
 	if err != nil {
 		return err
 	}
@@ -619,11 +650,11 @@ func pinnedCeiling(rep *report, conn connector.Connector, mem connector.Memory, 
 		return err
 	}
 	defer s.Close()
-	n := min(mem.Size()/gib, 8)
+	n := min(mem.Size()/block, 8)
 	copyAll := func() (time.Duration, error) {
 		t0 := time.Now()
 		for i := range n {
-			if err := s.CopyToDevice(mem.Addr()+uint64(i*gib), h.Bytes()); err != nil {
+			if err := s.CopyToDevice(mem.Addr()+uint64(i*block), h.Bytes()); err != nil {
 				return 0, err
 			}
 		}
@@ -638,7 +669,7 @@ func pinnedCeiling(rep *report, conn connector.Connector, mem connector.Memory, 
 		}
 		best = min(best, d)
 	}
-	rep.add("ceiling pinned H2D 1GiB copies", n*gib, best, "one stream")
+	rep.add(fmt.Sprintf("ceiling pinned H2D %dMiB copies", block/mib), n*block, best, "one stream")
 	// threads streams, 4 MiB copies from per-thread pinned buffers (the
 	// staged transport's shape without the reads).
 	type lane struct {
@@ -652,9 +683,9 @@ func pinnedCeiling(rep *report, conn connector.Connector, mem connector.Memory, 
 			return err
 		}
 		defer st.Close()
-		lanes[i] = lane{st, h.Bytes()[int64(i)*4*mib%gib:][:4*mib]}
+		lanes[i] = lane{st, h.Bytes()[int64(i)*4*mib%(block-4*mib+1):][:4*mib]}
 	}
-	total := n * gib
+	total := n * block
 	run := func() time.Duration {
 		t0 := time.Now()
 		var wg sync.WaitGroup
@@ -680,7 +711,7 @@ func pinnedCeiling(rep *report, conn connector.Connector, mem connector.Memory, 
 
 // verify copies back sampled ranges and every tensor's first and last 4 KiB
 // and compares them with the file.
-func verify(conn *nvidia.Connector, mem connector.Memory, file string, start int64, ts []tensor) error {
+func verify(conn connector.Connector, mem connector.Memory, file string, start int64, ts []tensor) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return err
@@ -700,9 +731,22 @@ func verify(conn *nvidia.Connector, mem connector.Memory, file string, start int
 		n := int64(mib)
 		rs = append(rs, rng{r.Int64N(max(dataLen-n, 1)), min(n, dataLen)})
 	}
+	h, err := conn.AllocHost(mib)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	s, err := conn.NewStream(0)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
 	for _, x := range rs {
-		got := make([]byte, x.n)
-		if err := conn.CopyToHost(got, mem.Addr()+uint64(x.off), 0); err != nil {
+		got := h.Bytes()[:x.n]
+		if err := s.CopyFromDevice(got, mem.Addr()+uint64(x.off)); err != nil {
+			return err
+		}
+		if err := s.Synchronize(); err != nil {
 			return err
 		}
 		want := make([]byte, x.n)
