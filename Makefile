@@ -43,5 +43,9 @@ bench-engine: build
 bench-mount: build
 	bash scripts/bench-mount.sh
 
+# Tier 4: the GPU path (build here; runs where there is a GPU, else SKIP).
+gpu-test:
+	bash scripts/gpu-test.sh
+
 clean:
 	rm -rf $(BIN)
