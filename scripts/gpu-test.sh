@@ -100,7 +100,7 @@ gen_file() {
 run() {
 	cd "$ROOT" || exit 1
 	need_binaries
-	say "=== gpu-test run: $(date -u +%FT%TZ) $(nvidia-smi -L 2>&1 | head -1)"
+	say "=== gpu-test run: $(date -u +%FT%TZ) $(nvidia-smi -L 2>&1 | head -1); kernel $(uname -r); python $(python3 -c 'import sys; print(sys.version.split()[0])')"
 	say "--- connector/nvidia tests"
 	if timeout 150 ./.devcarry/nvidia.test -test.v -test.count=1 >"$OUT/nvidia-test.log" 2>&1; then
 		pass "connector/nvidia: $(grep -c '^--- PASS' "$OUT/nvidia-test.log") tests passed, $(grep -c -- '--- SKIP' "$OUT/nvidia-test.log") skipped"
@@ -108,7 +108,7 @@ run() {
 		fail "connector/nvidia: $(grep -E '^(--- FAIL|FAIL|panic)' "$OUT/nvidia-test.log" | head -5 | tr '\n' ' ')"
 	fi
 	say "--- phxfs suites on the nvidia connector (staged transport)"
-	if (cd phxfs && PHX_TEST_CONNECTOR=nvidia timeout 240 ../.devcarry/phxfs.test -test.v -test.count=1 -test.timeout=230s) >"$OUT/phxfs-test.log" 2>&1; then
+	if (cd phxfs && PHX_TEST_CONNECTOR=nvidia timeout 170 ../.devcarry/phxfs.test -test.v -test.count=1 -test.timeout=160s) >"$OUT/phxfs-test.log" 2>&1; then
 		pass "phxfs on nvidia: $(grep -c -- '--- PASS' "$OUT/phxfs-test.log") (sub)tests passed, $(grep -c -- '--- SKIP' "$OUT/phxfs-test.log") skipped"
 	else
 		fail "phxfs on nvidia: $(grep -E -- '--- FAIL|^FAIL|panic' "$OUT/phxfs-test.log" | head -5 | tr '\n' ' ')"

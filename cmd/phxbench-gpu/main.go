@@ -454,7 +454,8 @@ func benchMain(args []string) error {
 			return 0, err
 		}
 		if warm { // bounce buffers and streams exist before timing
-			if _, err := l.ReadBatch(plan(ts[:1], fd, start, mem)[:1]); err != nil {
+			warm := plan(ts, fd, start, mem)
+			if _, err := l.ReadBatch(warm[:min(4, len(warm))]); err != nil {
 				return 0, err
 			}
 		}
