@@ -77,11 +77,31 @@ func ParseDirectIO(s string) (DirectIO, error) {
 
 var directIO atomic.Int32
 
+// stagedBuffers is the number of bounce buffers per staged worker.
+var stagedBuffers atomic.Int32
+
+// EnvStagedBuffers names the environment variable read at start (2 to 8).
+const EnvStagedBuffers = "PHX_STAGED_BUFFERS"
+
 func init() {
 	if d, err := ParseDirectIO(os.Getenv(EnvDirectIO)); err == nil {
 		directIO.Store(int32(d))
 	}
+	stagedBuffers.Store(2)
+	if n, err := strconv.Atoi(os.Getenv(EnvStagedBuffers)); err == nil {
+		SetStagedBuffers(n)
+	}
 }
+
+// SetStagedBuffers sets the number of bounce buffers (and copy streams) of
+// each staged worker created from now on, process-wide, clamped to 2..8;
+// it returns the previous number. Workers that exist keep theirs.
+func SetStagedBuffers(n int) int {
+	return int(stagedBuffers.Swap(int32(min(max(n, 2), 8))))
+}
+
+// StagedBuffers returns the number of bounce buffers per staged worker.
+func StagedBuffers() int { return int(stagedBuffers.Load()) }
 
 // SetDirectIO sets the process-wide read policy of the staged transport and
 // returns the previous one. Batches already running keep the old one.

@@ -198,3 +198,41 @@ func TestStagedDirectIOWithDirectFd(t *testing.T) {
 		t.Fatalf("an O_DIRECT descriptor got a twin: %+v -> %+v", s0, s1)
 	}
 }
+
+// TestStagedBuffers: more bounce buffers per worker move the same bytes,
+// reads and writes, on both engines.
+func TestStagedBuffers(t *testing.T) {
+	if !slices.Contains(testTransports(), Staged) {
+		t.Skipf("PHX_TEST_CONNECTOR=%s runs no staged transport", os.Getenv("PHX_TEST_CONNECTOR"))
+	}
+	for _, n := range []int{3, 4} {
+		prev := SetStagedBuffers(n)
+		t.Cleanup(func() { SetStagedBuffers(prev) })
+		if StagedBuffers() != n {
+			t.Fatalf("StagedBuffers %d, want %d", StagedBuffers(), n)
+		}
+		for _, engine := range []string{"io_uring", "sync"} {
+			l, c := newLib(t, setup{engine, Staged}, 1)
+			name := patternFile(t, 3*mib)
+			m := alloc(t, c, 0, 4*mib)
+			register(t, l, m)
+			fd := openFile(t, name, unix.O_RDONLY)
+			if got, err := l.Read(fd, 0, m.Addr(), 64<<10, 3*mib-8192, 8192); err != nil || got != 3*mib-8192 {
+				t.Fatalf("%d buffers, %s: read %d, %v", n, engine, got, err)
+			}
+			checkPattern(t, deviceBytes(t, c, m, 64<<10, 3*mib-8192), 8192)
+			out := openFile(t, name+".w", unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC)
+			if got, err := l.Write(out, 0, m.Addr(), 64<<10, 2*mib, 0); err != nil || got != 2*mib {
+				t.Fatalf("%d buffers, %s: write %d, %v", n, engine, got, err)
+			}
+			got := make([]byte, 2*mib)
+			if _, err := unix.Pread(out, got, 0); err != nil {
+				t.Fatal(err)
+			}
+			checkPattern(t, got, 8192)
+		}
+	}
+	if SetStagedBuffers(1); StagedBuffers() != 2 {
+		t.Fatalf("SetStagedBuffers(1) gave %d, want the minimum 2", StagedBuffers())
+	}
+}

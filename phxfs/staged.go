@@ -8,20 +8,22 @@ import (
 	"phxmount/ioengine"
 )
 
-// stagedWorker is one pool worker's staged-transport state: two bounce
-// buffers, so the storage read of one overlaps the device copy of the
-// other, and a copy stream per bounce buffer per device. Each bounce buffer
+// stagedWorker is one pool worker's staged-transport state: bounce buffers
+// (two by default, StagedBuffers), so the storage read of one overlaps the
+// device copies of the others, and a copy stream per bounce buffer per
+// device. Each bounce buffer
 // has dioSlack bytes past BounceSize so that an O_DIRECT read widened to
 // the file's alignment fits (see policy.go).
 type stagedWorker struct {
-	bounce  [2]connector.HostMemory
-	streams map[int]*[2]connector.Stream
+	bounce  []connector.HostMemory
+	streams map[int][]connector.Stream
 }
 
 func (w *stagedWorker) close() {
-	for _, s := range w.streams {
-		s[0].Close()
-		s[1].Close()
+	for _, ss := range w.streams {
+		for _, s := range ss {
+			s.Close()
+		}
 	}
 	for _, b := range w.bounce {
 		if b != nil {
@@ -32,10 +34,10 @@ func (w *stagedWorker) close() {
 
 // stagedWorkerFor returns worker w's state, creating it on first use. Only
 // worker w's goroutine calls it with w.
-func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, *[2]connector.Stream, error) {
+func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, []connector.Stream, error) {
 	sw := l.staged[w]
 	if sw == nil {
-		sw = &stagedWorker{streams: map[int]*[2]connector.Stream{}}
+		sw = &stagedWorker{streams: map[int][]connector.Stream{}, bounce: make([]connector.HostMemory, StagedBuffers())}
 		for i := range sw.bounce {
 			b, err := l.conn.AllocHost(l.cfg.BounceSize + dioSlack)
 			if err != nil {
@@ -48,12 +50,12 @@ func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, *[2]connector.Stream, 
 	}
 	s := sw.streams[dev]
 	if s == nil {
-		s = &[2]connector.Stream{}
+		s = make([]connector.Stream, len(sw.bounce))
 		for i := range s {
 			st, err := l.conn.NewStream(dev)
 			if err != nil {
-				if i == 1 {
-					s[0].Close()
+				for _, o := range s[:i] {
+					o.Close()
 				}
 				return nil, nil, errs.New(errs.Errno(err), "phxfs: create copy stream on device %d: %v", dev, err)
 			}
@@ -114,9 +116,18 @@ func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 // device; the copy of one buffer runs while the other is being read. Each
 // read goes through the page cache or around it as policy.go decides.
 func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw twins, mode DirectIO) {
-	var pending [2]int // xfer whose copy is in flight from each bounce buffer, -1 none
-	pending[0], pending[1] = -1, -1
-	var streams *[2]connector.Stream
+	var pending []int // xfer whose copy is in flight from each bounce buffer, -1 none
+	var streams []connector.Stream
+	settleAll := func() {
+		for slot := range pending {
+			if pending[slot] >= 0 {
+				if err := streams[slot].Synchronize(); err != nil {
+					xfers[pending[slot]].result = -int64(errs.Errno(err))
+				}
+				pending[slot] = -1
+			}
+		}
+	}
 	settle := func(slot int) {
 		if pending[slot] < 0 {
 			return
@@ -128,18 +139,23 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 	}
 	for k, i := range idx {
 		x := &xfers[i]
-		slot := k % 2
 		sw, s, err := l.stagedWorkerFor(w, x.dev)
 		if err != nil {
 			x.result = -int64(errs.Errno(err))
 			continue
 		}
-		if streams != nil && streams != s {
+		if streams != nil && &streams[0] != &s[0] {
 			// Another device: let the previous device's copies finish.
-			settle(0)
-			settle(1)
+			settleAll()
+		}
+		if pending == nil {
+			pending = make([]int, len(s))
+			for i := range pending {
+				pending[i] = -1
+			}
 		}
 		streams = s
+		slot := k % len(s)
 		settle(slot)
 		buf := sw.bounce[slot].Bytes()
 		data, n := readStaged(eng, x, buf, tw, mode)
@@ -153,10 +169,7 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 		}
 		pending[slot] = i
 	}
-	if streams != nil {
-		settle(0)
-		settle(1)
-	}
+	settleAll()
 }
 
 // readStaged reads x into the bounce buffer buf and returns where x's bytes
