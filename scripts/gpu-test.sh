@@ -73,11 +73,11 @@ unmount() {
 	if [ -n "${DAEMON:-}" ]; then wait "$DAEMON" 2>/dev/null; DAEMON=; fi
 }
 
-# mount_phx [workers]: phxmount --vendor nvidia over $WORK/backing.
+# mount_phx [phxmount flags]: phxmount --vendor nvidia over $WORK/backing.
 mount_phx() {
 	mkdir -p "$MNT"
 	unmount
-	"$CARRY/phxmount" --vendor nvidia ${1:+--workers $1} "$WORK/backing" "$MNT" >>"$OUT/phxmount.log" 2>&1 &
+	"$CARRY/phxmount" --vendor nvidia "$@" "$WORK/backing" "$MNT" >>"$OUT/phxmount.log" 2>&1 &
 	DAEMON=$!
 	for _ in $(seq 100); do
 		mountpoint -q "$MNT" && grep -q "mounted;" "$OUT/phxmount.log" && return 0
@@ -113,7 +113,7 @@ run() {
 	else
 		fail "phxfs on nvidia: $(grep -E -- '--- FAIL|^FAIL|panic' "$OUT/phxfs-test.log" | head -5 | tr '\n' ' ')"
 	fi
-	grep -- '--- SKIP' -A1 "$OUT/phxfs-test.log" | grep -v -- '--- SKIP' | sed 's/^ */    skip: /' | sort | uniq -c | head -5 | tee -a "$LOG"
+	grep -A1 -e '--- SKIP' "$OUT/phxfs-test.log" | grep -v -e '--- SKIP' -e '^--$' | sed 's/^ */skip: /' | sort | uniq -c | head -5 | tee -a "$LOG"
 	say "--- the Python client's unit tests (emu mounts included)"
 	if (cd python && PHXMOUNT_BIN=$CARRY/phxmount timeout 120 python3 -m unittest discover -s tests) >>"$LOG" 2>&1; then
 		pass "python unit tests"
@@ -138,9 +138,10 @@ bench() {
 	gen_file || return
 	say "=== benchmark: file -> GPU memory, $SIZE safetensors, hot and cold"
 	timeout 300 "$CARRY/phxbench-gpu" bench -file "$FILE" -out "$OUT/bench-go.json" 2>&1 | tee -a "$LOG" || fail "Go benchmark"
-	local w
-	w=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["chosen"]["workers"])' "$OUT/bench-go.json" 2>/dev/null)
-	mount_phx "${w:-16}" || return
+	local w e b
+	read -r w e b < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["chosen"]["workers"], d["env"]["engine"], d["chosen"]["buffers"])' "$OUT/bench-go.json" 2>/dev/null)
+	say "phxmount for the benchmark: --workers ${w:-16} --engine ${e:-io_uring}, PHX_STAGED_BUFFERS=${b:-2} (the Go sweep's best at this shape)"
+	PHX_STAGED_BUFFERS=${b:-2} mount_phx --workers "${w:-16}" --engine "${e:-io_uring}" || return
 	PYTHONUNBUFFERED=1 timeout 300 python3 python/tools/gpu_bench.py --mount-file "$MNT/model.safetensors" --backing-file "$FILE" \
 		--out "$OUT/bench-py.json" 2>&1 | tee -a "$LOG" || fail "Python benchmark"
 	unmount

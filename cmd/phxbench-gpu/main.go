@@ -357,9 +357,11 @@ func benchMain(args []string) error {
 	file := fs.String("file", "", "safetensors file (on the backing file system, not the mount)")
 	out := fs.String("out", "", "JSON results")
 	threads := fs.Int("threads", 16, "reader threads of the read ceilings (= phxfs workers chosen)")
-	sweepW := fs.String("sweep-workers", "8,16,24,32", "phxfs worker counts to sweep (hot)")
-	sweepB := fs.String("sweep-bounce", "2,4,8", "bounce sizes in MiB to sweep (hot)")
-	workers := fs.Int("workers", 0, "phxfs workers for the hot/cold loads (0: the sweep's best at -bounce)")
+	sweepW := fs.String("sweep-workers", "8,16", "phxfs worker counts to sweep (hot)")
+	sweepB := fs.String("sweep-bounce", "1,2,4", "bounce sizes in MiB to sweep (hot)")
+	sweepE := fs.String("sweep-engines", "io_uring,sync", "engines to sweep (hot)")
+	sweepS := fs.String("sweep-buffers", "2,4", "bounce buffers per worker to sweep (hot)")
+	workers := fs.Int("workers", 16, "phxfs workers for the hot/cold loads")
 	bounce := fs.Int64("bounce", 4, "phxfs bounce size (MiB) for the hot/cold loads")
 	cold := fs.Bool("cold", true, "also measure cold (drop_caches)")
 	vendor := fs.String("vendor", "nvidia", "nvidia, or emu (staged emulated device: a dry run without a GPU)")
@@ -444,8 +446,10 @@ func benchMain(args []string) error {
 
 	// phxfs directly: the sweep (hot), then the chosen configuration.
 	reqs := plan(ts, fd, start, mem)
+	engine, buffers := "io_uring", 2
 	load := func(w int, b int64, warm bool) (time.Duration, error) {
-		l, err := phxfs.New(phxfs.Config{Connector: conn, Workers: w, BounceSize: b, Transport: phxfs.Staged})
+		phxfs.SetStagedBuffers(buffers)
+		l, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: w, BounceSize: b, Transport: phxfs.Staged})
 		if err != nil {
 			return 0, err
 		}
@@ -488,42 +492,52 @@ func benchMain(args []string) error {
 	}
 	prev := phxfs.SetDirectIO(phxfs.DirectAuto)
 	defer phxfs.SetDirectIO(prev)
-	bestRate, bestW, bestB := 0.0, 0, int64(0)
-	for _, w := range ws {
-		for _, b := range bs {
-			best := time.Duration(1 << 62)
-			for range 2 {
-				d, err := load(w, b, true)
-				if err != nil {
-					return err
+	var es []string
+	for _, e := range strings.Split(*sweepE, ",") {
+		if e != "" {
+			es = append(es, e)
+		}
+	}
+	var ss []int
+	for _, x := range strings.Split(*sweepS, ",") {
+		if n, err := strconv.Atoi(x); err == nil {
+			ss = append(ss, n)
+		}
+	}
+	bestRate, bestAt := 0.0, 0.0
+	chosenE, chosenS := "io_uring", 2
+	for _, e := range es {
+		for _, nb := range ss {
+			engine, buffers = e, nb
+			for _, w := range ws {
+				for _, b := range bs {
+					best := time.Duration(1 << 62)
+					for range 2 {
+						d, err := load(w, b, true)
+						if err != nil {
+							return err
+						}
+						best = min(best, d)
+					}
+					x := result{Name: fmt.Sprintf("phxfs hot %s %d workers x %d MiB x %d buffers", e, w, b/mib, nb), Bytes: dataLen, Seconds: best.Seconds(), GBps: float64(dataLen) / best.Seconds() / 1e9}
+					rep.Sweep = append(rep.Sweep, x)
+					fmt.Printf("sweep %-48s %8.2f GB/s\n", x.Name, x.GBps)
+					if x.GBps > bestRate {
+						bestRate = x.GBps
+						rep.Chosen["sweep_best_workers"], rep.Chosen["sweep_best_bounce"], rep.Chosen["sweep_best_buffers"] = int64(w), b, int64(nb)
+						rep.Env["sweep_best_engine"] = e
+					}
+					// At the daemon's shape (workers, bounce): pick engine and buffers.
+					if w == *workers && b == *bounce*mib && x.GBps > bestAt {
+						bestAt, chosenE, chosenS = x.GBps, e, nb
+					}
 				}
-				best = min(best, d)
-			}
-			x := result{Name: fmt.Sprintf("phxfs hot %d workers x %d MiB", w, b/mib), Bytes: dataLen, Seconds: best.Seconds(), GBps: float64(dataLen) / best.Seconds() / 1e9}
-			rep.Sweep = append(rep.Sweep, x)
-			fmt.Printf("sweep %-32s %8.2f GB/s\n", x.Name, x.GBps)
-			if x.GBps > bestRate {
-				bestRate, bestW, bestB = x.GBps, w, b
 			}
 		}
 	}
-	rep.Chosen["sweep_best_workers"], rep.Chosen["sweep_best_bounce"] = int64(bestW), bestB
-	if *workers <= 0 {
-		// The best worker count at the bounce size phxmount uses.
-		rate := 0.0
-		for _, x := range rep.Sweep {
-			var w int
-			var b int64
-			fmt.Sscanf(x.Name, "phxfs hot %d workers x %d MiB", &w, &b)
-			if b == *bounce && x.GBps > rate {
-				rate, *workers = x.GBps, w
-			}
-		}
-		if *workers <= 0 {
-			*workers = 16
-		}
-	}
-	rep.Chosen["workers"], rep.Chosen["bounce"] = int64(*workers), *bounce*mib
+	engine, buffers = chosenE, chosenS
+	rep.Chosen["workers"], rep.Chosen["bounce"], rep.Chosen["buffers"] = int64(*workers), *bounce*mib, int64(buffers)
+	rep.Env["engine"] = engine
 
 	// The chosen configuration, hot, with the bytes checked.
 	if err := zero(conn, mem); err != nil {
@@ -537,7 +551,7 @@ func benchMain(args []string) error {
 		}
 		best = min(best, d)
 	}
-	rep.add("phxfs direct (Go) hot", dataLen, best, fmt.Sprintf("%d workers x %d MiB, incl. RegMem", *workers, *bounce))
+	rep.add("phxfs direct (Go) hot", dataLen, best, fmt.Sprintf("%s, %d workers x %d MiB x %d buffers, incl. RegMem", engine, *workers, *bounce, buffers))
 	if err := verify(conn, mem, *file, start, ts); err != nil {
 		return fmt.Errorf("phxfs hot load: %v", err)
 	}
@@ -659,7 +673,8 @@ func pinnedCeiling(rep *report, conn connector.Connector, mem connector.Memory, 
 				return 0, err
 			}
 		}
-		return time.Since(t0), s.Synchronize()
+		err := s.Synchronize()
+		return time.Since(t0), err
 	}
 	copyAll()
 	best := time.Duration(1 << 62)

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import unittest
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -163,10 +164,17 @@ class EmuMountTest(unittest.TestCase):
             buf.close()
 
     def test_timeout_releases_when_done(self):
+        real = PhxFile.batch
+
+        def slow(f, *a, **k):  # a load that takes longer than its timeout
+            time.sleep(0.5)
+            return real(f, *a, **k)
+
         with PhxFile(self.m.mnt) as root:
             live0 = root.info().counters["buffers_live"]
-            with self.assertRaises(TimeoutError):
-                load_safetensors_emu(self.path, chunk=4096, timeout=0)
+            with mock.patch.object(PhxFile, "batch", slow):
+                with self.assertRaises(TimeoutError):
+                    load_safetensors_emu(self.path, chunk=4096, timeout=0.1)
             deadline = time.time() + 20
             while root.info().counters["buffers_live"] != live0 and time.time() < deadline:
                 time.sleep(0.05)

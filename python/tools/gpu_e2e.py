@@ -48,7 +48,8 @@ def main():
     try:
         sh = t.untyped_storage()._share_cuda_()
         theirs = sh[1]
-        print(f"INFO torch _share_cuda_ handle: {len(theirs)} bytes, equal to cuIpcGetMemHandle(base): {theirs == ours}; "
+        print(f"INFO torch _share_cuda_ handle: {len(theirs)} bytes, equal to cuIpcGetMemHandle(base): {theirs == ours}, "
+              f"contains it at {theirs.find(ours)}, first bytes {theirs[:4].hex()}; "
               f"storage offset in its allocation {sh[3]}, ours {t.data_ptr() - base}", flush=True)
     except Exception as e:  # informational only
         print(f"INFO torch _share_cuda_ unavailable: {e!r}", flush=True)
