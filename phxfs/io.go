@@ -218,10 +218,13 @@ func (l *Lib) execute(p *plan) {
 }
 
 // roundEnd ends a round at a queue depth's worth of operations per worker,
-// or 64 MiB per worker.
+// or Config.RoundBytes per worker.
 func (l *Lib) roundEnd(xs []xfer, lo int) int {
+	if l.cfg.RoundBytes < 0 {
+		return len(xs)
+	}
 	maxOps := l.pool.Workers() * l.cfg.QueueDepth
-	maxBytes := int64(l.pool.Workers()) * 64 << 20
+	maxBytes := int64(l.pool.Workers()) * l.cfg.RoundBytes
 	var bytes int64
 	hi := lo
 	for hi < len(xs) && hi-lo < maxOps && (hi == lo || bytes+xs[hi].len <= maxBytes) {

@@ -137,7 +137,7 @@ bench() {
 	need_binaries
 	gen_file || return
 	say "=== benchmark: file -> GPU memory, $SIZE safetensors, hot and cold"
-	timeout 300 "$CARRY/phxbench-gpu" bench -file "$FILE" -out "$OUT/bench-go.json" 2>&1 | tee -a "$LOG" || fail "Go benchmark"
+	timeout 300 "$CARRY/phxbench-gpu" bench -file "$FILE" -out "$OUT/bench-go.json" -sweep-engines io_uring -sweep-buffers 2 -sweep-bounce 2,4 -sweep-round 64,256 2>&1 | tee -a "$LOG" || fail "Go benchmark"
 	local w e b
 	read -r w e b < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["chosen"]["workers"], d["env"]["engine"], d["chosen"]["buffers"])' "$OUT/bench-go.json" 2>/dev/null)
 	say "phxmount for the benchmark: --workers ${w:-16} --engine ${e:-io_uring}, PHX_STAGED_BUFFERS=${b:-2} (the Go sweep's best at this shape)"

@@ -361,8 +361,9 @@ func benchMain(args []string) error {
 	sweepB := fs.String("sweep-bounce", "1,2,4", "bounce sizes in MiB to sweep (hot)")
 	sweepE := fs.String("sweep-engines", "io_uring,sync", "engines to sweep (hot)")
 	sweepS := fs.String("sweep-buffers", "2,4", "bounce buffers per worker to sweep (hot)")
+	sweepR := fs.String("sweep-round", "256", "phxfs round sizes per worker in MiB to sweep (hot; -1: one round)")
 	workers := fs.Int("workers", 16, "phxfs workers for the hot/cold loads")
-	bounce := fs.Int64("bounce", 4, "phxfs bounce size (MiB) for the hot/cold loads")
+	bounce := fs.Int64("bounce", 2, "phxfs bounce size (MiB) for the hot/cold loads")
 	cold := fs.Bool("cold", true, "also measure cold (drop_caches)")
 	vendor := fs.String("vendor", "nvidia", "nvidia, or emu (staged emulated device: a dry run without a GPU)")
 	fs.Parse(args)
@@ -446,10 +447,10 @@ func benchMain(args []string) error {
 
 	// phxfs directly: the sweep (hot), then the chosen configuration.
 	reqs := plan(ts, fd, start, mem)
-	engine, buffers := "io_uring", 2
+	engine, buffers, round := "io_uring", 2, int64(64)
 	load := func(w int, b int64, warm bool) (time.Duration, error) {
 		phxfs.SetStagedBuffers(buffers)
-		l, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: w, BounceSize: b, Transport: phxfs.Staged})
+		l, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: w, BounceSize: b, Transport: phxfs.Staged, RoundBytes: round * mib})
 		if err != nil {
 			return 0, err
 		}
@@ -504,38 +505,46 @@ func benchMain(args []string) error {
 			ss = append(ss, n)
 		}
 	}
+	var rs []int64
+	for _, x := range strings.Split(*sweepR, ",") {
+		if n, err := strconv.ParseInt(x, 10, 64); err == nil {
+			rs = append(rs, n)
+		}
+	}
 	bestRate, bestAt := 0.0, 0.0
-	chosenE, chosenS := "io_uring", 2
+	chosenE, chosenS, chosenR := "io_uring", 2, int64(64)
 	for _, e := range es {
 		for _, nb := range ss {
-			engine, buffers = e, nb
-			for _, w := range ws {
-				for _, b := range bs {
-					best := time.Duration(1 << 62)
-					for range 2 {
-						d, err := load(w, b, true)
-						if err != nil {
-							return err
+			for _, r := range rs {
+				engine, buffers, round = e, nb, r
+				for _, w := range ws {
+					for _, b := range bs {
+						best := time.Duration(1 << 62)
+						for range 2 {
+							d, err := load(w, b, true)
+							if err != nil {
+								return err
+							}
+							best = min(best, d)
 						}
-						best = min(best, d)
-					}
-					x := result{Name: fmt.Sprintf("phxfs hot %s %d workers x %d MiB x %d buffers", e, w, b/mib, nb), Bytes: dataLen, Seconds: best.Seconds(), GBps: float64(dataLen) / best.Seconds() / 1e9}
-					rep.Sweep = append(rep.Sweep, x)
-					fmt.Printf("sweep %-48s %8.2f GB/s\n", x.Name, x.GBps)
-					if x.GBps > bestRate {
-						bestRate = x.GBps
-						rep.Chosen["sweep_best_workers"], rep.Chosen["sweep_best_bounce"], rep.Chosen["sweep_best_buffers"] = int64(w), b, int64(nb)
-						rep.Env["sweep_best_engine"] = e
-					}
-					// At the daemon's shape (workers, bounce): pick engine and buffers.
-					if w == *workers && b == *bounce*mib && x.GBps > bestAt {
-						bestAt, chosenE, chosenS = x.GBps, e, nb
+						x := result{Name: fmt.Sprintf("phxfs hot %s %d workers x %d MiB x %d buffers, round %d MiB, sync %s", e, w, b/mib, nb, r, os.Getenv(nvidia.EnvSync)), Bytes: dataLen, Seconds: best.Seconds(), GBps: float64(dataLen) / best.Seconds() / 1e9}
+						rep.Sweep = append(rep.Sweep, x)
+						fmt.Printf("sweep %-48s %8.2f GB/s\n", x.Name, x.GBps)
+						if x.GBps > bestRate {
+							bestRate = x.GBps
+							rep.Chosen["sweep_best_workers"], rep.Chosen["sweep_best_bounce"], rep.Chosen["sweep_best_buffers"] = int64(w), b, int64(nb)
+							rep.Env["sweep_best_engine"] = e
+						}
+						// At the daemon's shape (workers, bounce): pick engine and buffers.
+						if w == *workers && b == *bounce*mib && x.GBps > bestAt {
+							bestAt, chosenE, chosenS, chosenR = x.GBps, e, nb, r
+						}
 					}
 				}
 			}
 		}
 	}
-	engine, buffers = chosenE, chosenS
+	engine, buffers, round = chosenE, chosenS, chosenR
 	rep.Chosen["workers"], rep.Chosen["bounce"], rep.Chosen["buffers"] = int64(*workers), *bounce*mib, int64(buffers)
 	rep.Env["engine"] = engine
 

@@ -50,26 +50,28 @@ type driver struct {
 	cuDeviceTotalMem          fn
 	cuDevicePrimaryCtxRetain  fn
 	cuDevicePrimaryCtxRelease fn
-	cuCtxSetCurrent           fn
-	cuCtxGetCurrent           fn
-	cuMemAlloc                fn
-	cuMemFree                 fn
-	cuMemHostAlloc            fn
-	cuMemFreeHost             fn
-	cuMemcpyHtoD              fn
-	cuMemcpyDtoH              fn
-	cuMemcpyHtoDAsync         fn
-	cuMemcpyDtoHAsync         fn
-	cuMemsetD8                fn
-	cuStreamCreate            fn
-	cuStreamSynchronize       fn
-	cuStreamDestroy           fn
-	cuIpcGetMemHandle         fn
-	cuIpcOpenMemHandle        fn
-	cuIpcCloseMemHandle       fn
-	cuPointerGetAttributes    fn
-	cuGetErrorName            fn
-	cuGetErrorString          fn
+	// optional: absent in old drivers
+	cuDevicePrimaryCtxSetFlags fn
+	cuCtxSetCurrent            fn
+	cuCtxGetCurrent            fn
+	cuMemAlloc                 fn
+	cuMemFree                  fn
+	cuMemHostAlloc             fn
+	cuMemFreeHost              fn
+	cuMemcpyHtoD               fn
+	cuMemcpyDtoH               fn
+	cuMemcpyHtoDAsync          fn
+	cuMemcpyDtoHAsync          fn
+	cuMemsetD8                 fn
+	cuStreamCreate             fn
+	cuStreamSynchronize        fn
+	cuStreamDestroy            fn
+	cuIpcGetMemHandle          fn
+	cuIpcOpenMemHandle         fn
+	cuIpcCloseMemHandle        fn
+	cuPointerGetAttributes     fn
+	cuGetErrorName             fn
+	cuGetErrorString           fn
 
 	ipcOpen func(dptr *uint64, h ipcMemHandle, flags uint32) uint32
 }
@@ -131,6 +133,9 @@ func bind(lookup func(name string) uintptr) (*driver, error) {
 		}
 	}
 	purego.RegisterFunc(&d.ipcOpen, d.cuIpcOpenMemHandle.addr)
+	if a := lookup("cuDevicePrimaryCtxSetFlags_v2"); a != 0 {
+		d.cuDevicePrimaryCtxSetFlags = fn{name: "cuDevicePrimaryCtxSetFlags_v2", addr: a}
+	}
 	return d, nil
 }
 

@@ -11,6 +11,7 @@ package nvidia
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -167,6 +168,14 @@ func (c *Connector) release() {
 }
 
 // context returns dev's primary context, retaining it on first use: a
+// EnvSync chooses how a thread waiting for the GPU waits: "spin", "yield"
+// or "blocking" (the driver's CU_CTX_SCHED_* flags); unset leaves the
+// driver's choice (spin when there are fewer contexts than cores). Copy
+// waits that spin take cores from the storage reads they overlap with.
+const EnvSync = "PHX_CUDA_SYNC"
+
+var schedFlags = map[string]uintptr{"spin": 1, "yield": 2, "blocking": 4}
+
 // retain creates the context (slow, and it takes GPU memory), so listing
 // devices does not.
 func (c *Connector) context(dev int) (uintptr, error) {
@@ -180,6 +189,11 @@ func (c *Connector) context(dev int) (uintptr, error) {
 	}
 	if ctx := c.ctx[dev].Load(); ctx != 0 {
 		return ctx, nil
+	}
+	if flags, ok := schedFlags[os.Getenv(EnvSync)]; ok && c.d.cuDevicePrimaryCtxSetFlags.addr != 0 {
+		if err := c.d.call(c.d.cuDevicePrimaryCtxSetFlags, uintptr(c.cudev[dev]), flags); err != nil {
+			return 0, err
+		}
 	}
 	var ctx uintptr
 	if err := c.d.call(c.d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(c.cudev[dev])); err != nil {
