@@ -89,6 +89,28 @@ mount_phx() {
 	return 1
 }
 
+gen_shards() { # a 2-shard checkpoint beside the file, for load_sharded
+	local d=$WORK/backing/sharded
+	[ -f "$d/model.safetensors.index.json" ] && return 0
+	mkdir -p "$d"
+	for i in 1 2; do
+		"$CARRY/phxbench-gpu" gen -out "$d/model-0000$i-of-00002.safetensors" -size 512MiB -seed $((i + 1)) -prefix "shard$i." >/dev/null || return 1
+	done
+	python3 - "$d" <<'PY' || return 1
+import json, os, struct, sys
+d = sys.argv[1]
+wm = {}
+for n in sorted(os.listdir(d)):
+    if n.endswith(".safetensors"):
+        with open(os.path.join(d, n), "rb") as f:
+            (hl,) = struct.unpack("<Q", f.read(8))
+            for k in json.loads(f.read(hl)):
+                if k != "__metadata__":
+                    wm[k] = n
+json.dump({"metadata": {}, "weight_map": wm}, open(os.path.join(d, "model.safetensors.index.json"), "w"))
+PY
+}
+
 gen_file() {
 	[ -f "$FILE" ] && return 0
 	mkdir -p "$WORK/backing"
@@ -122,8 +144,9 @@ run() {
 	fi
 	say "--- end to end: phxmount --vendor nvidia, the Python client + torch vs safetensors"
 	gen_file || return
+	gen_shards || fail "generate the sharded checkpoint"
 	mount_phx || return
-	if PYTHONUNBUFFERED=1 timeout 300 python3 python/tools/gpu_e2e.py --mount-file "$MNT/model.safetensors" --backing-file "$FILE" 2>&1 | tee -a "$LOG"; then
+	if PYTHONUNBUFFERED=1 timeout 300 python3 python/tools/gpu_e2e.py --mount-file "$MNT/model.safetensors" --backing-file "$FILE" --shard-dir sharded 2>&1 | tee -a "$LOG"; then
 		pass "end to end"
 	else
 		fail "end to end"

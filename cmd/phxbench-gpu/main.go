@@ -162,12 +162,16 @@ func genMain(args []string) error {
 	out := fs.String("out", "", "file to write")
 	sizeS := fs.String("size", "8GiB", "data bytes (suffix MiB or GiB)")
 	seed := fs.Uint64("seed", 1, "seed")
+	prefix := fs.String("prefix", "", "tensor name prefix (shards of one checkpoint need distinct names)")
 	fs.Parse(args)
 	size, err := parseSize(*sizeS)
 	if err != nil || *out == "" {
 		return fmt.Errorf("gen: -out and -size please (%v)", err)
 	}
 	ts := layout(size)
+	for i := range ts {
+		ts[i].Name = *prefix + ts[i].Name
+	}
 	hdr := map[string]any{"__metadata__": map[string]string{"format": "pt", "generator": "phxbench-gpu"}}
 	for _, t := range ts {
 		hdr[t.Name] = map[string]any{"dtype": t.DType, "shape": t.Shape, "data_offsets": []int64{t.Begin, t.End}}

@@ -15,11 +15,14 @@ from . import abi, safetensors
 from .client import EmuBuffer, PhxError, PhxFile, phx_info_xattr
 
 __all__ = ["abi", "safetensors", "PhxFile", "PhxError", "EmuBuffer", "phx_info_xattr",
-           "available", "load_safetensors", "read_into", "register_tensor", "Availability"]
+           "available", "load_safetensors", "read_into", "register_tensor", "Availability", "load_sharded"]
 
 
 def __getattr__(name):
     if name in ("available", "load_safetensors", "read_into", "register_tensor", "Availability", "load_safetensors_emu"):
         from . import torch_helpers
         return getattr(torch_helpers, name)
+    if name == "load_sharded":
+        from .sharded import load_sharded
+        return load_sharded
     raise AttributeError(name)

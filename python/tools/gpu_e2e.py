@@ -29,6 +29,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mount-file", required=True)
     ap.add_argument("--backing-file", required=True)
+    ap.add_argument("--shard-dir", default="", help="a directory of shards beside the file (relative), loaded with load_sharded")
     a = ap.parse_args()
     import torch
     from safetensors.torch import load_file
@@ -89,6 +90,27 @@ def main():
                     f"{len(ref) - len(bad)}/{len(ref)}" + ("" if not bad else "; " + "; ".join(bad[:5])))
     del mine, ref
     torch.cuda.synchronize()
+
+    # A sharded checkpoint: every shard to a device, in parallel.
+    if a.shard_dir:
+        from phxmount.sharded import load_sharded, shard_files
+        from safetensors.torch import load_file as lf
+        devs = list(range(torch.cuda.device_count()))
+        t0 = time.perf_counter()
+        per = []
+        got = load_sharded(os.path.join(os.path.dirname(a.mount_file), a.shard_dir), devices=devs, stats=per)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        total = sum(s.bytes for s in per)
+        print(f"INFO sharded load: {len(per)} shards onto devices {devs}, {total / 1e9:.2f} GB in {dt:.2f}s", flush=True)
+        ref = {}
+        for f in shard_files(os.path.join(os.path.dirname(a.backing_file), a.shard_dir)):
+            ref.update(lf(f, device="cuda:0"))
+        bad = [k for k, r in ref.items() if k not in got or got[k].dtype != r.dtype or not torch.equal(got[k].to(r.device), r)]
+        report(sorted(got) == sorted(ref) and not bad,
+               f"sharded checkpoint ({len(per)} shards, {len(ref)} tensors) equals safetensors per shard; bad: {bad[:3]}")
+        del got, ref
+        torch.cuda.synchronize()
     with phxmount.PhxFile(os.path.dirname(a.mount_file)) as root:
         live = root.info().counters["buffers_live"]
     report(live == 0, f"no buffer left registered after the loads (buffers_live={live})")
