@@ -7,7 +7,7 @@ GOBUILD  := CGO_ENABLED=0 $(GO) build $(LDFLAGS)
 GOTEST   := CGO_ENABLED=1 $(GO) test $(LDFLAGS)
 BIN      := bin
 
-.PHONY: all build vet unit integration test module-test demo bench-engine bench-mount gpu-build gpu-test fuzz clean
+.PHONY: all build vet unit integration python-test test module-test demo bench-engine bench-mount gpu-build gpu-test fuzz clean
 
 all: build
 
@@ -27,12 +27,17 @@ unit:
 integration: build
 	$(GOTEST) -count=1 -timeout 15m ./integration/...
 
+# The Python client: ABI against the Go encoder's vectors, the safetensors
+# planner, and real emulated-device mounts (no torch or GPU needed).
+python-test: build
+	cd python && PHXMOUNT_BIN=$(CURDIR)/$(BIN)/phxmount python3 -m unittest discover -v -s tests
+
 # Tier 3: the kernel module in a QEMU VM.
 module-test:
 	bash module/test/run-vm.sh
 
 # The README's test command: tiers 1-3 (tier 4 needs a GPU and skips here).
-test: vet unit integration module-test
+test: vet unit integration python-test module-test
 
 demo:
 	bash scripts/demo.sh
