@@ -278,6 +278,49 @@ func TestIoctlHelperChild(t *testing.T) {
 		ext := []client.Extent{{Buffer: b.ID, Len: 4096}}
 		_, berr := f.ReadBatch(ext)
 		say("READ %s BATCH %s UNTOUCHED %v", errnoName(err), errnoName(berr), allBytes(m.(*emu.Memory).Bytes(), 0xA5))
+	case "device": // args: path, device, rounds — load the file onto one device, again and again
+		dev, _ := strconv.Atoi(args[1])
+		rounds, _ := strconv.Atoi(args[2])
+		want, err := os.ReadFile(args[0])
+		if err != nil {
+			say("READFILE %v", err)
+			return
+		}
+		f, err := client.Open(args[0])
+		if err != nil {
+			say("OPEN %s", errnoName(err))
+			return
+		}
+		conn, _ := emu.New(emu.Config{Devices: dev + 1})
+		size := (int64(len(want)) + 64<<10 - 1) &^ (64<<10 - 1)
+		m, err := conn.Alloc(dev, size)
+		if err != nil {
+			say("ALLOC %v", err)
+			return
+		}
+		h, _ := m.Export()
+		b, err := f.Register(client.VendorEmu, dev, h, size)
+		if err != nil {
+			say("REGISTER %s", errnoName(err))
+			return
+		}
+		mem := m.(*emu.Memory).Bytes()
+		for r := 0; r < rounds; r++ {
+			fill(mem, 0xA5)
+			var ext []client.Extent
+			for off := int64(0); off < int64(len(want)); off += 256 << 10 {
+				ext = append(ext, client.Extent{Buffer: b.ID, BufOffset: off, Len: min(256<<10, int64(len(want))-off), FileOffset: off})
+			}
+			if failed, err := f.ReadBatch(ext); err != nil || failed != 0 {
+				say("BAD round %d: %d failed, %s", r, failed, errnoName(err))
+				return
+			}
+			if !bytes.Equal(mem[:len(want)], want) {
+				say("BAD round %d: bytes differ", r)
+				return
+			}
+		}
+		say("OK %d rounds on device %d", rounds, dev)
 	case "busy": // args: path — register two buffers and read in a loop until killed
 		f, err := client.Open(args[0])
 		if err != nil {
