@@ -80,7 +80,7 @@ var directIO atomic.Int32
 // stagedBuffers is the number of bounce buffers per staged worker.
 var stagedBuffers atomic.Int32
 
-// EnvStagedBuffers names the environment variable read at start (2 to 8).
+// EnvStagedBuffers names the environment variable read at start (2 to 32).
 const EnvStagedBuffers = "PHX_STAGED_BUFFERS"
 
 func init() {
@@ -94,10 +94,10 @@ func init() {
 }
 
 // SetStagedBuffers sets the number of bounce buffers (and copy streams) of
-// each staged worker created from now on, process-wide, clamped to 2..8;
+// each staged worker created from now on, process-wide, clamped to 2..32;
 // it returns the previous number. Workers that exist keep theirs.
 func SetStagedBuffers(n int) int {
-	return int(stagedBuffers.Swap(int32(min(max(n, 2), 8))))
+	return int(stagedBuffers.Swap(int32(min(max(n, 2), 32))))
 }
 
 // StagedBuffers returns the number of bounce buffers per staged worker.

@@ -205,7 +205,15 @@ func TestStagedBuffers(t *testing.T) {
 	if !slices.Contains(testTransports(), Staged) {
 		t.Skipf("PHX_TEST_CONNECTOR=%s runs no staged transport", os.Getenv("PHX_TEST_CONNECTOR"))
 	}
-	for _, n := range []int{3, 4} {
+	for _, n := range []int{3, 4, 8, 16} {
+		// Groups of n/2 reads in flight, through the page cache and (at 8
+		// and 16) around it.
+		mode := DirectNever
+		if n >= 8 {
+			mode = DirectAlways
+		}
+		prevMode := SetDirectIO(mode)
+		t.Cleanup(func() { SetDirectIO(prevMode) })
 		prev := SetStagedBuffers(n)
 		t.Cleanup(func() { SetStagedBuffers(prev) })
 		if StagedBuffers() != n {
@@ -217,8 +225,12 @@ func TestStagedBuffers(t *testing.T) {
 			m := alloc(t, c, 0, 4*mib)
 			register(t, l, m)
 			fd := openFile(t, name, unix.O_RDONLY)
+			before := StagedCounters()
 			if got, err := l.Read(fd, 0, m.Addr(), 64<<10, 3*mib-8192, 8192); err != nil || got != 3*mib-8192 {
 				t.Fatalf("%d buffers, %s: read %d, %v", n, engine, got, err)
+			}
+			if direct := StagedCounters().DirectReads - before.DirectReads; (mode == DirectAlways) != (direct > 0) {
+				t.Fatalf("%d buffers, policy %v: %d O_DIRECT reads", n, mode, direct)
 			}
 			checkPattern(t, deviceBytes(t, c, m, 64<<10, 3*mib-8192), 8192)
 			out := openFile(t, name+".w", unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC)

@@ -113,21 +113,13 @@ func (l *Lib) runStriped(p *plan) {
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 
 // stagedRead reads each xfer into a bounce buffer and copies it to the
-// device; the copy of one buffer runs while the other is being read. Each
+// device. The bounce buffers form two halves: the reads of one half are in
+// flight together (one engine run) while the copies of the other half run,
+// so a worker keeps half its buffers' worth of storage reads queued. Each
 // read goes through the page cache or around it as policy.go decides.
 func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw twins, mode DirectIO) {
 	var pending []int // xfer whose copy is in flight from each bounce buffer, -1 none
 	var streams []connector.Stream
-	settleAll := func() {
-		for slot := range pending {
-			if pending[slot] >= 0 {
-				if err := streams[slot].Synchronize(); err != nil {
-					xfers[pending[slot]].result = -int64(errs.Errno(err))
-				}
-				pending[slot] = -1
-			}
-		}
-	}
 	settle := func(slot int) {
 		if pending[slot] < 0 {
 			return
@@ -137,16 +129,33 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 		}
 		pending[slot] = -1
 	}
-	for k, i := range idx {
-		x := &xfers[i]
+	settleAll := func() {
+		for slot := range pending {
+			settle(slot)
+		}
+	}
+	type read struct {
+		x      *xfer
+		i      int
+		slot   int
+		twin   *twin
+		head   int64
+		span   int64
+		direct bool
+	}
+	var group []read
+	var ops []ioengine.Op
+	half := 0
+	for k := 0; k < len(idx); {
+		x := &xfers[idx[k]]
 		sw, s, err := l.stagedWorkerFor(w, x.dev)
 		if err != nil {
 			x.result = -int64(errs.Errno(err))
+			k++
 			continue
 		}
 		if streams != nil && &streams[0] != &s[0] {
-			// Another device: let the previous device's copies finish.
-			settleAll()
+			settleAll() // another device: let the previous device's copies finish
 		}
 		if pending == nil {
 			pending = make([]int, len(s))
@@ -155,41 +164,65 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 			}
 		}
 		streams = s
-		slot := k % len(s)
-		settle(slot)
-		buf := sw.bounce[slot].Bytes()
-		data, n := readStaged(eng, x, buf, tw, mode)
-		x.result = n
-		if n <= 0 {
-			continue
+		g := max(len(s)/2, 1)
+		// The next group: up to g xfers of this device, into this half.
+		group, ops = group[:0], ops[:0]
+		for ; k < len(idx) && len(group) < g && xfers[idx[k]].dev == x.dev; k++ {
+			y := &xfers[idx[k]]
+			slot := (half*g + len(group)) % len(s)
+			settle(slot)
+			buf := sw.bounce[slot].Bytes()
+			r := read{x: y, i: idx[k], slot: slot}
+			if t, start, head, span, ok := tw.directSpan(y, mode, addrOf(buf), int64(len(buf))); ok {
+				r.twin, r.head, r.span, r.direct = t, head, span, true
+				ops = append(ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf), Len: span, Off: start})
+			} else {
+				ops = append(ops, ioengine.Op{Fd: y.fd, Addr: addrOf(buf), Len: y.len, Off: y.off})
+			}
+			group = append(group, r)
 		}
-		if err := s[slot].CopyToDevice(x.devAddr, data[:n]); err != nil {
-			x.result = -int64(errs.Errno(err))
-			continue
+		half ^= 1
+		runErr := eng.Run(ops)
+		for n, r := range group {
+			buf := sw.bounce[r.slot].Bytes()
+			data, got := buf, ops[n].Result
+			switch {
+			case runErr != nil:
+				got = -int64(errs.Errno(runErr))
+			case r.direct && got == r.span:
+				staged.directReads.Add(1)
+				staged.directBytes.Add(r.x.len)
+				data, got = buf[r.head:], r.x.len
+			case r.direct:
+				// Failed or short (the file shrank, the file system changed
+				// its mind): redo it buffered, and stop trying on an error.
+				if got < 0 {
+					r.twin.broken.Store(true)
+				}
+				staged.fallbacks.Add(1)
+				data, got = readBuffered(eng, r.x, buf)
+			case got > 0:
+				staged.bufferedReads.Add(1)
+				staged.bufferedBytes.Add(got)
+			}
+			r.x.result = got
+			if got <= 0 {
+				continue
+			}
+			if err := s[r.slot].CopyToDevice(r.x.devAddr, data[:got]); err != nil {
+				r.x.result = -int64(errs.Errno(err))
+				continue
+			}
+			pending[r.slot] = r.i
 		}
-		pending[slot] = i
 	}
-	settleAll()
+	if pending != nil {
+		settleAll()
+	}
 }
 
-// readStaged reads x into the bounce buffer buf and returns where x's bytes
-// start in it and how many there are (or a negative errno).
-func readStaged(eng ioengine.Engine, x *xfer, buf []byte, tw twins, mode DirectIO) ([]byte, int64) {
-	if t, start, head, span, ok := tw.directSpan(x, mode, addrOf(buf), int64(len(buf))); ok {
-		op := []ioengine.Op{{Fd: t.fd, Addr: addrOf(buf), Len: span, Off: start}}
-		err := eng.Run(op)
-		if err == nil && op[0].Result == span {
-			staged.directReads.Add(1)
-			staged.directBytes.Add(x.len)
-			return buf[head:], x.len
-		}
-		// Failed or short (the file shrank, the file system changed its
-		// mind): redo it buffered, and stop trying on an error.
-		if err != nil || op[0].Result < 0 {
-			t.broken.Store(true)
-		}
-		staged.fallbacks.Add(1)
-	}
+// readBuffered reads x through the page cache into buf.
+func readBuffered(eng ioengine.Engine, x *xfer, buf []byte) ([]byte, int64) {
 	op := []ioengine.Op{{Fd: x.fd, Addr: addrOf(buf), Len: x.len, Off: x.off}}
 	if err := eng.Run(op); err != nil {
 		return buf, -int64(errs.Errno(err))

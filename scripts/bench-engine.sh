@@ -41,7 +41,7 @@ fio_run() { # pattern bs
 		jq -c --arg p "$1" '{tool:"fio", pattern:$p, bs:.jobs[0]["job options"].bs,
 			iops:.jobs[0].read.iops, mb_per_s:(.jobs[0].read.bw_bytes/1e6)}' | tee -a "$RAW"
 }
-phx_run() { # pattern bs engine transport workers
+phx_run() { # pattern bs engine transport workers (env PHX_STAGED_BUFFERS passes through)
 	drop
 	"$BIN/phxbench-engine" -file "$file" -pattern "$1" -bs "$2" -engine "$3" -transport "$4" \
 		-workers "$5" -qd $((QD / $5)) -seconds "$SECS" | jq -c '. + {tool:"phxfs"}' | tee -a "$RAW"
@@ -56,7 +56,9 @@ for p in "rand 4096" "seq 1048576"; do
 	phx_run "$1" "$2" sync host 1
 	if [ "$1" = seq ]; then # the transports side by side, same workers and depth
 		phx_run "$1" "$2" io_uring host 4 | jq -c '. + {cmp:true}' >>"$RAW"
-		phx_run "$1" "$2" io_uring staged 4
+		# Staged keeps half its bounce buffers' reads in flight: 32 buffers
+		# per worker give the same depth as the host run.
+		PHX_STAGED_BUFFERS=$((2 * QD / 4)) phx_run "$1" "$2" io_uring staged 4
 	fi
 done >/dev/null
 
