@@ -217,13 +217,14 @@ func (l *Lib) execute(p *plan) {
 	l.finish(p)
 }
 
-// roundEnd ends a round at a queue depth's worth of operations per worker,
-// or Config.RoundBytes per worker.
+// roundEnd ends a round at four queue depths' worth of operations per
+// worker (each round ends with the rings drained, so a round holds several
+// ring-fulls), or Config.RoundBytes per worker.
 func (l *Lib) roundEnd(xs []xfer, lo int) int {
 	if l.cfg.RoundBytes < 0 {
 		return len(xs)
 	}
-	maxOps := l.pool.Workers() * l.cfg.QueueDepth
+	maxOps := 4 * l.pool.Workers() * l.cfg.QueueDepth
 	maxBytes := int64(l.pool.Workers()) * l.cfg.RoundBytes
 	var bytes int64
 	hi := lo

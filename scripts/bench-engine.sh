@@ -6,8 +6,10 @@
 # raw numbers to $BENCH_ENGINE_RAW (default bench-engine-raw.jsonl).
 #
 # Env: BENCH_DIR (a directory on a real disk, default /var/tmp),
-# BENCH_FILE_GB (file size, default 4), BENCH_SECONDS (per run, default 8),
-# BENCH_QD (default 64).
+# BENCH_FILE_GB (file size, default 4), BENCH_SECONDS (per run, default 5),
+# BENCH_QD (default 64), BENCH_REPS (default 3: the runs of a comparison
+# alternate, and each figure is the median of its repetitions, since the
+# virtual disk's speed moves by several times between minutes here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
@@ -20,7 +22,7 @@ fi
 command -v jq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null
 
 RAW=${BENCH_ENGINE_RAW:-$PWD/bench-engine-raw.jsonl}
-GB=${BENCH_FILE_GB:-4} SECS=${BENCH_SECONDS:-8} QD=${BENCH_QD:-64}
+GB=${BENCH_FILE_GB:-4} SECS=${BENCH_SECONDS:-5} QD=${BENCH_QD:-64} REPS=${BENCH_REPS:-3}
 dir=${BENCH_DIR:-/var/tmp}/phxbench-engine
 file=$dir/data.${GB}g
 mkdir -p "$dir"
@@ -41,25 +43,28 @@ fio_run() { # pattern bs
 		jq -c --arg p "$1" '{tool:"fio", pattern:$p, bs:.jobs[0]["job options"].bs,
 			iops:.jobs[0].read.iops, mb_per_s:(.jobs[0].read.bw_bytes/1e6)}' | tee -a "$RAW"
 }
-phx_run() { # pattern bs engine transport workers (env PHX_STAGED_BUFFERS passes through)
+phx_run() { # pattern bs engine transport workers [cmp] (env PHX_STAGED_BUFFERS passes through)
 	drop
 	"$BIN/phxbench-engine" -file "$file" -pattern "$1" -bs "$2" -engine "$3" -transport "$4" \
-		-workers "$5" -qd $((QD / $5)) -seconds "$SECS" | jq -c '. + {tool:"phxfs"}' | tee -a "$RAW"
+		-workers "$5" -qd $((QD / $5)) -seconds "$SECS" | jq -c --arg cmp "${6:-}" '. + {tool:"phxfs", cmp:($cmp != "")}' | tee -a "$RAW"
 }
-val() { jq -r "select($1) | .$2" "$RAW" | tail -1; }
+# val SELECT FIELD: the median of FIELD over the runs that SELECT matches.
+val() { jq -s -r "map(select($1) | .$2) | sort | .[(length - 1) / 2 | floor]" "$RAW"; }
 
-echo "kernel $(uname -r), $(nproc) cores, file $file, $SECS s per run, queue depth $QD"
+echo "kernel $(uname -r), $(nproc) cores, file $file, $SECS s per run, queue depth $QD, medians of $REPS"
+for rep in $(seq "$REPS"); do
 for p in "rand 4096" "seq 1048576"; do
 	set -- $p
 	fio_run "$1" "$2"
 	phx_run "$1" "$2" io_uring host 1
 	phx_run "$1" "$2" sync host 1
 	if [ "$1" = seq ]; then # the transports side by side, same workers and depth
-		phx_run "$1" "$2" io_uring host 4 | jq -c '. + {cmp:true}' >>"$RAW"
+		phx_run "$1" "$2" io_uring host 4 cmp
 		# Staged keeps half its bounce buffers' reads in flight: 32 buffers
 		# per worker give the same depth as the host run.
 		PHX_STAGED_BUFFERS=$((2 * QD / 4)) phx_run "$1" "$2" io_uring staged 4
 	fi
+done
 done >/dev/null
 
 printf '\n%-44s %12s %10s %8s %s\n' "benchmark" "IOPS" "MB/s" "ratio" "target"
@@ -82,4 +87,6 @@ for p in rand seq; do
 done
 st=".tool==\"phxfs\" and .transport==\"staged\""
 row "phxfs staged seq 1m vs host (4 workers each)" "$st" ".cmp==true" 0.90
+echo "(the virtual disk is cached by the host beneath this VM: dropping the guest's page cache does"
+echo " not make reads cold there, so sequential figures above the disk's ~1.5 GB/s are that cache)"
 echo "raw numbers: $RAW"
