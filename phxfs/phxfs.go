@@ -54,6 +54,13 @@ type Config struct {
 	// request keeps every worker busy (default 8 MiB; 0 keeps the default,
 	// negative disables).
 	SplitSize int64
+	// StagedBuffers is the number of bounce buffers per staged worker, 2 to
+	// 32; a worker reads half of them at once while the other half's copies
+	// run (0: PHX_STAGED_BUFFERS, else 2).
+	StagedBuffers int
+	// DirectIO is the staged transport's read policy (policy.go); DirectAuto
+	// lets PHX_DIRECT_IO choose.
+	DirectIO DirectIO
 	// RoundBytes bounds the bytes each worker gets in one round of a large
 	// batch (default 256 MiB; negative: one round; on an H200, 64 MiB rounds
 	// cost 5-15% of a hot staged load against one round). Smaller rounds let other
@@ -83,7 +90,9 @@ type Lib struct {
 
 	staged []*stagedWorker // per pool worker, created on first use
 
-	stats counters
+	stats       counters
+	stagedStats stagedCounters
+	directIO    atomic.Int32
 
 	// gate, when set by a test, runs before each plan executes: the tests
 	// use it to hold I/O in flight deterministically.
@@ -113,6 +122,11 @@ func New(cfg Config) (*Lib, error) {
 	if cfg.BounceSize%4096 != 0 {
 		return nil, errs.New(unix.EINVAL, "phxfs: bounce size %d is not a multiple of 4096", cfg.BounceSize)
 	}
+	cfg.StagedBuffers = stagedBuffersFrom(cfg.StagedBuffers)
+	dio, err := directIOFrom(cfg.DirectIO)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.RoundBytes == 0 {
 		cfg.RoundBytes = 256 << 20
 	}
@@ -138,6 +152,7 @@ func New(cfg Config) (*Lib, error) {
 		staged:  make([]*stagedWorker, pool.Workers()),
 	}
 	l.changed = sync.NewCond(&l.mu)
+	l.directIO.Store(int32(dio))
 	go l.dispatch()
 	return l, nil
 }

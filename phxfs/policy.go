@@ -30,8 +30,9 @@ import (
 // per file per batch (by reopening /proc/self/fd/N), only when a cold range
 // is found.
 //
-// The policy and its counters are process-wide (Config has no field for
-// them yet): SetDirectIO, or PHX_DIRECT_IO=auto|never|always at start.
+// The policy is Config.DirectIO (or PHX_DIRECT_IO=auto|never|always when
+// the config leaves it at auto), changeable with Lib.SetDirectIO; the
+// counters are Lib.StagedStats.
 
 // DirectIO is the staged transport's read policy.
 type DirectIO int32
@@ -75,42 +76,38 @@ func ParseDirectIO(s string) (DirectIO, error) {
 	return DirectAuto, errs.New(unix.EINVAL, "phxfs: direct I/O policy %q: want auto, never or always", s)
 }
 
-var directIO atomic.Int32
-
-// stagedBuffers is the number of bounce buffers per staged worker.
-var stagedBuffers atomic.Int32
-
-// EnvStagedBuffers names the environment variable read at start (2 to 32).
+// EnvStagedBuffers names the environment variable New reads when
+// Config.StagedBuffers is 0 (2 to 32).
 const EnvStagedBuffers = "PHX_STAGED_BUFFERS"
 
-func init() {
-	if d, err := ParseDirectIO(os.Getenv(EnvDirectIO)); err == nil {
-		directIO.Store(int32(d))
+// stagedBuffersFrom resolves the bounce buffers per staged worker.
+func stagedBuffersFrom(n int) int {
+	if n == 0 {
+		n = 2
+		if v, err := strconv.Atoi(os.Getenv(EnvStagedBuffers)); err == nil {
+			n = v
+		}
 	}
-	stagedBuffers.Store(2)
-	if n, err := strconv.Atoi(os.Getenv(EnvStagedBuffers)); err == nil {
-		SetStagedBuffers(n)
-	}
+	return min(max(n, 2), 32)
 }
 
-// SetStagedBuffers sets the number of bounce buffers (and copy streams) of
-// each staged worker created from now on, process-wide, clamped to 2..32;
-// it returns the previous number. Workers that exist keep theirs.
-func SetStagedBuffers(n int) int {
-	return int(stagedBuffers.Swap(int32(min(max(n, 2), 32))))
+// directIOFrom resolves the read policy: the config's, or the environment's
+// where the config leaves the default.
+func directIOFrom(d DirectIO) (DirectIO, error) {
+	if d != DirectAuto {
+		return d, nil
+	}
+	return ParseDirectIO(os.Getenv(EnvDirectIO))
 }
 
-// StagedBuffers returns the number of bounce buffers per staged worker.
-func StagedBuffers() int { return int(stagedBuffers.Load()) }
+// SetDirectIO changes the staged read policy and returns the previous one.
+// Batches already running keep the old one.
+func (l *Lib) SetDirectIO(d DirectIO) DirectIO { return DirectIO(l.directIO.Swap(int32(d))) }
 
-// SetDirectIO sets the process-wide read policy of the staged transport and
-// returns the previous one. Batches already running keep the old one.
-func SetDirectIO(d DirectIO) DirectIO { return DirectIO(directIO.Swap(int32(d))) }
+// DirectIOPolicy returns the staged read policy.
+func (l *Lib) DirectIOPolicy() DirectIO { return DirectIO(l.directIO.Load()) }
 
-// CurrentDirectIO returns the process-wide read policy.
-func CurrentDirectIO() DirectIO { return DirectIO(directIO.Load()) }
-
-// StagedStats counts the staged transport's storage reads, process-wide.
+// StagedStats counts the staged transport's storage reads.
 type StagedStats struct {
 	DirectReads   int64 // reads done with O_DIRECT
 	DirectBytes   int64 // bytes they delivered to the device
@@ -120,17 +117,21 @@ type StagedStats struct {
 	Cachestat     bool  // cachestat(2) works on this kernel (as far as seen)
 }
 
-var staged struct {
+type stagedCounters struct {
 	directReads, directBytes, bufferedReads, bufferedBytes, fallbacks atomic.Int64
-	noCachestat                                                       atomic.Bool
 }
 
-// StagedCounters returns a snapshot of the process-wide staged counters.
-func StagedCounters() StagedStats {
+// noCachestat records that this kernel has no cachestat(2): a fact about the
+// machine, not the library instance.
+var noCachestat atomic.Bool
+
+// StagedStats returns a snapshot of the staged transport's counters.
+func (l *Lib) StagedStats() StagedStats {
+	c := &l.stagedStats
 	return StagedStats{
-		DirectReads: staged.directReads.Load(), DirectBytes: staged.directBytes.Load(),
-		BufferedReads: staged.bufferedReads.Load(), BufferedBytes: staged.bufferedBytes.Load(),
-		Fallbacks: staged.fallbacks.Load(), Cachestat: !staged.noCachestat.Load(),
+		DirectReads: c.directReads.Load(), DirectBytes: c.directBytes.Load(),
+		BufferedReads: c.bufferedReads.Load(), BufferedBytes: c.bufferedBytes.Load(),
+		Fallbacks: c.fallbacks.Load(), Cachestat: !noCachestat.Load(),
 	}
 }
 
@@ -147,7 +148,7 @@ type cachestatResult struct {
 // cache (cached, dirty or under writeback). ok is false when the kernel
 // cannot tell (no cachestat, or a file it does not support).
 func resident(fd int, off, n int64) (res, ok bool) {
-	if staged.noCachestat.Load() || n <= 0 {
+	if noCachestat.Load() || n <= 0 {
 		return false, false
 	}
 	r := cachestatRange{off: uint64(off), len: uint64(n)}
@@ -157,7 +158,7 @@ func resident(fd int, off, n int64) (res, ok bool) {
 	case 0:
 		return cs.nrCache+cs.nrDirty+cs.nrWriteback > 0, true
 	case unix.ENOSYS:
-		staged.noCachestat.Store(true)
+		noCachestat.Store(true)
 	}
 	return false, false
 }

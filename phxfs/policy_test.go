@@ -27,10 +27,10 @@ func TestParseDirectIO(t *testing.T) {
 	}
 }
 
-// withDirectIO sets the process-wide policy for one test.
-func withDirectIO(t *testing.T, d DirectIO) {
-	prev := SetDirectIO(d)
-	t.Cleanup(func() { SetDirectIO(prev) })
+// withDirectIO sets l's policy for one test.
+func withDirectIO(t *testing.T, l *Lib, d DirectIO) {
+	prev := l.SetDirectIO(d)
+	t.Cleanup(func() { l.SetDirectIO(prev) })
 }
 
 // cacheState is cachestat(2) over a whole file; it skips the test where the
@@ -121,12 +121,12 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 			}
 
 			t.Run("always", func(t *testing.T) {
-				withDirectIO(t, DirectAlways)
+				withDirectIO(t, l, DirectAlways)
 				before := cacheState(t, name)
-				s0 := StagedCounters()
+				s0 := l.StagedStats()
 				readExtents(t, l, fd, m, ext)
 				check()
-				s1 := StagedCounters()
+				s1 := l.StagedStats()
 				if s1.DirectReads == s0.DirectReads {
 					t.Fatalf("no O_DIRECT read (counters %+v -> %+v)", s0, s1)
 				}
@@ -142,30 +142,30 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 				}
 			})
 			t.Run("never", func(t *testing.T) {
-				withDirectIO(t, DirectNever)
-				s0 := StagedCounters()
+				withDirectIO(t, l, DirectNever)
+				s0 := l.StagedStats()
 				readExtents(t, l, fd, m, ext)
 				check()
-				if s1 := StagedCounters(); s1.DirectReads != s0.DirectReads || s1.BufferedReads == s0.BufferedReads {
+				if s1 := l.StagedStats(); s1.DirectReads != s0.DirectReads || s1.BufferedReads == s0.BufferedReads {
 					t.Fatalf("never: counters %+v -> %+v", s0, s1)
 				}
 			})
 			t.Run("auto", func(t *testing.T) {
-				withDirectIO(t, DirectAuto)
+				withDirectIO(t, l, DirectAuto)
 				// Hot (just written): everything buffered.
 				cacheState(t, name)
-				s0 := StagedCounters()
+				s0 := l.StagedStats()
 				readExtents(t, l, fd, m, ext)
 				check()
-				if s1 := StagedCounters(); s1.DirectReads != s0.DirectReads {
+				if s1 := l.StagedStats(); s1.DirectReads != s0.DirectReads {
 					t.Fatalf("auto read a resident file with O_DIRECT: %+v -> %+v", s0, s1)
 				}
 				// Cold: O_DIRECT, and the page cache stays empty of it.
 				dropCache(t, name)
-				s0 = StagedCounters()
+				s0 = l.StagedStats()
 				readExtents(t, l, fd, m, ext)
 				check()
-				s1 := StagedCounters()
+				s1 := l.StagedStats()
 				if s1.DirectReads == s0.DirectReads {
 					t.Fatalf("auto read a cold file buffered only: %+v -> %+v", s0, s1)
 				}
@@ -182,19 +182,19 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 // TestStagedDirectIOWithDirectFd: a descriptor opened O_DIRECT by the caller
 // gets no twin; aligned reads work as before.
 func TestStagedDirectIOWithDirectFd(t *testing.T) {
-	withDirectIO(t, DirectAlways)
 	l, c := newLib(t, setup{"io_uring", Staged}, 1)
+	withDirectIO(t, l, DirectAlways)
 	name := patternFile(t, 2*mib)
 	needDirectIO(t, name)
 	m := alloc(t, c, 0, 2*mib)
 	register(t, l, m)
 	fd := openFile(t, name, unix.O_RDONLY|unix.O_DIRECT)
-	s0 := StagedCounters()
+	s0 := l.StagedStats()
 	if n, err := l.Read(fd, 0, m.Addr(), 0, mib, 4096); err != nil || n != mib {
 		t.Fatalf("read: %d, %v", n, err)
 	}
 	checkPattern(t, deviceBytes(t, c, m, 0, mib), 4096)
-	if s1 := StagedCounters(); s1.DirectReads != s0.DirectReads {
+	if s1 := l.StagedStats(); s1.DirectReads != s0.DirectReads {
 		t.Fatalf("an O_DIRECT descriptor got a twin: %+v -> %+v", s0, s1)
 	}
 }
@@ -212,24 +212,20 @@ func TestStagedBuffers(t *testing.T) {
 		if n >= 8 {
 			mode = DirectAlways
 		}
-		prevMode := SetDirectIO(mode)
-		t.Cleanup(func() { SetDirectIO(prevMode) })
-		prev := SetStagedBuffers(n)
-		t.Cleanup(func() { SetStagedBuffers(prev) })
-		if StagedBuffers() != n {
-			t.Fatalf("StagedBuffers %d, want %d", StagedBuffers(), n)
-		}
 		for _, engine := range []string{"io_uring", "sync"} {
-			l, c := newLib(t, setup{engine, Staged}, 1)
+			l, c := newLib(t, setup{engine, Staged}, 1, func(c *Config) { c.StagedBuffers, c.DirectIO = n, mode })
+			if l.cfg.StagedBuffers != n || l.DirectIOPolicy() != mode {
+				t.Fatalf("config gave %d buffers, policy %v", l.cfg.StagedBuffers, l.DirectIOPolicy())
+			}
 			name := patternFile(t, 3*mib)
 			m := alloc(t, c, 0, 4*mib)
 			register(t, l, m)
 			fd := openFile(t, name, unix.O_RDONLY)
-			before := StagedCounters()
+			before := l.StagedStats()
 			if got, err := l.Read(fd, 0, m.Addr(), 64<<10, 3*mib-8192, 8192); err != nil || got != 3*mib-8192 {
 				t.Fatalf("%d buffers, %s: read %d, %v", n, engine, got, err)
 			}
-			if direct := StagedCounters().DirectReads - before.DirectReads; (mode == DirectAlways) != (direct > 0) {
+			if direct := l.StagedStats().DirectReads - before.DirectReads; (mode == DirectAlways) != (direct > 0) {
 				t.Fatalf("%d buffers, policy %v: %d O_DIRECT reads", n, mode, direct)
 			}
 			checkPattern(t, deviceBytes(t, c, m, 64<<10, 3*mib-8192), 8192)
@@ -244,7 +240,14 @@ func TestStagedBuffers(t *testing.T) {
 			checkPattern(t, got, 8192)
 		}
 	}
-	if SetStagedBuffers(1); StagedBuffers() != 2 {
-		t.Fatalf("SetStagedBuffers(1) gave %d, want the minimum 2", StagedBuffers())
+	if n := stagedBuffersFrom(1); n != 2 {
+		t.Fatalf("1 buffer per worker gave %d, want the minimum 2", n)
+	}
+	if n := stagedBuffersFrom(100); n != 32 {
+		t.Fatalf("100 buffers per worker gave %d, want the maximum 32", n)
+	}
+	t.Setenv(EnvDirectIO, "sometimes")
+	if _, err := New(Config{Connector: newConnector(t, setup{"sync", Staged}, 1)}); err == nil {
+		t.Fatal("New accepted PHX_DIRECT_IO=sometimes")
 	}
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // stagedWorker is one pool worker's staged-transport state: bounce buffers
-// (two by default, StagedBuffers), so the storage read of one overlaps the
+// (two by default, Config.StagedBuffers), so the storage read of one overlaps the
 // device copies of the others, and a copy stream per bounce buffer per
 // device. Each bounce buffer
 // has dioSlack bytes past BounceSize so that an O_DIRECT read widened to
@@ -37,7 +37,7 @@ func (w *stagedWorker) close() {
 func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, []connector.Stream, error) {
 	sw := l.staged[w]
 	if sw == nil {
-		sw = &stagedWorker{streams: map[int][]connector.Stream{}, bounce: make([]connector.HostMemory, StagedBuffers())}
+		sw = &stagedWorker{streams: map[int][]connector.Stream{}, bounce: make([]connector.HostMemory, l.cfg.StagedBuffers)}
 		for i := range sw.bounce {
 			b, err := l.conn.AllocHost(l.cfg.BounceSize + dioSlack)
 			if err != nil {
@@ -71,7 +71,7 @@ func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, []connector.Stream, er
 // engine in one go and its staged ones through its bounce pipeline.
 func (l *Lib) runStriped(p *plan) {
 	workers := l.pool.Workers()
-	mode := CurrentDirectIO()
+	mode := l.DirectIOPolicy()
 	tw := newTwins(p, mode)
 	defer tw.close()
 	err := l.pool.Each(func(w int, eng ioengine.Engine) {
@@ -190,8 +190,8 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 			case runErr != nil:
 				got = -int64(errs.Errno(runErr))
 			case r.direct && got == r.span:
-				staged.directReads.Add(1)
-				staged.directBytes.Add(r.x.len)
+				l.stagedStats.directReads.Add(1)
+				l.stagedStats.directBytes.Add(r.x.len)
 				data, got = buf[r.head:], r.x.len
 			case r.direct:
 				// Failed or short (the file shrank, the file system changed
@@ -199,11 +199,11 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 				if got < 0 {
 					r.twin.broken.Store(true)
 				}
-				staged.fallbacks.Add(1)
-				data, got = readBuffered(eng, r.x, buf)
+				l.stagedStats.fallbacks.Add(1)
+				data, got = l.readBuffered(eng, r.x, buf)
 			case got > 0:
-				staged.bufferedReads.Add(1)
-				staged.bufferedBytes.Add(got)
+				l.stagedStats.bufferedReads.Add(1)
+				l.stagedStats.bufferedBytes.Add(got)
 			}
 			r.x.result = got
 			if got <= 0 {
@@ -222,14 +222,14 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 }
 
 // readBuffered reads x through the page cache into buf.
-func readBuffered(eng ioengine.Engine, x *xfer, buf []byte) ([]byte, int64) {
+func (l *Lib) readBuffered(eng ioengine.Engine, x *xfer, buf []byte) ([]byte, int64) {
 	op := []ioengine.Op{{Fd: x.fd, Addr: addrOf(buf), Len: x.len, Off: x.off}}
 	if err := eng.Run(op); err != nil {
 		return buf, -int64(errs.Errno(err))
 	}
 	if op[0].Result > 0 {
-		staged.bufferedReads.Add(1)
-		staged.bufferedBytes.Add(op[0].Result)
+		l.stagedStats.bufferedReads.Add(1)
+		l.stagedStats.bufferedBytes.Add(op[0].Result)
 	}
 	return buf, op[0].Result
 }

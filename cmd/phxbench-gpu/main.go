@@ -384,7 +384,7 @@ func benchMain(args []string) error {
 		return err
 	}
 	rep := &report{File: *file, FileBytes: st.Size(), DataBytes: dataLen, Threads: *threads, Chosen: map[string]int64{},
-		Env: map[string]string{"GOMAXPROCS": strconv.Itoa(runtime.GOMAXPROCS(0)), "direct_io": phxfs.CurrentDirectIO().String()}}
+		Env: map[string]string{"GOMAXPROCS": strconv.Itoa(runtime.GOMAXPROCS(0)), "direct_io": os.Getenv(phxfs.EnvDirectIO)}}
 	defer func() {
 		b, _ := json.MarshalIndent(rep, "", " ")
 		os.WriteFile(*out, b, 0o644)
@@ -451,14 +451,16 @@ func benchMain(args []string) error {
 
 	// phxfs directly: the sweep (hot), then the chosen configuration.
 	reqs := plan(ts, fd, start, mem)
-	engine, buffers, round := "io_uring", 2, int64(64)
+	engine, buffers, round, policy := "io_uring", 2, int64(64), phxfs.DirectAuto
+	var lastStats phxfs.StagedStats // of the last load's library
 	load := func(w int, b int64, warm bool) (time.Duration, error) {
-		phxfs.SetStagedBuffers(buffers)
-		l, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: w, BounceSize: b, Transport: phxfs.Staged, RoundBytes: round * mib})
+		l, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: w, BounceSize: b, Transport: phxfs.Staged,
+			RoundBytes: round * mib, StagedBuffers: buffers, DirectIO: policy})
 		if err != nil {
 			return 0, err
 		}
 		defer l.Close()
+		defer func() { lastStats = l.StagedStats() }()
 		if err := l.OpenDevice(0); err != nil {
 			return 0, err
 		}
@@ -495,8 +497,6 @@ func benchMain(args []string) error {
 			bs = append(bs, n*mib)
 		}
 	}
-	prev := phxfs.SetDirectIO(phxfs.DirectAuto)
-	defer phxfs.SetDirectIO(prev)
 	var es []string
 	for _, e := range strings.Split(*sweepE, ",") {
 		if e != "" {
@@ -594,24 +594,23 @@ func benchMain(args []string) error {
 	rep.add(fmt.Sprintf("ceiling cold buffered read %dx4MiB", *threads), dataLen, time.Since(t0), "")
 
 	for _, mode := range []phxfs.DirectIO{phxfs.DirectAuto, phxfs.DirectNever} {
-		phxfs.SetDirectIO(mode)
+		policy = mode
 		if err := zero(conn, mem); err != nil {
 			return err
 		}
-		s0 := phxfs.StagedCounters()
 		dropCaches()
 		d, err := load(*workers, *bounce*mib, false)
 		if err != nil {
 			return err
 		}
-		s1 := phxfs.StagedCounters()
+		s1 := lastStats
 		rep.add("phxfs direct (Go) cold, policy "+mode.String(), dataLen, d,
-			fmt.Sprintf("%d O_DIRECT reads, %d buffered, %d fallbacks", s1.DirectReads-s0.DirectReads, s1.BufferedReads-s0.BufferedReads, s1.Fallbacks-s0.Fallbacks))
+			fmt.Sprintf("%d O_DIRECT reads, %d buffered, %d fallbacks", s1.DirectReads, s1.BufferedReads, s1.Fallbacks))
 		if err := verify(conn, mem, *file, start, ts); err != nil {
 			return fmt.Errorf("phxfs cold load (%v): %v", mode, err)
 		}
 	}
-	s := phxfs.StagedCounters()
+	s := lastStats
 	rep.Staged = map[string]any{"direct_reads": s.DirectReads, "buffered_reads": s.BufferedReads, "fallbacks": s.Fallbacks, "cachestat": s.Cachestat}
 	fmt.Println("verify: phxfs cold loads equal the file")
 	return nil
