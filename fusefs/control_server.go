@@ -328,21 +328,9 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 	}
 	s.mu.Unlock()
 
-	switch {
-	case len(preqs) == 1 && len(reqs) == 1:
-		p := &preqs[0]
-		var n int64
-		var err error
-		if write {
-			n, err = s.lib.Write(p.Fd, p.Device, p.Buf, p.BufOffset, p.Len, p.FileOffset)
-		} else {
-			n, err = s.lib.Read(p.Fd, p.Device, p.Buf, p.BufOffset, p.Len, p.FileOffset)
-		}
-		p.Result = n
-		if err != nil {
-			p.Result = -int64(errs.Errno(err))
-		}
-	case len(preqs) > 0:
+	// One extent or many, the library's batch path: it resolves each
+	// request against its registration, coalesces and runs them.
+	if len(preqs) > 0 {
 		var err error
 		if write {
 			_, err = s.lib.WriteBatch(preqs)
