@@ -23,6 +23,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -370,6 +371,7 @@ func benchMain(args []string) error {
 	bounce := fs.Int64("bounce", 2, "phxfs bounce size (MiB) for the hot/cold loads")
 	cold := fs.Bool("cold", true, "also measure cold (drop_caches)")
 	vendor := fs.String("vendor", "nvidia", "nvidia, or emu (staged emulated device: a dry run without a GPU)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the hot sweep here")
 	fs.Parse(args)
 	if *file == "" || *out == "" {
 		return fmt.Errorf("bench: -file and -out please")
@@ -515,6 +517,14 @@ func benchMain(args []string) error {
 			rs = append(rs, n)
 		}
 	}
+	if *cpuprofile != "" {
+		pf, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		pprof.StartCPUProfile(pf)
+		defer pf.Close()
+	}
 	bestRate, bestAt := 0.0, 0.0
 	chosenE, chosenS, chosenR := "io_uring", 2, int64(64)
 	for _, e := range es {
@@ -547,6 +557,9 @@ func benchMain(args []string) error {
 				}
 			}
 		}
+	}
+	if *cpuprofile != "" {
+		pprof.StopCPUProfile()
 	}
 	engine, buffers, round = chosenE, chosenS, chosenR
 	rep.Chosen["workers"], rep.Chosen["bounce"], rep.Chosen["buffers"] = int64(*workers), *bounce*mib, int64(buffers)
