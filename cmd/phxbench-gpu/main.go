@@ -680,16 +680,11 @@ func plan(ts []tensor, fd int, start int64, mem connector.Memory) []phxfs.Reques
 func pinnedCeiling(rep *report, conn connector.Connector, mem connector.Memory, threads int) error {
 	// One 1 GiB pinned buffer, one stream, whole-buffer copies.
 	block := min(int64(gib), mem.Size()/(64<<10)*(64<<10))
-	h, err := conn.AllocHost(block)
+	h, s, done, err := hostAndStream(conn, block)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
-	s, err := conn.NewStream(0)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
+	defer done()
 	n := min(mem.Size()/block, 8)
 	copyAll := func() (time.Duration, error) {
 		t0 := time.Now()
@@ -772,16 +767,11 @@ func verify(conn connector.Connector, mem connector.Memory, file string, start i
 		n := int64(mib)
 		rs = append(rs, rng{r.Int64N(max(dataLen-n, 1)), min(n, dataLen)})
 	}
-	h, err := conn.AllocHost(mib)
+	h, s, done, err := hostAndStream(conn, mib)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
-	s, err := conn.NewStream(0)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
+	defer done()
 	for _, x := range rs {
 		got := h.Bytes()[:x.n]
 		if err := s.CopyFromDevice(got, mem.Addr()+uint64(x.off)); err != nil {
@@ -801,4 +791,19 @@ func verify(conn connector.Connector, mem connector.Memory, file string, start i
 		}
 	}
 	return nil
+}
+
+// hostAndStream allocates a pinned host buffer and a copy stream on device
+// 0; done releases both.
+func hostAndStream(conn connector.Connector, size int64) (connector.HostMemory, connector.Stream, func(), error) {
+	h, err := conn.AllocHost(size)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	s, err := conn.NewStream(0)
+	if err != nil {
+		h.Close()
+		return nil, nil, nil, err
+	}
+	return h, s, func() { s.Close(); h.Close() }, nil
 }

@@ -151,6 +151,18 @@ func (c *Connector) checkOpen() error {
 }
 
 // acquire counts an object that must be closed before the connector.
+// acquireMemory checks a memory request's device and size, then counts the
+// memory about to exist (release undoes it on failure).
+func (c *Connector) acquireMemory(dev int, size int64) error {
+	if err := c.checkDev(dev); err != nil {
+		return err
+	}
+	if err := checkSize(size); err != nil {
+		return err
+	}
+	return c.acquire()
+}
+
 func (c *Connector) acquire() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -245,13 +257,7 @@ func (c *Connector) Close() error {
 
 // Alloc allocates size bytes of device memory on dev (cuMemAlloc).
 func (c *Connector) Alloc(dev int, size int64) (connector.Memory, error) {
-	if err := c.checkDev(dev); err != nil {
-		return nil, err
-	}
-	if err := checkSize(size); err != nil {
-		return nil, err
-	}
-	if err := c.acquire(); err != nil {
+	if err := c.acquireMemory(dev, size); err != nil {
 		return nil, err
 	}
 	var p uint64
@@ -270,13 +276,7 @@ func (c *Connector) Alloc(dev int, size int64) (connector.Memory, error) {
 // exported allocation. Importing a handle in the process that exported it
 // fails in the driver.
 func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (connector.Memory, error) {
-	if err := c.checkDev(dev); err != nil {
-		return nil, err
-	}
-	if err := checkSize(size); err != nil {
-		return nil, err
-	}
-	if err := c.acquire(); err != nil {
+	if err := c.acquireMemory(dev, size); err != nil {
 		return nil, err
 	}
 	var p uint64
