@@ -30,10 +30,13 @@ type FS struct {
 	rootDev    uint64
 	isRoot     bool // the daemon runs with euid 0: chown what it creates
 
-	// nodes maps an inode key to its live node, so that a second lookup of
-	// a known inode reuses the node (and its descriptor).
-	nodesMu sync.Mutex
-	nodes   map[uint64]*node
+	// nodes maps a backing inode to its live node, so that a second lookup
+	// of a known inode reuses the node (and its descriptor); handouts
+	// lists, per request in flight, the nodes its reply names (see
+	// lifecycle.go).
+	nodesMu  sync.Mutex
+	nodes    map[inodeID]*node
+	handouts map[<-chan struct{}][]*node
 
 	nextFileID atomic.Uint64
 
@@ -86,7 +89,8 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		log:        log,
 		rootDev:    st.Dev,
 		isRoot:     os.Geteuid() == 0,
-		nodes:      make(map[uint64]*node),
+		nodes:      make(map[inodeID]*node),
+		handouts:   make(map[<-chan struct{}][]*node),
 		ptWanted:   o.Passthrough != PassthroughOff,
 	}
 	if o.Passthrough == PassthroughOff {

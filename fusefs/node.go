@@ -13,16 +13,20 @@ import (
 )
 
 // node is one backing inode. fd is an O_PATH descriptor on it, taken at
-// lookup and closed when the kernel forgets the inode; every operation on
-// the node or its children resolves through it.
+// lookup and closed when the kernel has forgotten the inode for good (see
+// lifecycle.go); every operation on the node or its children resolves
+// through it.
 type node struct {
 	fs.Inode
 	fsys *FS
 	fd   int
-	key  uint64
+	id   inodeID
 
-	mu   sync.Mutex
-	dead bool
+	// handedOut counts replies being built that name this node and that
+	// go-fuse has not registered yet; guarded by fsys.nodesMu.
+	handedOut int
+
+	mu sync.Mutex
 	// lockFds holds one backing descriptor per POSIX lock owner: its OFD
 	// locks are that owner's record locks on this inode.
 	lockFds map[uint64]int
@@ -204,30 +208,6 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	return n.Getattr(ctx, f, out)
 }
 
-// child returns the node for a backing inode the caller holds an O_PATH
-// descriptor on: the known node (and fd is closed) or a new one owning fd.
-func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.EntryOut) *fs.Inode {
-	key := n.fsys.inoKey(st)
-	attrFromStat(&out.Attr, st)
-	out.Attr.Ino = key
-	f := n.fsys
-	f.nodesMu.Lock()
-	defer f.nodesMu.Unlock()
-	if ex := f.nodes[key]; ex != nil && !ex.isDead() {
-		unix.Close(fd)
-		return ex.EmbeddedInode()
-	}
-	ch := &node{fsys: f, fd: fd, key: key}
-	f.nodes[key] = ch
-	return n.NewInode(ctx, ch, fs.StableAttr{Mode: st.Mode & unix.S_IFMT, Ino: key})
-}
-
-func (n *node) isDead() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.dead
-}
-
 // lookupFd opens an O_PATH descriptor on the child name and stats it.
 func (n *node) lookupFd(name string, st *unix.Stat_t) (int, unix.Errno) {
 	fd, err := unix.Openat(n.fd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -248,27 +228,6 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return nil, e
 	}
 	return n.child(ctx, fd, &st, out), 0
-}
-
-func (n *node) OnForget() {
-	n.mu.Lock()
-	if n.dead {
-		n.mu.Unlock()
-		return
-	}
-	n.dead = true
-	for _, fd := range n.lockFds {
-		unix.Close(fd)
-	}
-	n.lockFds = nil
-	n.mu.Unlock()
-	f := n.fsys
-	f.nodesMu.Lock()
-	if f.nodes[n.key] == n {
-		delete(f.nodes, n.key)
-	}
-	f.nodesMu.Unlock()
-	unix.Close(n.fd)
 }
 
 // giveToCaller makes the caller own what the daemon (as root) just

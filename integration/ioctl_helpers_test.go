@@ -155,6 +155,13 @@ type child struct {
 
 func startChild(t testing.TB, cred *syscall.Credential, mode string, args ...string) *child {
 	t.Helper()
+	return startChildTest(t, "TestIoctlHelperChild", cred, mode, args...)
+}
+
+// startChildTest re-executes the test binary to run test (a helper that
+// reads PHX_CHILD and PHX_CHILD_ARGS) as cred (nil: as this process).
+func startChildTest(t testing.TB, test string, cred *syscall.Credential, mode string, args ...string) *child {
+	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +181,7 @@ func startChild(t testing.TB, cred *syscall.Credential, mode string, args ...str
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command(bin, "-test.run=^TestIoctlHelperChild$", "-test.count=1")
+	cmd := exec.Command(bin, "-test.run=^"+test+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "PHX_CHILD="+mode, "PHX_CHILD_ARGS="+strings.Join(args, "\x1f"))
 	cmd.Dir = "/"
 	if cred != nil {

@@ -1,0 +1,395 @@
+package integration
+
+// The namespace stress test: names are replaced, unlinked and recreated,
+// on the backing directory and through the mount, while processes of
+// several uids look them up, open them and read them through the mount.
+// Every file says in its first line which name it was written for, its
+// generation and whether it is secret (mode 0600, root's), and its body
+// follows from that line; so every byte a reader gets is checked against
+// what the name it opened can hold. A reader must never see another
+// name's bytes, never a secret file's bytes through a public name, never
+// EBADF, ESTALE or EIO, and never be refused a public file.
+//
+// PHX_STRESS_SECONDS sets the seconds per mount mode (default 4; `make
+// stress`, which CI runs, sets more).
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	stressPublic = []string{"p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "sub/p8", "sub/p9"}
+	stressSecret = []string{"s0", "s1", "sub/s2", "sub/s3"}
+)
+
+func stressNames() []string { return append(append([]string{}, stressPublic...), stressSecret...) }
+
+func isSecretName(name string) bool { return strings.HasPrefix(filepath.Base(name), "s") }
+
+// stressContent is the file a generation of name holds.
+func stressContent(name string, gen uint64) []byte {
+	secret := 0
+	if isSecretName(name) {
+		secret = 1
+	}
+	size := 512 + int(gen*7919%60000)
+	b := make([]byte, 0, size)
+	b = fmt.Appendf(b, "PHXSTRESS name=%s gen=%d secret=%d size=%d\n", name, gen, secret, size)
+	x := gen*0x9E3779B97F4A7C15 ^ uint64(len(name))<<32 ^ uint64(name[len(name)-1])
+	for len(b) < size {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b = append(b, byte(x))
+	}
+	return b
+}
+
+// checkStressContent says what is wrong with data read from name ("" if
+// nothing): it must be a whole generation written for name.
+func checkStressContent(name string, data []byte) string {
+	line, _, ok := bytes.Cut(data, []byte("\n"))
+	if !ok {
+		return fmt.Sprintf("%s: %d bytes with no header line", name, len(data))
+	}
+	var got string
+	var gen uint64
+	var secret, size int
+	if _, err := fmt.Sscanf(string(line), "PHXSTRESS name=%s gen=%d secret=%d size=%d", &got, &gen, &secret, &size); err != nil {
+		return fmt.Sprintf("%s: header %q: %v", name, line, err)
+	}
+	if got != name {
+		return fmt.Sprintf("opened %s, read the bytes of %s (gen %d, secret %d)", name, got, gen, secret)
+	}
+	if !bytes.Equal(data, stressContent(name, gen)) {
+		return fmt.Sprintf("%s gen %d: %d bytes, not the %d bytes written", name, gen, len(data), size)
+	}
+	return ""
+}
+
+// stressTally counts what readers saw.
+type stressTally struct {
+	opens, bytes, enoent, eacces atomic.Int64
+	mu                           sync.Mutex
+	bad                          []string
+	badCount                     int
+}
+
+func (s *stressTally) fail(format string, a ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.badCount++
+	if len(s.bad) < 20 {
+		s.bad = append(s.bad, fmt.Sprintf(format, a...))
+	}
+}
+
+func (s *stressTally) String() string {
+	return fmt.Sprintf("opens=%d bytes=%d enoent=%d eacces=%d bad=%d", s.opens.Load(), s.bytes.Load(), s.enoent.Load(), s.eacces.Load(), s.badCount)
+}
+
+// stressReadOnce opens, reads and checks one name under root as uid.
+func stressReadOnce(root, name string, uid int, t *stressTally) {
+	f, err := os.Open(filepath.Join(root, name))
+	if err != nil {
+		switch {
+		case errors.Is(err, unix.ENOENT):
+			t.enoent.Add(1) // between an unlink and the re-create
+		case errors.Is(err, unix.EACCES) && isSecretName(name) && uid != 0:
+			t.eacces.Add(1)
+		default:
+			t.fail("uid %d: open %s: %v", uid, name, err)
+		}
+		return
+	}
+	defer f.Close()
+	t.opens.Add(1)
+	if isSecretName(name) && uid != 0 {
+		t.fail("uid %d opened root's 0600 file %s", uid, name)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.fail("uid %d: fstat %s: %v", uid, name, err)
+		return
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		t.fail("uid %d: read %s: %v", uid, name, err)
+		return
+	}
+	t.bytes.Add(int64(len(data)))
+	if msg := checkStressContent(name, data); msg != "" {
+		t.fail("uid %d: %s", uid, msg)
+	}
+	if int64(len(data)) != st.Size {
+		t.fail("uid %d: %s: read %d bytes, fstat says %d", uid, name, len(data), st.Size)
+	}
+	if want := stressMode(name); st.Mode&0777 != want {
+		t.fail("uid %d: %s: mode %o, the file was written %o", uid, name, st.Mode&0777, want)
+	}
+}
+
+func stressMode(name string) uint32 {
+	if isSecretName(name) {
+		return 0600
+	}
+	return 0644
+}
+
+// stressLook stats a name and lists its directory.
+func stressLook(root, name string, uid int, t *stressTally) {
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(root, name), &st); err != nil && !errors.Is(err, unix.ENOENT) {
+		t.fail("uid %d: stat %s: %v", uid, name, err)
+	}
+	ents, err := os.ReadDir(filepath.Join(root, filepath.Dir(name)))
+	if err != nil {
+		t.fail("uid %d: readdir %s: %v", uid, filepath.Dir(name), err)
+		return
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if !strings.HasPrefix(n, "p") && !strings.HasPrefix(n, "s") && !strings.HasPrefix(n, "tmp-") {
+			t.fail("uid %d: readdir %s: unexpected name %q", uid, filepath.Dir(name), n)
+		}
+	}
+}
+
+// stressReader reads random names under root until the deadline.
+func stressReader(root string, uid int, until time.Time, seed uint64, t *stressTally) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	names := stressNames()
+	for i := 0; time.Now().Before(until); i++ {
+		name := names[rng.IntN(len(names))]
+		if i%8 == 7 {
+			stressLook(root, name, uid, t)
+			continue
+		}
+		stressReadOnce(root, name, uid, t)
+	}
+}
+
+// stressWriter changes the names under root (the backing directory or the
+// mount) until stop: replace by rename (the common case), or unlink and
+// re-create.
+type stressWriter struct {
+	root string
+	tag  string
+	gen  *atomic.Uint64
+	rng  *rand.Rand
+	ops  atomic.Int64
+	err  error
+}
+
+func (w *stressWriter) write(name string, excl bool) error {
+	gen := w.gen.Add(1)
+	path := filepath.Join(w.root, name)
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf("tmp-%s-%d", w.tag, gen))
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, os.FileMode(stressMode(name)))
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(stressContent(name, gen))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if !excl {
+		return os.Rename(tmp, path)
+	}
+	// A name appears whole: link the finished file in (EEXIST when the
+	// other writer re-created it first), then drop the temporary name.
+	if err := os.Link(tmp, path); err != nil && !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	return os.Remove(tmp)
+}
+
+func (w *stressWriter) step(names []string) error {
+	name := names[w.rng.IntN(len(names))]
+	w.ops.Add(1)
+	if w.rng.IntN(5) > 0 {
+		return w.write(name, false)
+	}
+	if err := os.Remove(filepath.Join(w.root, name)); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return w.write(name, true)
+}
+
+func (w *stressWriter) run(stop <-chan struct{}) {
+	names := stressNames()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if err := w.step(names); err != nil {
+			w.err = fmt.Errorf("%s writer: %w", w.tag, err)
+			return
+		}
+	}
+}
+
+// stressPopulate writes generation 0 of every name.
+func stressPopulate(t *testing.T, root string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(root, "sub"), 0755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range stressNames() {
+		if err := os.WriteFile(filepath.Join(root, n), stressContent(n, 0), os.FileMode(stressMode(n))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func stressSeconds(t *testing.T) time.Duration {
+	s := os.Getenv("PHX_STRESS_SECONDS")
+	if s == "" {
+		return 4 * time.Second
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		t.Fatalf("PHX_STRESS_SECONDS=%q: want a positive number of seconds", s)
+	}
+	return time.Duration(n) * time.Second
+}
+
+// runStress runs one writer on each of two roots (the backing directory or
+// the mount) and readers on readRoot (root in-process, two other uids as child processes) for d.
+func runStress(t *testing.T, writeRoot0, writeRoot1, readRoot string, d time.Duration) {
+	var gen atomic.Uint64
+	gen.Store(1 << 20)
+	stop := make(chan struct{})
+	var writers []*stressWriter
+	var wg sync.WaitGroup
+	for i, root := range []string{writeRoot0, writeRoot1} {
+		w := &stressWriter{root: root, tag: fmt.Sprintf("w%d", i), gen: &gen, rng: rand.New(rand.NewPCG(uint64(i), 1))}
+		writers = append(writers, w)
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run(stop) }()
+	}
+	until := time.Now().Add(d)
+	var kids []*child
+	for _, uid := range []uint32{nobody, 1000} {
+		cred := &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}
+		kids = append(kids, startChildTest(t, "TestStressHelperChild", cred, "stress-reader", readRoot, strconv.Itoa(int(d/time.Millisecond))))
+	}
+	var tally stressTally
+	var rg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		rg.Add(1)
+		go func() { defer rg.Done(); stressReader(readRoot, 0, until, uint64(100+i), &tally) }()
+	}
+	rg.Wait()
+	for _, k := range kids {
+		line := k.expect(t, "STRESS")
+		t.Logf("reader %d: %s", k.cmd.Process.Pid, line)
+		if !strings.HasSuffix(line, "bad=0") {
+			for l := range k.lines {
+				t.Errorf("child: %s", l)
+			}
+			t.Errorf("a reader of another uid saw wrong results: %s", line)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("root readers: %s", &tally)
+	for _, w := range writers {
+		t.Logf("%s: %d changes", w.tag, w.ops.Load())
+		if w.err != nil {
+			t.Errorf("%v", w.err)
+		}
+	}
+	for _, b := range tally.bad {
+		t.Errorf("%s", b)
+	}
+	if tally.opens.Load() == 0 {
+		t.Errorf("the root readers opened nothing")
+	}
+}
+
+// TestNamespaceStress replaces names under readers of several uids: on the
+// backing directory natively (to check the harness); through the mount
+// under both passthrough modes with entry_timeout=0 and attr_timeout=0,
+// with one writer on the backing directory and one through the mount; and
+// with the default timeouts, where only writers through the mount keep the
+// kernel's cached attributes exact (a change made on the backing directory
+// may stay invisible for up to the timeouts; see docs/perf-notes.md).
+func TestNamespaceStress(t *testing.T) {
+	requireMountEnv(t)
+	d := stressSeconds(t)
+	t.Run("native", func(t *testing.T) {
+		dir := t.TempDir()
+		os.Chmod(filepath.Dir(dir), 0755)
+		os.Chmod(dir, 0755)
+		stressPopulate(t, dir)
+		runStress(t, dir, dir, dir, min(d, 2*time.Second))
+	})
+	const zero = "allow_other,entry_timeout=0,attr_timeout=0"
+	for _, m := range []struct {
+		name        string
+		args        []string
+		backingSide bool
+	}{
+		{"passthrough-timeouts0", []string{"--passthrough", "auto", "-o", zero}, true},
+		{"classic-timeouts0", []string{"--passthrough", "off", "-o", zero}, true},
+		{"passthrough-cached", []string{"--passthrough", "auto", "-o", "allow_other"}, false},
+		{"classic-cached", []string{"--passthrough", "off", "-o", "allow_other"}, false},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			dm := startDaemon(t, withArgs(m.args...))
+			stressPopulate(t, dm.Backing)
+			first := dm.Mnt
+			if m.backingSide {
+				first = dm.Backing
+			}
+			runStress(t, first, dm.Mnt, dm.Mnt, d)
+			if !dm.Mounted() {
+				t.Fatalf("the daemon died:\n%s", dm.Stderr())
+			}
+		})
+	}
+}
+
+// TestStressHelperChild is the body of the reader processes of other uids;
+// it skips when run normally.
+func TestStressHelperChild(t *testing.T) {
+	if os.Getenv("PHX_CHILD") != "stress-reader" {
+		t.Skip("helper process for TestNamespaceStress (runs only when re-executed)")
+	}
+	args := strings.Split(os.Getenv("PHX_CHILD_ARGS"), "\x1f")
+	ms, _ := strconv.Atoi(args[1])
+	var tally stressTally
+	var wg sync.WaitGroup
+	until := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); stressReader(args[0], os.Getuid(), until, uint64(os.Getpid()*10+i), &tally) }()
+	}
+	wg.Wait()
+	fmt.Printf("STRESS %s\n", &tally)
+	for _, b := range tally.bad {
+		fmt.Printf("BAD %s\n", b)
+	}
+	os.Exit(0)
+}
