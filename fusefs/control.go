@@ -25,6 +25,10 @@ type OpenFile struct {
 	Flags int    // the flags the caller opened with (O_ACCMODE, O_DIRECT, ...)
 	Name  string // path relative to the backing root
 	Owner Caller // the process that opened it
+	// Changed, when set, tells the overlay that the control wrote
+	// [off, off+n) of the file through Fd, so that the kernel's cached
+	// pages and attributes of it go.
+	Changed func(off, n int64)
 }
 
 // XattrTarget is the file or directory a user.phx.* xattr request names.
@@ -32,8 +36,9 @@ type XattrTarget struct {
 	Name   string // path relative to the backing root ("" for the root)
 	IsRoot bool
 	IsDir  bool
-	// Open opens the backing file for reading on behalf of the caller,
-	// refusing (EACCES) what the caller's own permissions would refuse.
+	// Open opens the backing file on behalf of the caller, with the
+	// caller's credentials: the kernel refuses what it would refuse the
+	// caller (mode bits, ACLs, capabilities).
 	Open func(flags int) (fd int, errno syscall.Errno)
 }
 

@@ -243,7 +243,7 @@ func (s *ControlServer) serve(c Caller, f *OpenFile, cmd uint32, in, out []byte)
 		if e := s.checkMode(f, write); e != 0 {
 			return e
 		}
-		res := s.transfer(c, f, write, []client.IOReq{req}, nil)
+		res := s.move(c, f, write, []client.IOReq{req}, make([]unix.Errno, 1))
 		if res[0] < 0 {
 			return unix.Errno(-res[0])
 		}
@@ -258,7 +258,13 @@ func (s *ControlServer) serve(c Caller, f *OpenFile, cmd uint32, in, out []byte)
 		if e := s.checkMode(f, write); e != 0 {
 			return e
 		}
-		res := s.transfer(c, f, write, reqs, bad)
+		refuse := make([]unix.Errno, len(reqs))
+		for i := range bad {
+			if bad[i] != nil {
+				refuse[i] = unix.EINVAL
+			}
+		}
+		res := s.move(c, f, write, reqs, refuse)
 		client.EncodeBatchResp(out, in, res)
 		return 0
 	case client.NrInfo:
@@ -294,9 +300,49 @@ func (s *ControlServer) checkMode(f *OpenFile, write bool) unix.Errno {
 	return 0
 }
 
+// move serves the extents of one READ, WRITE or batch; refuse holds the
+// extents already refused (their errno). A write is made to look like the
+// caller's write(2) (control_write.go). Results: bytes or -errno.
+func (s *ControlServer) move(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno) []int64 {
+	res := s.moveExtents(c, f, write, reqs, refuse)
+	var failed uint64
+	for i := range res {
+		if res[i] < 0 || uint64(res[i]) != reqs[i].Length {
+			failed++
+		}
+	}
+	s.stats.extents.Add(uint64(len(reqs)))
+	s.stats.failedExtents.Add(failed)
+	return res
+}
+
+func (s *ControlServer) moveExtents(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno) []int64 {
+	if !write {
+		return s.transfer(c, f, false, reqs, refuse)
+	}
+	// The file size limit cuts a copy of the extents: the reply and the
+	// counters judge the results against the lengths asked for.
+	reqs = append([]client.IOReq(nil), reqs...)
+	if limitWrite(c, reqs, refuse) {
+		signalFileSize(c)
+	}
+	if e := removePrivs(c, f.Fd); e != 0 {
+		res := make([]int64, len(reqs))
+		for i := range res {
+			res[i] = -int64(e)
+		}
+		return res
+	}
+	res := s.transfer(c, f, true, reqs, refuse)
+	if lo, hi := writtenSpan(reqs, res); hi > lo && f.Changed != nil {
+		f.Changed(int64(lo), int64(hi-lo))
+	}
+	return res
+}
+
 // transfer checks every extent against its registration and the caller,
 // then moves the bytes of those that pass. Results: bytes or -errno.
-func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []client.IOReq, bad []error) []int64 {
+func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno) []int64 {
 	res := make([]int64, len(reqs))
 	preqs := make([]phxfs.Request, 0, len(reqs))
 	idx := make([]int, 0, len(reqs))
@@ -304,8 +350,8 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 
 	s.mu.Lock()
 	for i, r := range reqs {
-		if bad != nil && bad[i] != nil {
-			res[i] = -int64(unix.EINVAL)
+		if refuse[i] != 0 {
+			res[i] = -int64(refuse[i])
 			continue
 		}
 		b := s.bufs[r.ID]
@@ -344,16 +390,11 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 		}
 	}
 
-	var moved, failed uint64
+	var moved uint64
 	for k, i := range idx {
 		res[i] = preqs[k].Result
 		if res[i] > 0 {
 			moved += uint64(res[i])
-		}
-	}
-	for i := range res {
-		if res[i] < 0 || uint64(res[i]) != reqs[i].Length {
-			failed++
 		}
 	}
 	s.mu.Lock()
@@ -365,8 +406,6 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 	}
 	s.mu.Unlock()
 
-	s.stats.extents.Add(uint64(len(reqs)))
-	s.stats.failedExtents.Add(failed)
 	if write {
 		s.stats.bytesWritten.Add(moved)
 	} else {

@@ -52,7 +52,7 @@ func asFile(f fs.FileHandle) *file {
 // newFile wraps a freshly opened backing descriptor.
 func (f *FS) newFile(ctx context.Context, n *node, fd int, flags int) (fs.FileHandle, uint32) {
 	h := &file{fsys: f, n: n, fd: fd, flags: flags}
-	h.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags, Name: n.relPath()}
+	h.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags, Name: n.relPath(), Changed: n.invalidate}
 	if f.ctl != nil {
 		h.of.Owner = callerOf(ctx)
 	} else if fc, ok := fuseCaller(ctx); ok {
@@ -186,4 +186,14 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 		ctl.Released(&d.of)
 	}
 	d.ds.Close() // closes fd
+}
+
+// invalidate drops the kernel's cached pages of [off, off+size) and its
+// cached attributes of the node, after the daemon changed the backing file
+// behind the kernel's back (an ioctl write). ENOENT: the kernel does not
+// know the node (any more); nothing is cached.
+func (n *node) invalidate(off, size int64) {
+	if e := n.NotifyContent(off, size); e != 0 && e != unix.ENOENT {
+		n.fsys.log.Debugf("invalidate %s [%d, +%d): %v", n.relPath(), off, size, e)
+	}
 }

@@ -115,10 +115,7 @@ func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
 	if mask&unix.W_OK != 0 && n.fsys.opts.ReadOnly {
 		return unix.EROFS
 	}
-	if !mayAccess(&st, c, mask&7) {
-		return unix.EACCES
-	}
-	return 0
+	return accessAsCaller(c, n.fd, mask&7)
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -443,15 +440,7 @@ func (n *node) target(ctx context.Context, c Caller) XattrTarget {
 			if flags&unix.O_ACCMODE != unix.O_RDONLY && n.fsys.opts.ReadOnly {
 				return -1, unix.EROFS
 			}
-			if !mayAccess(&st, c, accessMask(flags)) {
-				return -1, unix.EACCES
-			}
-			fl := flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_TRUNC) | unix.O_CLOEXEC
-			fd, err := unix.Open(procSelfFd(n.fd), fl, 0)
-			if err != nil {
-				return -1, toErrno(err)
-			}
-			return fd, 0
+			return openAsCaller(c, n.fd, flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_TRUNC))
 		},
 	}
 }

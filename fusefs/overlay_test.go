@@ -2,8 +2,11 @@ package fusefs
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -169,29 +172,109 @@ func TestControlSeam(t *testing.T) {
 	}
 }
 
-func TestTargetOpenChecksCallerPermissions(t *testing.T) {
-	st := unix.Stat_t{Mode: unix.S_IFREG | 0640, Uid: 1000, Gid: 1000}
+// posixACL encodes a system.posix_acl_access value: the owner, group and
+// other entries from mode, a mask of r--, and named users with their bits.
+func posixACL(mode uint32, users map[uint32]uint16) []byte {
+	const undef = ^uint32(0)
+	b := binary.LittleEndian.AppendUint32(nil, 2)
+	ent := func(tag, perm uint16, id uint32) {
+		b = binary.LittleEndian.AppendUint16(b, tag)
+		b = binary.LittleEndian.AppendUint16(b, perm)
+		b = binary.LittleEndian.AppendUint32(b, id)
+	}
+	ent(0x01, uint16(mode>>6&7), undef)
+	ids := make([]uint32, 0, len(users))
+	for id := range users {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		ent(0x02, users[id], id)
+	}
+	ent(0x04, uint16(mode>>3&7), undef)
+	ent(0x10, 4, undef)
+	ent(0x20, uint16(mode&7), undef)
+	return b
+}
+
+// processAs starts a process of uid and gid that lives as long as the test,
+// so that a Caller can name it.
+func processAs(t *testing.T, uid uint32) Caller {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return Caller{Tid: cmd.Process.Pid, Tgid: cmd.Process.Pid, UID: uid, GID: uid}
+}
+
+// TestOpenAsCallerIsTheKernelsDecision: the xattr controls open files as
+// the caller, so POSIX ACLs decide both ways, where mode bits alone would
+// decide wrongly.
+func TestOpenAsCallerIsTheKernelsDecision(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0755)
+	mk := func(name string, mode uint32, users map[uint32]uint16) int {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("x"), 0600); err != nil {
+			t.Fatal(err)
+		}
+		os.Chown(p, 1000, 1000)
+		os.Chmod(p, os.FileMode(mode))
+		if err := unix.Setxattr(p, "system.posix_acl_access", posixACL(mode, users), 0); err != nil {
+			t.Fatalf("set an ACL on %s: %v (the test directory's file system must support POSIX ACLs)", p, err)
+		}
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		return fd
+	}
+	granted := mk("granted", 0640, map[uint32]uint16{2000: 4}) // mode: others ---
+	denied := mk("denied", 0644, map[uint32]uint16{4000: 0})   // mode: others r--
 	for _, c := range []struct {
-		caller Caller
-		mask   uint32
-		want   bool
+		name string
+		fd   int
+		uid  uint32
+		want unix.Errno
 	}{
-		{Caller{UID: 1000, GID: 5}, unix.R_OK | unix.W_OK, true},
-		{Caller{UID: 1001, GID: 1000}, unix.R_OK, true},
-		{Caller{UID: 1001, GID: 1000}, unix.W_OK, false},
-		{Caller{UID: 65534, GID: 65534, Tgid: -1}, unix.R_OK, false},
-		{Caller{UID: 0}, unix.R_OK | unix.W_OK, true},
-		{Caller{UID: 0}, unix.X_OK, false},
+		{"ACL grants a named user", granted, 2000, 0},
+		{"no entry, others ---", granted, 3000, unix.EACCES},
+		{"owner", granted, 1000, 0},
+		{"ACL denies a named user", denied, 4000, unix.EACCES},
+		{"no entry, others r--", denied, 3000, 0},
+		{"root", granted, 0, 0},
 	} {
-		if got := mayAccess(&st, c.caller, c.mask); got != c.want {
-			t.Errorf("mayAccess(%+v, %o) = %v", c.caller, c.mask, got)
+		caller := processAs(t, c.uid)
+		fd, e := openAsCaller(caller, c.fd, unix.O_RDONLY)
+		if e != c.want {
+			t.Errorf("%s: openAsCaller uid %d: %v, want %v", c.name, c.uid, e, c.want)
+		}
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		if e := accessAsCaller(caller, c.fd, unix.R_OK); e != c.want {
+			t.Errorf("%s: accessAsCaller uid %d: %v, want %v", c.name, c.uid, e, c.want)
 		}
 	}
+	// The daemon's own credentials are untouched afterwards.
+	if u, _ := unix.SetfsuidRetUid(-1); u != 0 {
+		t.Errorf("fsuid of this thread is %d after asCaller", u)
+	}
+	if e := asCaller(Caller{Tid: 1 << 30, UID: 5}, func() unix.Errno { return 0 }); e != unix.ESRCH {
+		t.Errorf("asCaller for a caller that is gone: %v, want ESRCH", e)
+	}
+}
+
+func TestCallerIdentity(t *testing.T) {
 	if tgidOf(unix.Gettid()) != os.Getpid() {
 		t.Errorf("tgidOf(gettid) = %d, want %d", tgidOf(unix.Gettid()), os.Getpid())
-	}
-	if v, ok := statusField([]byte("Name:\tx\nTgid:\t42\nPid:\t43\n"), "Tgid:"); !ok || string(v) != "42" {
-		t.Errorf("statusField = %q %v", v, ok)
 	}
 }
 

@@ -1,10 +1,8 @@
 package fusefs
 
 import (
-	"bytes"
 	"context"
 	"log"
-	"os"
 	"strconv"
 	"sync"
 
@@ -12,6 +10,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+
+	"phxmount/internal/procfs"
 )
 
 // procSelfFd names a descriptor of this process as a path that re-opens
@@ -94,107 +94,11 @@ func tgidOf(tid int) int {
 
 // tgidFromStatus reads the Tgid: line of /proc/<tid>/status.
 func tgidFromStatus(tid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/status")
+	st, err := procfs.ReadStatus(tid)
 	if err != nil {
 		return -1
 	}
-	if v, ok := statusField(b, "Tgid:"); ok {
-		if n, err := strconv.Atoi(string(v)); err == nil {
-			return n
-		}
-	}
-	return -1
-}
-
-// statusField returns the value of a "Name:\tvalue" line of a status file.
-func statusField(b []byte, name string) ([]byte, bool) {
-	for len(b) > 0 {
-		line := b
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i], b[i+1:]
-		} else {
-			b = nil
-		}
-		if bytes.HasPrefix(line, []byte(name)) {
-			return bytes.TrimSpace(line[len(name):]), true
-		}
-	}
-	return nil, false
-}
-
-// callerGroups returns the supplementary groups of the caller's process.
-func callerGroups(c Caller) []uint32 {
-	pid := c.Tgid
-	if pid <= 0 {
-		pid = c.Tid
-	}
-	if pid <= 0 {
-		return nil
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return nil
-	}
-	v, ok := statusField(b, "Groups:")
-	if !ok {
-		return nil
-	}
-	var out []uint32
-	for _, f := range bytes.Fields(v) {
-		if n, err := strconv.ParseUint(string(f), 10, 32); err == nil {
-			out = append(out, uint32(n))
-		}
-	}
-	return out
-}
-
-// mayAccess applies the classic permission bits of st to the caller for
-// mask (unix.R_OK, W_OK, X_OK). Root may read and write anything and
-// execute what has an execute bit. POSIX ACLs are not evaluated.
-func mayAccess(st *unix.Stat_t, c Caller, mask uint32) bool {
-	mode := st.Mode
-	if c.UID == 0 {
-		if mask&unix.X_OK != 0 && mode&unix.S_IFMT != unix.S_IFDIR && mode&0111 == 0 {
-			return false
-		}
-		return true
-	}
-	var bits uint32
-	switch {
-	case c.UID == st.Uid:
-		bits = (mode >> 6) & 7
-	case c.GID == st.Gid || inGroups(st.Gid, c):
-		bits = (mode >> 3) & 7
-	default:
-		bits = mode & 7
-	}
-	return bits&mask == mask
-}
-
-func inGroups(gid uint32, c Caller) bool {
-	for _, g := range callerGroups(c) {
-		if g == gid {
-			return true
-		}
-	}
-	return false
-}
-
-// accessMask is the access an open with flags needs.
-func accessMask(flags int) uint32 {
-	var m uint32
-	switch flags & unix.O_ACCMODE {
-	case unix.O_RDONLY:
-		m = unix.R_OK
-	case unix.O_WRONLY:
-		m = unix.W_OK
-	default:
-		m = unix.R_OK | unix.W_OK
-	}
-	if flags&unix.O_TRUNC != 0 {
-		m |= unix.W_OK
-	}
-	return m
+	return st.Tgid
 }
 
 // logAdapter gives go-fuse a *log.Logger that writes to logrus at debug

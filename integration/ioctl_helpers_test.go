@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -328,6 +329,51 @@ func TestIoctlHelperChild(t *testing.T) {
 			}
 		}
 		say("OK %d rounds on device %d", rounds, dev)
+	case "write": // args: path, "syscall" or "ioctl", offset, length, RLIMIT_FSIZE (-1: none)
+		off, _ := strconv.ParseInt(args[2], 10, 64)
+		n, _ := strconv.ParseInt(args[3], 10, 64)
+		data := bytes.Repeat([]byte{0x5A}, int(n))
+		var write func() (int64, error)
+		if args[1] == "syscall" {
+			write = func() (int64, error) {
+				fd, err := unix.Open(args[0], unix.O_WRONLY, 0)
+				if err != nil {
+					return 0, err
+				}
+				defer unix.Close(fd)
+				m, err := unix.Pwrite(fd, data, off)
+				return int64(m), err
+			}
+		} else {
+			var err error
+			// The buffer is made before the limit applies: a memfd is a file.
+			if write, err = childIoctlWriter(args[0], data, off); err != nil {
+				say("SETUP %s", errnoName(err))
+				return
+			}
+		}
+		if lim, _ := strconv.ParseInt(args[4], 10, 64); lim >= 0 {
+			if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: uint64(lim), Max: uint64(lim)}); err != nil {
+				say("SETRLIMIT %v", err)
+				return
+			}
+		}
+		// Go ignores SIGXFSZ unless asked: catch it to see whether it came.
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGXFSZ)
+		got, err := write()
+		if err != nil {
+			got = 0
+		}
+		xfsz := "no"
+		if args[4] != "-1" {
+			select {
+			case <-sig:
+				xfsz = "yes"
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		say("WRITE %s %d SIGXFSZ %s", errnoName(err), got, xfsz)
 	case "busy": // args: path — register two buffers and read in a loop until killed
 		f, err := client.Open(args[0])
 		if err != nil {
@@ -370,4 +416,26 @@ func TestIoctlHelperChild(t *testing.T) {
 			}
 		}
 	}
+}
+
+// childIoctlWriter prepares an ioctl WRITE of data at off of path from an
+// emulated device buffer of this process, and returns it.
+func childIoctlWriter(path string, data []byte, off int64) (func() (int64, error), error) {
+	f, err := client.OpenFile(path, unix.O_WRONLY)
+	if err != nil {
+		return nil, err
+	}
+	conn, _ := emu.New(emu.Config{})
+	size := (int64(len(data)) + 64<<10 - 1) &^ (64<<10 - 1)
+	m, err := conn.Alloc(0, max(size, 64<<10))
+	if err != nil {
+		return nil, err
+	}
+	copy(m.(*emu.Memory).Bytes(), data)
+	h, _ := m.Export()
+	b, err := f.Register(client.VendorEmu, 0, h, m.Size())
+	if err != nil {
+		return nil, err
+	}
+	return func() (int64, error) { return f.Write(b, 0, int64(len(data)), off) }, nil
 }

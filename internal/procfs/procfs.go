@@ -1,0 +1,98 @@
+// Package procfs reads the few facts the daemon needs about other
+// processes from /proc: a thread's group, groups and capabilities, and a
+// process's resource limits. /proc/<pid>/status and /proc/<pid>/limits are
+// world-readable, so no capability is needed to read them (prlimit(2) of
+// another user's process needs CAP_SYS_RESOURCE).
+package procfs
+
+import (
+	"bytes"
+	"math"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/internal/errs"
+)
+
+// Root is where procfs is mounted; tests point it elsewhere.
+var Root = "/proc"
+
+// Status is what this package reads of /proc/<pid>/status.
+type Status struct {
+	Tgid   int
+	Groups []int
+	CapEff uint64 // effective capabilities, bit n = capability n
+}
+
+// ReadStatus reads /proc/<pid>/status (pid may be a thread id).
+func ReadStatus(pid int) (Status, error) {
+	var st Status
+	b, err := os.ReadFile(Root + "/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return st, errs.New(errs.Errno(err), "procfs: status of %d", pid)
+	}
+	v, ok := Field(b, "Tgid:")
+	if st.Tgid, err = strconv.Atoi(string(v)); !ok || err != nil {
+		return st, errs.New(unix.EIO, "procfs: status of %d: no Tgid", pid)
+	}
+	if v, ok := Field(b, "Groups:"); ok {
+		for _, f := range bytes.Fields(v) {
+			if n, err := strconv.Atoi(string(f)); err == nil {
+				st.Groups = append(st.Groups, n)
+			}
+		}
+	}
+	v, ok = Field(b, "CapEff:")
+	if st.CapEff, err = strconv.ParseUint(string(v), 16, 64); !ok || err != nil {
+		return st, errs.New(unix.EIO, "procfs: status of %d: no CapEff", pid)
+	}
+	return st, nil
+}
+
+// Field returns the value of a "Name:\tvalue" line of a status file.
+func Field(b []byte, name string) ([]byte, bool) {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		if bytes.HasPrefix(line, []byte(name)) {
+			return bytes.TrimSpace(line[len(name):]), true
+		}
+	}
+	return nil, false
+}
+
+// Unlimited is a limit of "unlimited".
+const Unlimited = math.MaxUint64
+
+// SoftLimit reads the soft limit named as in /proc/<pid>/limits (for
+// example "Max file size") of process pid.
+func SoftLimit(pid int, name string) (uint64, error) {
+	b, err := os.ReadFile(Root + "/" + strconv.Itoa(pid) + "/limits")
+	if err != nil {
+		return 0, errs.New(errs.Errno(err), "procfs: limits of %d", pid)
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		rest, ok := bytes.CutPrefix(line, []byte(name))
+		if !ok || len(rest) == 0 || rest[0] != ' ' {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) == 0 {
+			break
+		}
+		if string(f[0]) == "unlimited" {
+			return Unlimited, nil
+		}
+		if n, err := strconv.ParseUint(string(f[0]), 10, 64); err == nil {
+			return n, nil
+		}
+		break
+	}
+	return 0, errs.New(unix.EIO, "procfs: limits of %d: no %q", pid, name)
+}

@@ -1,0 +1,64 @@
+package procfs
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestReadStatusOfThisProcess(t *testing.T) {
+	st, err := ReadStatus(unix.Gettid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Tgid != os.Getpid() {
+		t.Errorf("Tgid %d, want %d", st.Tgid, os.Getpid())
+	}
+	if os.Geteuid() == 0 && st.CapEff&(1<<21) == 0 {
+		t.Logf("root without CAP_SYS_ADMIN in CapEff %#x (a container?)", st.CapEff)
+	}
+}
+
+func TestSoftLimit(t *testing.T) {
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: 123456, Max: old.Max}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := SoftLimit(os.Getpid(), "Max file size")
+	unix.Setrlimit(unix.RLIMIT_FSIZE, &old)
+	if err != nil || got != 123456 {
+		t.Errorf("Max file size = %d, %v; want 123456", got, err)
+	}
+	if got, err := SoftLimit(os.Getpid(), "Max no such"); err == nil {
+		t.Errorf("an unknown limit gave %d", got)
+	}
+}
+
+func TestParseFixtures(t *testing.T) {
+	dir := t.TempDir()
+	old := Root
+	Root = dir
+	defer func() { Root = old }()
+	os.MkdirAll(filepath.Join(dir, "7"), 0755)
+	os.WriteFile(filepath.Join(dir, "7", "status"), []byte("Name:\tx\nTgid:\t5\nGroups:\t4 24 1000 \nCapEff:\t0000000000000010\n"), 0644)
+	os.WriteFile(filepath.Join(dir, "7", "limits"), []byte("Limit                     Soft Limit           Hard Limit           Units\nMax file size             unlimited            unlimited            bytes\nMax files                 9                    9\n"), 0644)
+	st, err := ReadStatus(7)
+	if err != nil || st.Tgid != 5 || len(st.Groups) != 3 || st.Groups[2] != 1000 || st.CapEff != 1<<4 {
+		t.Errorf("ReadStatus = %+v, %v", st, err)
+	}
+	if n, err := SoftLimit(7, "Max file size"); err != nil || n != Unlimited {
+		t.Errorf("unlimited = %d, %v", n, err)
+	}
+	if _, err := SoftLimit(7, "Max file"); err == nil {
+		t.Errorf("a name that is a prefix of another matched")
+	}
+	os.WriteFile(filepath.Join(dir, "7", "status"), []byte("Tgid:\t5\n"), 0644)
+	if _, err := ReadStatus(7); err == nil {
+		t.Errorf("a status without CapEff was accepted")
+	}
+}
