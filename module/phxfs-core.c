@@ -124,7 +124,9 @@ static const struct attribute_group *phxfs_dev_groups[] = {
  *
  * Creates the struct pages (memremap_pages, or the PCI P2PDMA core where
  * phxfs owns @pdev and the kernel has it) and /dev/phxfs_devN, N being the
- * lowest free index.  Returns the device or an ERR_PTR.
+ * lowest free index.
+ *
+ * Return: the device, or an ERR_PTR().
  */
 struct phxfs_dev *phxfs_dev_create(struct pci_dev *pdev, int bar,
 				   phys_addr_t start, u64 size,
@@ -289,9 +291,13 @@ static int __init phxfs_init(void)
 	BUILD_BUG_ON(sizeof(struct phxfs_ioctl_map) != 56);
 	phxfs_dev_groups[1] = phxfs_backend.attr_group;
 
-	ret = alloc_chrdev_region(&phxfs_devt, 0, PHXFS_MAX_DEVS, "phxfs");
+	ret = phxfs_mem_init();
 	if (ret)
 		return ret;
+
+	ret = alloc_chrdev_region(&phxfs_devt, 0, PHXFS_MAX_DEVS, "phxfs");
+	if (ret)
+		goto err_mem;
 
 	cdev_init(&phxfs_cdev, &phxfs_fops);
 	phxfs_cdev.owner = THIS_MODULE;
@@ -324,6 +330,8 @@ err_cdev:
 	cdev_del(&phxfs_cdev);
 err_region:
 	unregister_chrdev_region(phxfs_devt, PHXFS_MAX_DEVS);
+err_mem:
+	phxfs_mem_exit();
 	return ret;
 }
 
@@ -333,6 +341,7 @@ static void __exit phxfs_exit(void)
 	class_destroy(phxfs_class);
 	cdev_del(&phxfs_cdev);
 	unregister_chrdev_region(phxfs_devt, PHXFS_MAX_DEVS);
+	phxfs_mem_exit();
 	pr_info("unloaded\n");
 }
 

@@ -13,6 +13,7 @@
 #include <linux/mutex.h>
 #include <linux/pci.h>
 #include <linux/types.h>
+#include <linux/workqueue.h>
 
 #include "include/uapi/phxfs_ioctl.h"
 
@@ -38,6 +39,7 @@ struct phxfs_dev {
 
 	struct mutex lock;		/* protects dead, vmas */
 	bool dead;			/* device going away: no new maps */
+	bool pages_gone;		/* struct pages released (SRCU) */
 	struct list_head vmas;		/* struct phxfs_vma.node */
 
 	atomic_long_t nr_regs;		/* live registrations */
@@ -55,11 +57,18 @@ struct phxfs_vma {
 	struct mutex lock;		/* protects regs and reg->dead */
 	struct list_head regs;		/* struct phxfs_reg.node */
 	struct list_head node;		/* in dev->vmas */
+	struct work_struct release_work; /* releases busy regs after close */
 };
 
-/* One MAP: device memory inserted into a range of a phxfs VMA. */
+/*
+ * One MAP: device memory inserted into a range of a phxfs VMA.  The owner
+ * (pv->regs, then whoever unlinked it) holds a reference; a revoker holds
+ * one more while it waits for I/O on it with no lock held.
+ */
 struct phxfs_reg {
+	struct kref kref;
 	struct list_head node;		/* in pv->regs */
+	struct list_head revoke_node;	/* in a revoker's list */
 	struct phxfs_vma *pv;
 	struct phxfs_dev *dev;
 	unsigned long uaddr;		/* host range */
@@ -67,13 +76,21 @@ struct phxfs_reg {
 	u64 devaddr;			/* device range */
 	pgoff_t pgoff;			/* file page offset of uaddr */
 	bool dead;			/* revoked or unmapped: no new PTEs */
+	bool owned;			/* claimed for the unpin path */
 	void *backend_data;
 };
 
 /*
- * A vendor backend.  pin/phys/unpin are called without any phxfs lock
- * held; unpin only after every PTE of the registration is gone and every
- * transient pin (O_DIRECT in flight) has been dropped.
+ * A vendor backend.  pin/claim/unpin are called without any phxfs lock
+ * held (claim and unpin may run under mmap_lock, from munmap).
+ *
+ * A registration goes away in three steps, after its last PTE is gone:
+ * claim decides who gives the pages back, the unpin path or the vendor's
+ * revocation (which then waits for I/O itself, see phxfs_reg_revoke());
+ * if the unpin path owns them the core waits until no I/O in flight holds
+ * them; then unpin gives them back (@owned: what claim returned) or waits
+ * until the revocation has.  phys is only called while the registration
+ * is live or claimed for the unpin path.
  */
 struct phxfs_backend_ops {
 	const char *name;
@@ -83,7 +100,10 @@ struct phxfs_backend_ops {
 	int (*pin)(struct phxfs_dev *dev, struct phxfs_reg *reg);
 	/* physical address of byte @off (page aligned) of a pinned range */
 	phys_addr_t (*phys)(struct phxfs_reg *reg, u64 off);
-	void (*unpin)(struct phxfs_reg *reg);	/* NULL: nothing to release */
+	/* NULL: the pages are always the unpin path's */
+	bool (*claim)(struct phxfs_reg *reg);
+	/* NULL: nothing to release */
+	void (*unpin)(struct phxfs_reg *reg, bool owned);
 	const struct attribute_group *attr_group;	/* may be NULL */
 };
 
@@ -97,6 +117,8 @@ void phxfs_dev_destroy(struct phxfs_dev *dev);
 void phxfs_dev_put(struct phxfs_dev *dev);
 
 /* core: memory (phxfs-mem.c) */
+int phxfs_mem_init(void);
+void phxfs_mem_exit(void);
 int phxfs_pages_init(struct phxfs_dev *dev);
 void phxfs_pages_exit(struct phxfs_dev *dev);
 int phxfs_mmap(struct phxfs_dev *dev, struct file *file,
@@ -104,7 +126,6 @@ int phxfs_mmap(struct phxfs_dev *dev, struct file *file,
 int phxfs_map(struct phxfs_dev *dev, const struct phxfs_ioctl_map *req);
 int phxfs_unmap(struct phxfs_dev *dev, const struct phxfs_ioctl_map *req);
 void phxfs_reg_revoke(struct phxfs_reg *reg);
-void phxfs_reg_drain(struct phxfs_reg *reg);
 int phxfs_dev_revoke_range(struct phxfs_dev *dev, u64 devaddr, u64 size);
 void phxfs_dev_kill(struct phxfs_dev *dev);
 

@@ -10,7 +10,9 @@
 // The test file's every 8-byte little-endian word is its own offset. "run"
 // prints "check ok: ..." per check and "PHXFS-LANDED BAROFF FILEOFF LEN"
 // per range left in the BAR for the host to verify; it exits non-zero on
-// the first failure.
+// the first failure. drain.go holds the checks that phxfs waits for
+// holders of a registration's pages (UNMAP, munmap, revocation) without
+// holding its locks.
 package main
 
 import (
@@ -196,6 +198,9 @@ func run(file, scratch string) error {
 		return err
 	}
 	if err := revoke(conn, dev, fd); err != nil {
+		return err
+	}
+	if err := drainChecks(conn, dev, fd); err != nil {
 		return err
 	}
 	if err := busyModule(conn, dev); err != nil {
