@@ -34,8 +34,9 @@ type Connector interface {
 	Alloc(dev int, size int64) (Memory, error)
 	// Import maps memory that another process exported with Memory.Export.
 	// pid is the process that claims the handle: connectors whose handles
-	// name a process (emu) refuse a handle that another process exported;
-	// connectors whose handles are capabilities (CUDA IPC) ignore it.
+	// name a process (emu, pcibar) refuse a handle that another process
+	// exported (pcibar also a claimant that is not root); connectors whose
+	// handles are capabilities (CUDA IPC) ignore it.
 	Import(dev int, h Handle, size int64, pid int) (Memory, error)
 	// Resolve checks that [addr, addr+size) is device memory of dev known to
 	// this process (allocated or imported) and returns its host address, or

@@ -27,6 +27,10 @@ const memfdPrefix = "phxemu"
 
 var handleMagic = [8]byte{'P', 'H', 'X', 'E', 'M', 'U', '0', '1'}
 
+// handleUsed is the length of the defined part of a handle; the rest is
+// reserved and zero.
+const handleUsed = 36
+
 // Config chooses how many devices there are and whether their memory is
 // host-addressable.
 type Config struct {
@@ -114,7 +118,10 @@ func (m *Memory) Addr() uint64 { return uint64(uintptr(unsafe.Pointer(&m.view[0]
 func (m *Memory) Size() int64 { return m.size }
 
 // Bytes gives tests and benchmarks the CPU's view of the memory, whatever the
-// mode: the "device-to-host copy" used to verify landed bytes.
+// mode: the "device-to-host copy" used to verify landed bytes. It is for the
+// process that owns the memory: on imported memory a plain access faults
+// (SIGBUS) once the exporter shrinks its memfd, so the daemon never uses it
+// and reaches imported memory only through kernel I/O and Stream copies.
 func (m *Memory) Bytes() []byte { return m.alias }
 
 // Export implements connector.Memory. The handle names this process and its
@@ -191,6 +198,11 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 	if [8]byte(h[0:8]) != handleMagic {
 		return nil, errs.New(unix.EINVAL, "emu: not an emulated-device handle")
 	}
+	for _, b := range h[handleUsed:] {
+		if b != 0 {
+			return nil, errs.New(unix.EINVAL, "emu: handle bytes %d to %d are reserved and must be zero", handleUsed, connector.HandleSize-1)
+		}
+	}
 	hpid := int(binary.LittleEndian.Uint32(h[8:]))
 	hfd := int(binary.LittleEndian.Uint32(h[12:]))
 	hsize := int64(binary.LittleEndian.Uint64(h[16:]))
@@ -211,12 +223,29 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 		return nil, errs.New(unix.ESRCH, "emu: exporting descriptor %s: %v", path, err)
 	}
 	if !strings.HasPrefix(target, "/memfd:"+memfdPrefix) {
-		return nil, errs.New(unix.EPERM, "emu: %s is %q, not an emulated-device buffer", path, target)
+		return nil, errs.New(unix.EINVAL, "emu: %s is %q, not an emulated-device buffer", path, target)
 	}
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	// The client may swap another file onto hfd after the Readlink above,
+	// and a read-write open as root would then reach a file it may only
+	// read (or open a device): take a path-only reference, check it, and
+	// only then open that very file.
+	pfd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, errs.New(errs.Errno(err), "emu: open %s: %v", path, err)
 	}
+	if err := checkMemfd(pfd); err != nil {
+		unix.Close(pfd)
+		return nil, err
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	unix.Close(pfd)
+	if err != nil {
+		return nil, errs.New(errs.Errno(err), "emu: open %s: %v", path, err)
+	}
+	// The size is checked here only: the client may shrink the memfd at any
+	// time after. Nothing below depends on it (MAP_POPULATE does not fail on
+	// pages past the end), and the copy engine, the only CPU access to the
+	// memory, turns the resulting faults into EFAULT (copyGuarded).
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || st.Ino != hino || st.Size < size {
 		unix.Close(fd)
@@ -245,6 +274,8 @@ func (c *Connector) mapFd(dev, fd int, size int64) (*Memory, error) {
 	}
 	alias := view
 	if c.cfg.Staged {
+		// Populating reads nothing into this process: on pages past the end
+		// of a memfd shrunk meanwhile it just stops, without a fault.
 		alias, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 		if err != nil {
 			unmapAligned(view)
@@ -272,7 +303,10 @@ func mapAligned(fd int, size int64, prot int) ([]byte, error) {
 	head := int(((base + PageSize - 1) &^ (PageSize - 1)) - base)
 	// MAP_FIXED replaces the aligned part of the reservation with the file.
 	// Populate now, as registering GPU memory pins it: the first transfer
-	// should not pay for page faults.
+	// should not pay for page faults. (Populating is done by the kernel and
+	// ignores pages past the end of a file, so a shrunk memfd cannot make it
+	// fault.) In host mode the CPU never touches this mapping: only the
+	// kernel does, for I/O, and it returns EFAULT on pages that are gone.
 	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_POPULATE)
 	if err != nil {
 		unix.Munmap(reserve)

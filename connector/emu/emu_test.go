@@ -2,6 +2,7 @@ package emu
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"os"
@@ -183,4 +184,33 @@ func readFull(r interface{ Read([]byte) (int, error) }, b []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// TestImportRefusesWhatIsNotAnEmuBuffer: reserved handle bytes that are not
+// zero, and a handle naming a descriptor of the caller that is not an emu
+// memfd, are invalid handles (EINVAL), not a permission matter.
+func TestImportRefusesWhatIsNotAnEmuBuffer(t *testing.T) {
+	c := newConn(t, Config{})
+	m, err := c.Alloc(0, PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	h, _ := m.Export()
+	bad := h
+	bad[40] = 1
+	if _, err := c.Import(0, bad, PageSize, os.Getpid()); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("import of a handle with reserved bytes set: %v, want EINVAL", err)
+	}
+	f, err := os.CreateTemp(t.TempDir(), "plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Truncate(PageSize)
+	plain := h
+	binary.LittleEndian.PutUint32(plain[12:], uint32(f.Fd()))
+	if _, err := c.Import(0, plain, PageSize, os.Getpid()); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("import of a handle naming a regular file: %v, want EINVAL", err)
+	}
 }

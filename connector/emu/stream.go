@@ -8,7 +8,9 @@ import (
 
 // stream is the emulated copy engine: a goroutine that performs copies in
 // order, so that copies overlap the caller's storage reads as a GPU's DMA
-// engine would.
+// engine would. Its copies are the only CPU accesses the daemon makes to an
+// imported buffer, and each is guarded (copyGuarded): the client can make
+// its pages fault at any time.
 type stream struct {
 	c   *Connector
 	dev int
@@ -61,7 +63,7 @@ func (s *stream) CopyToDevice(dst uint64, src []byte) error {
 	if err != nil {
 		return err
 	}
-	s.enqueue(func() error { copy(d, src); return nil })
+	s.enqueue(func() error { return copyGuarded(d, d, src) })
 	return nil
 }
 
@@ -71,7 +73,7 @@ func (s *stream) CopyFromDevice(dst []byte, src uint64) error {
 	if err != nil {
 		return err
 	}
-	s.enqueue(func() error { copy(dst, d); return nil })
+	s.enqueue(func() error { return copyGuarded(d, dst, d) })
 	return nil
 }
 

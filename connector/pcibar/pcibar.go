@@ -17,6 +17,7 @@ package pcibar
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,7 +46,12 @@ const PageSize = 64 << 10
 // Vendor is the connector's name.
 const Vendor = "pcibar"
 
-var handleMagic = [8]byte{'P', 'H', 'X', 'B', 'A', 'R', '0', '1'}
+// handleMagic names the handle layout (see Export). 01 was the layout
+// without the exporter's pid; such handles are refused.
+var handleMagic = [8]byte{'P', 'H', 'X', 'B', 'A', 'R', '0', '2'}
+
+// procRoot is where Import reads the claiming process's credentials.
+var procRoot = "/proc"
 
 // SysfsPCI is where PCI devices are listed.
 var SysfsPCI = "/sys/bus/pci/devices"
@@ -234,8 +240,8 @@ func (m *Memory) Size() int64 { return m.size }
 // Offset returns the offset of the memory in its BAR.
 func (m *Memory) Offset() int64 { return m.off }
 
-// Export implements connector.Memory: {magic, BAR offset, size, PCI
-// address} in the 64-byte handle.
+// Export implements connector.Memory: {magic, BAR offset u64, size u64,
+// exporting pid u32, zero u32, PCI address char[32]} in the 64-byte handle.
 func (m *Memory) Export() (connector.Handle, error) {
 	var h connector.Handle
 	m.c.mu.Lock()
@@ -246,7 +252,8 @@ func (m *Memory) Export() (connector.Handle, error) {
 	copy(h[0:8], handleMagic[:])
 	binary.LittleEndian.PutUint64(h[8:16], uint64(m.off))
 	binary.LittleEndian.PutUint64(h[16:24], uint64(m.size))
-	copy(h[24:], m.dev.pci)
+	binary.LittleEndian.PutUint32(h[24:28], uint32(os.Getpid()))
+	copy(h[32:], m.dev.pci)
 	return h, nil
 }
 
@@ -289,8 +296,9 @@ func (c *Connector) Alloc(dev int, size int64) (connector.Memory, error) {
 	return m, nil
 }
 
-// Import implements connector.Connector. The handle is a capability (pid
-// is ignored), checked against the device and the BAR's bounds.
+// Import implements connector.Connector. The handle must name pid as its
+// exporter and pid must be root (see claimant); it is checked against the
+// device and the BAR's bounds.
 func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (connector.Memory, error) {
 	d, err := c.device(dev)
 	if err != nil {
@@ -301,7 +309,14 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 	}
 	off := binary.LittleEndian.Uint64(h[8:16])
 	hsize := binary.LittleEndian.Uint64(h[16:24])
-	pci := strings.TrimRight(string(h[24:]), "\x00")
+	hpid := int(binary.LittleEndian.Uint32(h[24:28]))
+	if hpid != pid {
+		return nil, errs.New(unix.EPERM, "pcibar: handle exported by process %d, claimed by %d", hpid, pid)
+	}
+	if err := claimant(pid); err != nil {
+		return nil, err
+	}
+	pci := strings.TrimRight(string(h[32:]), "\x00")
 	if pci != d.pci {
 		return nil, errs.New(unix.EINVAL, "pcibar: handle is for %q, device %d is %s", pci, dev, d.pci)
 	}
@@ -319,6 +334,41 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 	m := &Memory{c: c, dev: d, off: int64(off), size: size, imported: true}
 	c.regions[m] = struct{}{}
 	return m, nil
+}
+
+// claimant checks that process pid may import BAR memory: it exists and
+// its effective uid is 0. A pcibar handle is only numbers (a BAR range), so
+// any process could write one naming itself, and naming the exporter alone
+// would not stop it from reaching every other process's BAR memory; only
+// root, which can map the whole BAR through sysfs anyway, may import.
+func claimant(pid int) error {
+	p := filepath.Join(procRoot, strconv.Itoa(pid), "status")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			return errs.New(unix.ESRCH, "pcibar: claiming process %d is gone", pid)
+		}
+		return errs.New(errs.Errno(err), "pcibar: read %s: %v", p, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		v, ok := strings.CutPrefix(line, "Uid:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v) // real, effective, saved, filesystem
+		if len(f) < 2 {
+			break
+		}
+		euid, err := strconv.ParseUint(f[1], 10, 32)
+		if err != nil {
+			break
+		}
+		if euid != 0 {
+			return errs.New(unix.EPERM, "pcibar: process %d (euid %d) may not import BAR memory: root only", pid, euid)
+		}
+		return nil
+	}
+	return errs.New(unix.EIO, "pcibar: %s has no Uid line", p)
 }
 
 // Resolve implements connector.Connector: it checks the range is memory

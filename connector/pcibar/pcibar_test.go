@@ -2,10 +2,14 @@ package pcibar
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -134,28 +138,30 @@ func TestExportImportResolve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	im, err := c.Import(0, h, 2*PageSize, 12345)
+	pid := os.Getpid()
+	fakeProc(t, pid, "0\t0\t0\t0")
+	im, err := c.Import(0, h, 2*PageSize, pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if im.Addr() != m.Addr() || im.Size() != 2*PageSize {
 		t.Errorf("imported %#x+%d, want %#x", im.Addr(), im.Size(), m.Addr())
 	}
-	if _, err := c.Import(0, h, 5*PageSize, 0); !errors.Is(err, unix.EINVAL) {
+	if _, err := c.Import(0, h, 5*PageSize, pid); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("Import larger than exported = %v", err)
 	}
 	var bad connector.Handle
-	if _, err := c.Import(0, bad, PageSize, 0); !errors.Is(err, unix.EINVAL) {
+	if _, err := c.Import(0, bad, PageSize, pid); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("Import(zero handle) = %v", err)
 	}
 	out := h
 	out[16] = 0xff // size past the BAR
-	if _, err := c.Import(0, out, PageSize, 0); !errors.Is(err, unix.EINVAL) {
+	if _, err := c.Import(0, out, PageSize, pid); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("Import(out of bounds) = %v", err)
 	}
 	other := h
-	copy(other[24:], "0000:00:09.0")
-	if _, err := c.Import(0, other, PageSize, 0); !errors.Is(err, unix.EINVAL) {
+	copy(other[32:], "0000:00:09.0")
+	if _, err := c.Import(0, other, PageSize, pid); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("Import(other device) = %v", err)
 	}
 	_ = pci
@@ -299,4 +305,156 @@ func TestRealBAR(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("BAR view: %s %s", view, why)
+}
+
+// fakeProc points the package at a /proc holding only pid's status, with
+// the given Uid line (real, effective, saved, filesystem).
+func fakeProc(t *testing.T, pid int, uids string) {
+	t.Helper()
+	root := t.TempDir()
+	dir := filepath.Join(root, strconv.Itoa(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	status := "Name:\tclient\nTgid:\t" + strconv.Itoa(pid) + "\nUid:\t" + uids + "\nGid:\t0\t0\t0\t0\n"
+	if err := os.WriteFile(filepath.Join(dir, "status"), []byte(status), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := procRoot
+	procRoot = root
+	t.Cleanup(func() { procRoot = old })
+}
+
+// naming returns h claiming to be exported by pid: what any process can
+// forge, since a pcibar handle is only numbers.
+func naming(h connector.Handle, pid int) connector.Handle {
+	binary.LittleEndian.PutUint32(h[24:28], uint32(pid))
+	return h
+}
+
+// TestImportClaimant: a handle is imported only by the process it names,
+// and only when that process is root (effective uid 0): any process can
+// forge a handle naming itself and any BAR range.
+func TestImportClaimant(t *testing.T) {
+	c, _ := newFake(t)
+	defer c.Close()
+	m, err := c.Alloc(0, 2*PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	h, err := m.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := os.Getpid()
+	if got := int(binary.LittleEndian.Uint32(h[24:28])); got != pid {
+		t.Fatalf("handle names process %d, want the exporter %d", got, pid)
+	}
+	old := h
+	copy(old[0:8], "PHXBAR01")
+	if _, err := c.Import(0, old, PageSize, pid); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("Import(handle without an exporter) = %v, want EINVAL", err)
+	}
+
+	t.Run("fake proc", func(t *testing.T) {
+		for _, tc := range []struct {
+			uids string
+			want error
+		}{
+			{"0\t0\t0\t0", nil},
+			{"1000\t0\t1000\t1000", nil}, // a setuid-root program: effective uid 0
+			{"1000\t1000\t1000\t1000", unix.EPERM},
+			{"0\t1000\t0\t0", unix.EPERM}, // root that dropped its effective uid
+			{"", unix.EIO},
+		} {
+			fakeProc(t, pid, tc.uids)
+			im, err := c.Import(0, h, PageSize, pid)
+			if tc.want == nil && err == nil {
+				im.Close()
+			} else if tc.want == nil || !errors.Is(err, tc.want) {
+				t.Errorf("Uid %q: Import = %v, want %v", tc.uids, err, tc.want)
+			}
+			if _, err := c.Import(0, h, PageSize, pid+1); !errors.Is(err, unix.EPERM) {
+				t.Errorf("Uid %q: Import claimed by another process = %v, want EPERM", tc.uids, err)
+			}
+		}
+	})
+
+	t.Run("real proc", func(t *testing.T) {
+		im, err := c.Import(0, h, PageSize, pid)
+		if os.Geteuid() != 0 {
+			if !errors.Is(err, unix.EPERM) {
+				t.Fatalf("Import by a non-root exporter = %v, want EPERM", err)
+			}
+			t.Skip("not root: the accepted case needs root")
+		}
+		if err != nil {
+			t.Fatalf("Import by the root exporter = %v", err)
+		}
+		im.Close()
+		if _, err := c.Import(0, h, PageSize, pid+1); !errors.Is(err, unix.EPERM) {
+			t.Errorf("Import claimed by another process = %v, want EPERM", err)
+		}
+
+		// A process that is gone: ESRCH.
+		done := exec.Command(os.Args[0], "-test.run=^$")
+		if err := done.Run(); err != nil {
+			t.Fatal(err)
+		}
+		gone := done.Process.Pid
+		if _, err := c.Import(0, naming(h, gone), PageSize, gone); !errors.Is(err, unix.ESRCH) {
+			t.Errorf("Import by a dead process = %v, want ESRCH", err)
+		}
+
+		// A live non-root process forging a handle that names itself.
+		sleep, err := exec.LookPath("sleep")
+		if err != nil {
+			t.Skip("no sleep to run as another user")
+		}
+		user := exec.Command(sleep, "30")
+		user.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		if err := user.Start(); err != nil { // returns once it has exec'd, as 65534
+			t.Fatal(err)
+		}
+		defer func() { user.Process.Kill(); user.Wait() }()
+		upid := user.Process.Pid
+		if _, err := c.Import(0, naming(h, upid), PageSize, upid); !errors.Is(err, unix.EPERM) {
+			t.Errorf("Import by a non-root process of a handle it forged = %v, want EPERM", err)
+		}
+	})
+}
+
+// TestStreamFaultIsEFAULT: a copy through a BAR mapping that faults (here
+// the stand-in resource file shrinks) fails with EFAULT instead of killing
+// the process with SIGBUS.
+func TestStreamFaultIsEFAULT(t *testing.T) {
+	c, pci := newFake(t)
+	defer c.Close()
+	m, err := c.Alloc(0, 2*PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := os.Truncate(filepath.Join(SysfsPCI, pci, "resource2"), PageSize); err != nil {
+		t.Fatal(err)
+	}
+	src := bytes.Repeat([]byte{1}, 100)
+	if err := s.CopyToDevice(m.Addr()+PageSize, src); !errors.Is(err, unix.EFAULT) {
+		t.Errorf("copy to a gone page = %v, want EFAULT", err)
+	}
+	if err := s.CopyFromDevice(src, m.Addr()+PageSize); !errors.Is(err, unix.EFAULT) {
+		t.Errorf("copy from a gone page = %v, want EFAULT", err)
+	}
+	if err := s.Synchronize(); !errors.Is(err, unix.EFAULT) {
+		t.Errorf("Synchronize = %v, want EFAULT", err)
+	}
+	if err := s.CopyToDevice(m.Addr(), src); err != nil {
+		t.Errorf("copy to a page still there = %v", err)
+	}
 }

@@ -139,7 +139,7 @@ func (s *Stream) record(err error) error {
 func (s *Stream) CopyToDevice(dst uint64, src []byte) error {
 	off, err := s.dev.barOffset(dst, int64(len(src)))
 	if err == nil {
-		copy(s.view.b[off:], src)
+		err = copyGuarded(s.view.b, s.view.b[off:], src)
 	}
 	return s.record(err)
 }
@@ -148,7 +148,7 @@ func (s *Stream) CopyToDevice(dst uint64, src []byte) error {
 func (s *Stream) CopyFromDevice(dst []byte, src uint64) error {
 	off, err := s.dev.barOffset(src, int64(len(dst)))
 	if err == nil {
-		copy(dst, s.view.b[off:off+int64(len(dst))])
+		err = copyGuarded(s.view.b, dst, s.view.b[off:off+int64(len(dst))])
 	}
 	return s.record(err)
 }
