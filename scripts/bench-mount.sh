@@ -3,6 +3,13 @@
 # one run. Prints a table of ratios (medians of a few repetitions) and writes
 # the raw numbers to $BENCH_MOUNT_RAW (default bench-mount-raw.json).
 #
+# Cold rows: before each, phxbench-mount reads the file once with O_DIRECT
+# (under a VM the host caches the virtual disk, which no guest drop reaches:
+# this leaves both sides equally host-warm), syncs, drops the guest's caches
+# and checks with cachestat(2) that no page of the file is resident through
+# either path; a row with a sample that was not cold prints
+# "not cold: N pages resident" instead of its ratio.
+#
 # Needs root (drop_caches, mounting). Env: BENCH_DIR (a directory on a real
 # disk, default /var/tmp), BENCH_REPS (3), BENCH_SIZE_MB (256),
 # BENCH_FILES (10000), PHXMOUNT_ARGS (extra phxmount arguments).

@@ -1,19 +1,19 @@
 // Command phxbench-engine measures the phxfs batch API reading a file into
-// registered emulated-device buffers, for one engine, transport and access
-// pattern, and prints one JSON line. scripts/bench-engine.sh runs it beside
-// fio on the same file and prints the ratios.
+// registered emulated-device buffers, for one engine, transport and request
+// plan (plan.go), and prints one JSON line. scripts/bench-engine.sh runs it
+// beside fio on the same file and prints the ratios.
 package main
 
 import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"phxmount/connector"
 	"phxmount/connector/emu"
 	"phxmount/phxfs"
 )
@@ -29,102 +29,159 @@ type result struct {
 	Bytes     int64   `json:"bytes"`
 	IOPS      float64 `json:"iops"`
 	MBps      float64 `json:"mb_per_s"`
+	// What reached the engine (phxfs.Stats): requests, engine ops after
+	// coalescing, requests merged into a neighbour's op, batches.
+	Requests  int64 `json:"requests"`
+	Ops       int64 `json:"ops"`
+	Coalesced int64 `json:"coalesced"`
+	Batches   int64 `json:"batches"`
+}
+
+// opts are the command's flags.
+type opts struct {
+	file, pattern, engine, transport string
+	block                            int64
+	qd, workers                      int
+	seconds                          float64
 }
 
 func main() {
-	file := flag.String("file", "", "file to read (O_DIRECT)")
-	pattern := flag.String("pattern", "rand", "rand or seq")
-	block := flag.Int64("bs", 4096, "request size in bytes")
-	engine := flag.String("engine", "io_uring", "io_uring or sync")
-	transport := flag.String("transport", "host", "host or staged")
-	qd := flag.Int("qd", 64, "requests in flight per worker")
-	workers := flag.Int("workers", 1, "worker pool size")
-	seconds := flag.Float64("seconds", 8, "how long to read")
+	var o opts
+	flag.StringVar(&o.file, "file", "", "file to read (O_DIRECT)")
+	flag.StringVar(&o.pattern, "pattern", planRand, "request plan: rand, seq or seq-contig (plan.go)")
+	flag.Int64Var(&o.block, "bs", 4096, "request size in bytes")
+	flag.StringVar(&o.engine, "engine", "io_uring", "io_uring or sync")
+	flag.StringVar(&o.transport, "transport", "host", "host or staged")
+	flag.IntVar(&o.qd, "qd", 64, "requests in flight per worker")
+	flag.IntVar(&o.workers, "workers", 1, "worker pool size")
+	flag.Float64Var(&o.seconds, "seconds", 8, "how long to read")
 	flag.Parse()
-	if err := run(*file, *pattern, *block, *engine, *transport, *qd, *workers, *seconds); err != nil {
+	res, err := run(o)
+	if err == nil {
+		err = json.NewEncoder(os.Stdout).Encode(res)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "phxbench-engine:", err)
 		os.Exit(2)
 	}
 }
 
-func run(file, pattern string, block int64, engine, transport string, qd, workers int, seconds float64) error {
-	if file == "" || block <= 0 || block%4096 != 0 || (pattern != "rand" && pattern != "seq") {
-		return fmt.Errorf("need -file, -bs a multiple of 4096 and -pattern rand|seq")
+func run(o opts) (*result, error) {
+	if o.file == "" || o.block <= 0 || o.block%4096 != 0 || o.qd <= 0 || o.workers <= 0 {
+		return nil, fmt.Errorf("need -file, -bs a multiple of 4096, -qd and -workers")
 	}
-	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_DIRECT, 0)
+	fd, err := unix.Open(o.file, unix.O_RDONLY|unix.O_DIRECT, 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return err
+		return nil, err
 	}
-	blocks := st.Size / block
-	if blocks < 1 {
-		return fmt.Errorf("%s is smaller than one block", file)
-	}
-	conn, err := emu.New(emu.Config{Staged: transport == "staged"})
-	if err != nil {
-		return err
-	}
-	bounce := max(block, 1<<20)
-	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: workers, QueueDepth: qd, BounceSize: bounce, SplitSize: -1})
-	if err != nil {
-		return err
-	}
-	defer lib.Close()
-	if err := lib.OpenDevice(0); err != nil {
-		return err
+	if st.Size < o.block {
+		return nil, fmt.Errorf("%s is smaller than one block", o.file)
 	}
 	// The batch holds as many requests as keep every worker's queue full
 	// several times over; the landing buffer has a slot per request.
-	batch := qd * workers * 4
-	bufSize := (int64(batch)*block + emu.PageSize - 1) / emu.PageSize * emu.PageSize
-	mem, err := conn.Alloc(0, bufSize)
+	batch := o.qd * o.workers * 4
+	b, err := newBench(o, batch)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer mem.Close()
-	reg, err := lib.RegMem(0, mem.Addr(), mem.Size())
+	defer b.close()
+	fds, err := dupFds(fd, batch)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if string(reg.Transport) != transport {
-		return fmt.Errorf("registration got transport %s, want %s", reg.Transport, transport)
+	defer closeFds(fds)
+	pl, err := newPlanner(o.pattern, o.block, st.Size/o.block, fds, b.mem.Addr())
+	if err != nil {
+		return nil, err
 	}
+	return b.measure(pl, batch, o)
+}
+
+// bench is a library with one registered emulated-device buffer.
+type bench struct {
+	lib *phxfs.Lib
+	mem connector.Memory
+}
+
+func newBench(o opts, batch int) (*bench, error) {
+	conn, err := emu.New(emu.Config{Staged: o.transport == "staged"})
+	if err != nil {
+		return nil, err
+	}
+	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: o.engine, Workers: o.workers, QueueDepth: o.qd,
+		BounceSize: max(o.block, 1<<20), SplitSize: -1})
+	if err != nil {
+		return nil, err
+	}
+	b := &bench{lib: lib}
+	if err := lib.OpenDevice(0); err != nil {
+		b.close()
+		return nil, err
+	}
+	size := (int64(batch)*o.block + emu.PageSize - 1) / emu.PageSize * emu.PageSize
+	if b.mem, err = conn.Alloc(0, size); err != nil {
+		b.close()
+		return nil, err
+	}
+	reg, err := lib.RegMem(0, b.mem.Addr(), b.mem.Size())
+	if err == nil && string(reg.Transport) != o.transport {
+		err = fmt.Errorf("registration got transport %s, want %s", reg.Transport, o.transport)
+	}
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *bench) close() {
+	if b.mem != nil {
+		b.mem.Close()
+	}
+	b.lib.Close()
+}
+
+// measure reads batches built by pl until the time is up, then checks that
+// the engine saw the shape the plan promises.
+func (b *bench) measure(pl *planner, batch int, o opts) (*result, error) {
 	reqs := make([]phxfs.Request, batch)
-	rng := rand.New(rand.NewPCG(1, 2))
-	next := int64(0)
 	var moved int64
 	start := time.Now()
-	deadline := start.Add(time.Duration(seconds * float64(time.Second)))
+	deadline := start.Add(time.Duration(o.seconds * float64(time.Second)))
 	for time.Now().Before(deadline) {
-		for i := range reqs {
-			var b int64
-			if pattern == "rand" {
-				b = rng.Int64N(blocks)
-			} else {
-				b, next = next, (next+1)%blocks
-			}
-			reqs[i] = phxfs.Request{Fd: fd, Device: 0, Buf: mem.Addr(), BufOffset: int64(i) * block, Len: block, FileOffset: b * block}
+		pl.fill(reqs)
+		if err := readBatch(b.lib, reqs); err != nil {
+			return nil, err
 		}
-		failed, err := lib.ReadBatch(reqs)
-		if err != nil {
-			return err
-		}
-		if failed != 0 {
-			for _, r := range reqs {
-				if r.Result != r.Len {
-					return fmt.Errorf("%d requests failed, e.g. result %d at offset %d", failed, r.Result, r.FileOffset)
-				}
-			}
-		}
-		moved += int64(batch) * block
+		moved += int64(batch) * o.block
 	}
 	el := time.Since(start).Seconds()
-	return json.NewEncoder(os.Stdout).Encode(result{
-		Engine: lib.EngineName(), Transport: transport, Pattern: pattern, Block: block, QD: qd, Workers: workers,
-		Seconds: el, Bytes: moved, IOPS: float64(moved/block) / el, MBps: float64(moved) / el / 1e6,
-	})
+	st := b.lib.Stats()
+	if err := checkShape(o.pattern, st); err != nil {
+		return nil, err
+	}
+	return &result{
+		Engine: b.lib.EngineName(), Transport: o.transport, Pattern: o.pattern, Block: o.block, QD: o.qd,
+		Workers: o.workers, Seconds: el, Bytes: moved, IOPS: float64(moved/o.block) / el, MBps: float64(moved) / el / 1e6,
+		Requests: st.Requests, Ops: st.Ops, Coalesced: st.Coalesced, Batches: st.Batches,
+	}, nil
+}
+
+// readBatch runs one batch and fails unless every request read in full.
+func readBatch(lib *phxfs.Lib, reqs []phxfs.Request) error {
+	failed, err := lib.ReadBatch(reqs)
+	if err != nil || failed == 0 {
+		return err
+	}
+	for _, r := range reqs {
+		if r.Result != r.Len {
+			return fmt.Errorf("%d requests failed, e.g. result %d at offset %d", failed, r.Result, r.FileOffset)
+		}
+	}
+	return nil
 }
