@@ -2,8 +2,6 @@ package fusefs
 
 import (
 	"errors"
-	"runtime"
-	"sync"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -55,89 +53,149 @@ func (r releaseReason) String() string {
 
 func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) (client.RegisterResp, unix.Errno) {
 	log := s.log.WithFields(logrus.Fields{"pid": c.Tgid, "uid": c.UID, "file": f.Name, "device": req.Device, "size": req.Size})
-	if req.Vendor != client.VendorAny && req.Vendor != s.vendor {
-		log.Warnf("register refused: handle of vendor %s on a %s mount", req.Vendor, s.conn.Vendor())
-		return client.RegisterResp{}, unix.ENODEV
-	}
-	if req.Device > 1<<16 {
-		return client.RegisterResp{}, unix.ENODEV
-	}
-	if req.Size == 0 || req.Size > client.MaxOffset {
-		return client.RegisterResp{}, unix.EINVAL
-	}
-	if c.Tgid <= 0 {
-		return client.RegisterResp{}, unix.ESRCH
+	if e := s.checkRegister(c, req, log); e != 0 {
+		return client.RegisterResp{}, e
 	}
 	dev, size := int(req.Device), int64(req.Size)
 	if err := s.openDevice(dev); err != nil {
 		return client.RegisterResp{}, errs.Errno(err)
 	}
+	if e := s.reserve(c.Tgid, size); e != 0 {
+		log.Warnf("register refused: %v (limits: %d buffers per process, %d buffers and %d bytes per mount)", e, s.cfg.MaxBuffersPerProcess, s.cfg.MaxBuffers, s.cfg.MaxRegisteredBytes)
+		return client.RegisterResp{}, e
+	}
+	b, e := s.importBuffer(c, f, dev, size, req.Handle, log)
+	if e == 0 {
+		e = s.publish(c, f, b, log)
+	}
+	if e != 0 {
+		s.mu.Lock()
+		s.unreserve(c.Tgid, size)
+		s.mu.Unlock()
+		return client.RegisterResp{}, e
+	}
+	s.stats.registered.Add(1)
+	log.WithFields(logrus.Fields{"id": b.id, "transport": string(b.transport)}).
+		Infof("registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, b.transport)
+	return client.RegisterResp{ID: b.id, Token: b.token, Transport: client.TransportByName(string(b.transport))}, 0
+}
 
+// checkRegister refuses a REGISTER whose fields cannot be served.
+func (s *ControlServer) checkRegister(c Caller, req client.RegisterReq, log *logrus.Entry) unix.Errno {
+	switch {
+	case req.Vendor != client.VendorAny && req.Vendor != s.vendor:
+		log.Warnf("register refused: handle of vendor %s on a %s mount", req.Vendor, s.conn.Vendor())
+		return unix.ENODEV
+	case req.Device > 1<<16:
+		return unix.ENODEV
+	case req.Size == 0 || req.Size > client.MaxOffset:
+		return unix.EINVAL
+	case c.Tgid <= 0:
+		return unix.ESRCH
+	}
+	return 0
+}
+
+// reserve counts a registration in progress against the limits, so that
+// concurrent REGISTERs cannot pass them together: EMFILE past the
+// process's buffers, ENFILE past the mount's, ENOMEM past its bytes.
+func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return client.RegisterResp{}, unix.ESHUTDOWN
+	defer s.mu.Unlock()
+	live := s.pending[tgid]
+	if p := s.procs[tgid]; p != nil {
+		live += len(p.bufs)
 	}
-	if p := s.procs[c.Tgid]; p != nil && len(p.bufs) >= s.cfg.MaxBuffersPerProcess {
-		s.mu.Unlock()
-		return client.RegisterResp{}, unix.EMFILE
+	switch {
+	case s.closed:
+		return unix.ESHUTDOWN
+	case live >= s.cfg.MaxBuffersPerProcess:
+		return unix.EMFILE
+	case len(s.bufs)+s.pendingCount >= s.cfg.MaxBuffers:
+		return unix.ENFILE
+	case size > s.cfg.MaxRegisteredBytes-s.liveBytes-s.pendingBytes:
+		return unix.ENOMEM
 	}
-	s.mu.Unlock()
+	s.pending[tgid]++
+	s.pendingCount++
+	s.pendingBytes += size
+	return 0
+}
 
-	mem, err := s.conn.Import(dev, connector.Handle(req.Handle), size, c.Tgid)
+// unreserve takes back a reservation; the caller holds s.mu.
+func (s *ControlServer) unreserve(tgid int, size int64) {
+	if s.pending[tgid]--; s.pending[tgid] == 0 {
+		delete(s.pending, tgid)
+	}
+	s.pendingCount--
+	s.pendingBytes -= size
+}
+
+// importBuffer imports the caller's memory and registers it with phxfs.
+func (s *ControlServer) importBuffer(c Caller, f *OpenFile, dev int, size int64, h [client.HandleSize]byte, log *logrus.Entry) (*buffer, unix.Errno) {
+	mem, err := s.conn.Import(dev, connector.Handle(h), size, c.Tgid)
 	if err != nil {
 		log.Warnf("register refused: import: %v", err)
-		return client.RegisterResp{}, errs.Errno(err)
+		return nil, errs.Errno(err)
 	}
 	reg, err := s.lib.RegMem(dev, mem.Addr(), size)
 	if err != nil {
 		mem.Close()
 		log.Warnf("register refused: %v", err)
-		return client.RegisterResp{}, errs.Errno(err)
+		return nil, errs.Errno(err)
 	}
-	undo := func() {
-		s.lib.DeregMem(dev, reg.Addr, reg.Size)
-		mem.Close()
-	}
-	tok, err := randomToken()
-	if err != nil {
-		undo()
-		return client.RegisterResp{}, unix.EIO
-	}
-	b := &buffer{token: tok, tgid: c.Tgid, uid: c.UID, fileID: f.ID, dev: dev, mem: mem,
+	b := &buffer{tgid: c.Tgid, uid: c.UID, fileID: f.ID, dev: dev, mem: mem,
 		addr: reg.Addr, size: reg.Size, transport: reg.Transport}
+	if b.token, err = randomToken(); err != nil {
+		b.unmap(s.lib)
+		return nil, unix.EIO
+	}
+	return b, 0
+}
 
+// unmap deregisters and unmaps a buffer.
+func (b *buffer) unmap(lib *phxfs.Lib) error {
+	first := lib.DeregMem(b.dev, b.addr, b.size)
+	if err := b.mem.Close(); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+// publish makes b findable by id, token, owner and file, turning its
+// reservation into a live buffer, and watches its owner's death.
+func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.Entry) unix.Errno {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
-		undo()
-		return client.RegisterResp{}, unix.ESHUTDOWN
+		b.unmap(s.lib)
+		return unix.ESHUTDOWN
 	}
 	p := s.procs[c.Tgid]
 	if p == nil {
 		pidfd, err := unix.PidfdOpen(c.Tgid, 0)
 		if err == nil {
-			err = s.watch.add(pidfd, c.Tgid)
-			if err != nil {
+			if err = s.watch.add(pidfd, c.Tgid); err != nil {
 				unix.Close(pidfd)
 			}
 		}
 		if err != nil {
-			s.mu.Unlock()
-			undo()
+			b.unmap(s.lib)
 			log.Warnf("register refused: cannot watch the registering process: %v", err)
 			if errors.Is(err, unix.ESRCH) {
-				return client.RegisterResp{}, unix.ESRCH
+				return unix.ESRCH
 			}
-			return client.RegisterResp{}, errs.Errno(err)
+			return errs.Errno(err)
 		}
 		p = &proc{tgid: c.Tgid, pidfd: pidfd, bufs: map[*buffer]struct{}{}}
 		s.procs[c.Tgid] = p
 	}
+	s.unreserve(c.Tgid, b.size)
 	s.nextID++
 	b.id = s.nextID
 	s.bufs[b.id] = b
 	s.tokens[b.token] = b
+	s.liveBytes += b.size
 	p.bufs[b] = struct{}{}
 	fb := s.byFile[f.ID]
 	if fb == nil {
@@ -145,12 +203,7 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 		s.byFile[f.ID] = fb
 	}
 	fb[b] = struct{}{}
-	s.mu.Unlock()
-
-	s.stats.registered.Add(1)
-	log.WithFields(logrus.Fields{"id": b.id, "transport": string(b.transport)}).
-		Infof("registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, b.transport)
-	return client.RegisterResp{ID: b.id, Token: tok, Transport: client.TransportByName(string(b.transport))}, 0
+	return 0
 }
 
 func (s *ControlServer) deregister(c Caller, id uint64) unix.Errno {
@@ -185,6 +238,7 @@ func (s *ControlServer) release(b *buffer, why releaseReason) error {
 		return errAlreadyReleasing
 	}
 	b.dying = true
+	s.liveBytes -= b.size
 	delete(s.bufs, b.id)
 	delete(s.tokens, b.token)
 	if fb := s.byFile[b.fileID]; fb != nil {
@@ -209,13 +263,7 @@ func (s *ControlServer) release(b *buffer, why releaseReason) error {
 	if unwatch != nil {
 		s.watch.remove(unwatch.pidfd)
 	}
-	var first error
-	if err := s.lib.DeregMem(b.dev, b.addr, b.size); err != nil {
-		first = err
-	}
-	if err := b.mem.Close(); err != nil && first == nil {
-		first = err
-	}
+	first := b.unmap(s.lib)
 	switch why {
 	case releaseDeregister:
 		s.stats.relDereg.Add(1)
@@ -252,7 +300,7 @@ func (s *ControlServer) Released(f *OpenFile) {
 func (s *ControlServer) ownerDied(tgid, pidfd int) {
 	s.mu.Lock()
 	p := s.procs[tgid]
-	if p == nil || p.pidfd != pidfd {
+	if p == nil || p.pidfd != pidfd || !exited(pidfd) {
 		s.mu.Unlock()
 		return
 	}
@@ -266,111 +314,4 @@ func (s *ControlServer) ownerDied(tgid, pidfd int) {
 		s.release(b, releaseDeath)
 	}
 	s.watch.remove(pidfd)
-}
-
-// deathWatch waits, on one goroutine, for watched processes to exit.
-type deathWatch struct {
-	epfd, evfd int
-	died       func(tgid, pidfd int)
-
-	mu      sync.Mutex
-	watched map[int]int // pidfd -> tgid
-	done    chan struct{}
-}
-
-func newDeathWatch(died func(tgid, pidfd int)) (*deathWatch, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return nil, errs.New(errs.Errno(err), "control: epoll_create1: %v", err)
-	}
-	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, errs.New(errs.Errno(err), "control: eventfd: %v", err)
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(evfd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, evfd, &ev); err != nil {
-		unix.Close(epfd)
-		unix.Close(evfd)
-		return nil, errs.New(errs.Errno(err), "control: epoll_ctl: %v", err)
-	}
-	w := &deathWatch{epfd: epfd, evfd: evfd, died: died, watched: map[int]int{}, done: make(chan struct{})}
-	go w.loop()
-	return w, nil
-}
-
-func (w *deathWatch) add(pidfd, tgid int) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.watched[pidfd] = tgid
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(pidfd)}
-	if err := unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, pidfd, &ev); err != nil {
-		delete(w.watched, pidfd)
-		return errs.New(errs.Errno(err), "control: watch pidfd: %v", err)
-	}
-	return nil
-}
-
-// remove stops watching pidfd and closes it.
-func (w *deathWatch) remove(pidfd int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if _, ok := w.watched[pidfd]; !ok {
-		return
-	}
-	delete(w.watched, pidfd)
-	unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, pidfd, nil)
-	unix.Close(pidfd)
-}
-
-func (w *deathWatch) loop() {
-	defer close(w.done)
-	// The goroutine spends its life in epoll_wait; keep it off the threads
-	// that serve requests.
-	runtime.LockOSThread()
-	events := make([]unix.EpollEvent, 64)
-	for {
-		n, err := unix.EpollWait(w.epfd, events, -1)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return
-		}
-		var dead [][2]int
-		for _, ev := range events[:n] {
-			fd := int(ev.Fd)
-			if fd == w.evfd {
-				return
-			}
-			w.mu.Lock()
-			tgid, ok := w.watched[fd]
-			if ok {
-				// Level-triggered: stop reporting it while it is handled.
-				unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, fd, nil)
-			}
-			w.mu.Unlock()
-			if ok {
-				dead = append(dead, [2]int{tgid, fd})
-			}
-		}
-		for _, d := range dead {
-			go w.died(d[0], d[1])
-		}
-	}
-}
-
-func (w *deathWatch) close() {
-	var one [8]byte
-	one[0] = 1
-	unix.Write(w.evfd, one[:])
-	<-w.done
-	w.mu.Lock()
-	for fd := range w.watched {
-		unix.Close(fd)
-	}
-	w.watched = map[int]int{}
-	w.mu.Unlock()
-	unix.Close(w.epfd)
-	unix.Close(w.evfd)
 }

@@ -36,6 +36,13 @@ type ControlConfig struct {
 	// MaxBuffersPerProcess bounds the live buffers of one process (default
 	// 4096; EMFILE past it).
 	MaxBuffersPerProcess int
+	// MaxBuffers bounds the live buffers of the mount (default 65536;
+	// ENFILE past it).
+	MaxBuffers int
+	// MaxRegisteredBytes bounds the bytes the mount's live buffers register
+	// (default 16 TiB, an eighth of the daemon's address space, which
+	// imports map; ENOMEM past it).
+	MaxRegisteredBytes int64
 	// Log receives the control's log lines; nil uses logrus' standard logger.
 	Log *logrus.Entry
 }
@@ -58,6 +65,12 @@ type ControlServer struct {
 	procs   map[int]*proc
 	nextID  uint64
 	closed  bool
+
+	// Registrations in progress (reserve) and the bytes of live ones.
+	pending      map[int]int // by tgid
+	pendingCount int
+	pendingBytes int64
+	liveBytes    int64
 
 	devMu   sync.Mutex
 	devOpen map[int]bool
@@ -86,6 +99,12 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 	if cfg.MaxBuffersPerProcess <= 0 {
 		cfg.MaxBuffersPerProcess = 4096
 	}
+	if cfg.MaxBuffers <= 0 {
+		cfg.MaxBuffers = 65536
+	}
+	if cfg.MaxRegisteredBytes <= 0 {
+		cfg.MaxRegisteredBytes = 16 << 40
+	}
 	log := cfg.Log
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
@@ -100,6 +119,7 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 		tokens:  map[client.Token]*buffer{},
 		byFile:  map[uint64]map[*buffer]struct{}{},
 		procs:   map[int]*proc{},
+		pending: map[int]int{},
 		devOpen: map[int]bool{},
 	}
 	s.changed = sync.NewCond(&s.mu)

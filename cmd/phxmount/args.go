@@ -28,6 +28,12 @@ type config struct {
 	// still work; a flag wins over its variable.
 	emuStaged  bool
 	emuDevices int
+
+	// The control's limits on registrations (0: the defaults).
+	limits struct {
+		perProcess, buffers int
+		bytes               int64
+	}
 }
 
 const usage = `usage: phxmount [options] BACKING MOUNTPOINT
@@ -43,7 +49,10 @@ the foreground until SIGINT or SIGTERM (or an unmount).
                           attr_timeout=S, negative_timeout=S (seconds; default
                           1, 1, 0), max_write=N, max_readahead=N,
                           max_background=N, fsname=NAME, dev, nodev, suid,
-                          nosuid, exec, noexec, atime, noatime, debug
+                          nosuid, exec, noexec, atime, noatime, debug;
+                        registration limits: max_buffers_per_process=N
+                          (4096), max_buffers=N (65536, the mount),
+                          max_registered_bytes=N[KMGT] (16T, the mount)
   --passthrough MODE    auto (default), on (fail if unavailable), off
   --vendor V            auto (default), nvidia, emu, pcibar
   --engine E            auto (default), io_uring, sync
@@ -273,6 +282,12 @@ func (c *config) mountOptions(list string) error {
 			if err == nil && c.fs.MaxBackground > 65535 {
 				err = badf("-o %s: at most 65535", o)
 			}
+		case "max_buffers_per_process":
+			c.limits.perProcess, err = num()
+		case "max_buffers":
+			c.limits.buffers, err = num()
+		case "max_registered_bytes":
+			c.limits.bytes, err = byteSize(o, v)
 		case "fsname":
 			if !hasV || v == "" || strings.ContainsAny(v, ", ") {
 				return badf("-o %s: want fsname=NAME", o)
@@ -292,4 +307,19 @@ func (c *config) mountOptions(list string) error {
 		}
 	}
 	return nil
+}
+
+// byteSize parses a byte count with an optional binary suffix (K, M, G, T).
+func byteSize(opt, v string) (int64, error) {
+	shift := 0
+	if n := len(v); n > 0 {
+		if i := strings.IndexByte("KMGT", v[n-1]&^0x20); i >= 0 {
+			shift, v = 10*(i+1), v[:n-1]
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)>>shift {
+		return 0, badf("-o %s: want a positive number of bytes, optionally with K, M, G or T", opt)
+	}
+	return n << shift, nil
 }

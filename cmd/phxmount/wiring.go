@@ -74,7 +74,8 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 		conn.Close()
 		return nil, nil, fmt.Errorf("phxfs: %v", err)
 	}
-	s, err := fusefs.NewControl(fusefs.ControlConfig{Lib: lib, ReadOnly: c.fs.ReadOnly, Log: log})
+	s, err := fusefs.NewControl(fusefs.ControlConfig{Lib: lib, ReadOnly: c.fs.ReadOnly, Log: log,
+		MaxBuffersPerProcess: c.limits.perProcess, MaxBuffers: c.limits.buffers, MaxRegisteredBytes: c.limits.bytes})
 	if err != nil {
 		lib.Close()
 		conn.Close()

@@ -1,0 +1,181 @@
+package fusefs
+
+import (
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
+	"phxmount/connector/emu"
+	"phxmount/phxfs"
+)
+
+// gatedConnector holds every Import until the gate opens, so that
+// REGISTERs overlap for certain.
+type gatedConnector struct {
+	connector.Connector
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedConnector) Import(dev int, h connector.Handle, size int64, pid int) (connector.Memory, error) {
+	g.entered <- struct{}{}
+	<-g.gate
+	return g.Connector.Import(dev, h, size, pid)
+}
+
+func newLimitedCtl(t *testing.T, cfg ControlConfig, gated bool) (*ctlEnv, *gatedConnector) {
+	t.Helper()
+	conn, err := emu.New(emu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: "sync", Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g *gatedConnector
+	if gated {
+		g = &gatedConnector{Connector: conn, entered: make(chan struct{}, 64), gate: make(chan struct{})}
+		cfg.Connector = g
+	}
+	log := logrus.New()
+	log.SetLevel(logrus.ErrorLevel)
+	cfg.Lib, cfg.Log = lib, logrus.NewEntry(log)
+	s, err := NewControl(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(); lib.Close() })
+	return &ctlEnv{s: s, conn: conn, lib: lib, me: Caller{Tgid: os.Getpid(), Tid: unix.Gettid(), UID: uint32(os.Getuid())}}, g
+}
+
+// TestConcurrentRegistersKeepTheProcessLimit: REGISTERs in flight at once
+// cannot pass MaxBuffersPerProcess together (the check used to be made,
+// then the lock dropped for the import).
+func TestConcurrentRegistersKeepTheProcessLimit(t *testing.T) {
+	const limit, tries = 3, 8
+	e, g := newLimitedCtl(t, ControlConfig{MaxBuffersPerProcess: limit}, true)
+	f, _ := patternFile(t, 4096, unix.O_RDONLY)
+	mems := make([]*emu.Memory, tries)
+	for i := range mems {
+		mems[i] = e.alloc(t, 64<<10)
+	}
+	errnos := make([]syscall.Errno, tries)
+	var wg sync.WaitGroup
+	for i := range mems {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, errnos[i] = e.register(t, e.me, f, mems[i]) }()
+	}
+	// Every REGISTER that passed the limit is now inside Import; the others
+	// were refused without waiting.
+	for i := 0; i < limit; i++ {
+		select {
+		case <-g.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d REGISTERs reached the import", i)
+		}
+	}
+	close(g.gate)
+	wg.Wait()
+	ok, emfile := 0, 0
+	for _, e := range errnos {
+		switch e {
+		case 0:
+			ok++
+		case unix.EMFILE:
+			emfile++
+		default:
+			t.Errorf("REGISTER: %v", e)
+		}
+	}
+	if ok != limit || emfile != tries-limit {
+		t.Errorf("%d concurrent REGISTERs with a limit of %d: %d registered, %d EMFILE", tries, limit, ok, emfile)
+	}
+}
+
+// TestMountLimits: the mount's buffer count (ENFILE) and registered bytes
+// (ENOMEM) are bounded too, and a release gives the room back.
+func TestMountLimits(t *testing.T) {
+	e, _ := newLimitedCtl(t, ControlConfig{MaxBuffers: 2, MaxRegisteredBytes: 192 << 10}, false)
+	f, _ := patternFile(t, 4096, unix.O_RDONLY)
+	a, errno := e.register(t, e.me, f, e.alloc(t, 128<<10))
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := e.register(t, e.me, f, e.alloc(t, 128<<10)); errno != unix.ENOMEM {
+		t.Errorf("past the mount's bytes: %v, want ENOMEM", errno)
+	}
+	if _, errno := e.register(t, e.me, f, e.alloc(t, 64<<10)); errno != 0 {
+		t.Errorf("within the bytes: %v", errno)
+	}
+	if _, errno := e.register(t, e.me, f, e.alloc(t, 64<<10)); errno != unix.ENFILE {
+		t.Errorf("past the mount's buffers: %v, want ENFILE", errno)
+	}
+	if errno := e.s.deregister(e.me, a.ID); errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := e.register(t, e.me, f, e.alloc(t, 128<<10)); errno != 0 {
+		t.Errorf("after a release: %v", errno)
+	}
+}
+
+// TestDeathWatchIgnoresStaleEvents: an event for a pidfd that was removed,
+// whose number now watches a live process, must not report that process
+// dead; the live one's own death is reported.
+func TestDeathWatchIgnoresStaleEvents(t *testing.T) {
+	died := make(chan int, 4)
+	w, err := newDeathWatch(func(tgid, pidfd int) { died <- tgid })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	start := func() (*exec.Cmd, int) {
+		cmd := exec.Command("sleep", "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmd, pidfd
+	}
+	_, fd1 := start()
+	if err := w.add(fd1, 1); err != nil {
+		t.Fatal(err)
+	}
+	stale := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd1), Pad: int32(w.gen)}
+	w.remove(fd1)
+	live, fd2 := start()
+	if fd2 != fd1 {
+		t.Logf("the pidfd number was not reused (%d, %d): the generation still decides", fd1, fd2)
+	}
+	if err := w.add(fd2, live.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	stale.Fd = int32(fd2)
+	if _, ok := w.take(stale); ok {
+		t.Fatalf("an event of the removed watch was taken for the live process on the same number")
+	}
+	current := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd2), Pad: int32(w.gen)}
+	if _, ok := w.take(current); ok {
+		t.Fatalf("a live process was taken for dead")
+	}
+	live.Process.Kill()
+	select {
+	case tgid := <-died:
+		if tgid != live.Process.Pid {
+			t.Fatalf("reported %d dead, want %d", tgid, live.Process.Pid)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the death of %d was not reported", live.Process.Pid)
+	}
+}
