@@ -526,45 +526,14 @@ const (
 	InfoPassthrough     = 1 << 0
 	InfoReadOnly        = 1 << 1
 	InfoHostAddressable = 1 << 2
+	// InfoCachestat: the staged transport can tell cached ranges from cold
+	// ones (cachestat(2), Linux >= 6.5); without it every staged read goes
+	// through the page cache.
+	InfoCachestat = 1 << 3
+	// InfoEngineFallback: io_uring was wanted, but some workers could not
+	// create a ring and run the sync engine (Engine says how many).
+	InfoEngineFallback = 1 << 4
 )
-
-// Counters are the daemon's counters since mount (offset 312 of INFO, one
-// little-endian u64 each, in this order).
-type Counters struct {
-	BuffersLive        uint64
-	BuffersRegistered  uint64
-	ReleasedDeregister uint64
-	ReleasedClose      uint64
-	ReleasedDeath      uint64
-	IoctlBytesRead     uint64
-	IoctlBytesWritten  uint64
-	IoctlExtents       uint64
-	IoctlFailedExtents uint64
-	IoctlRejected      uint64
-	IoctlCalls         uint64
-	LibBytesRead       uint64
-	LibBytesWritten    uint64
-	LibRequests        uint64
-	LibOps             uint64
-	LibCoalesced       uint64
-	LibFailed          uint64
-	LibBatches         uint64
-	XattrLoads         uint64
-}
-
-const countersOffset = 312
-
-// numCounters u64s from countersOffset fit the INFO struct.
-const numCounters = 19
-
-var _ [InfoSize - countersOffset - 8*numCounters]byte
-
-func (c *Counters) fields() []*uint64 {
-	return []*uint64{&c.BuffersLive, &c.BuffersRegistered, &c.ReleasedDeregister, &c.ReleasedClose,
-		&c.ReleasedDeath, &c.IoctlBytesRead, &c.IoctlBytesWritten, &c.IoctlExtents, &c.IoctlFailedExtents,
-		&c.IoctlRejected, &c.IoctlCalls, &c.LibBytesRead, &c.LibBytesWritten, &c.LibRequests, &c.LibOps,
-		&c.LibCoalesced, &c.LibFailed, &c.LibBatches, &c.XattrLoads}
-}
 
 // EncodeInfoReq lays out an INFO request for device dev.
 func EncodeInfoReq(dev int32) []byte {
@@ -623,7 +592,7 @@ func EncodeInfo(out []byte, in Info) {
 	putString(out[120:184], in.DeviceName)
 	putString(out[184:312], in.PassthroughWhy)
 	for i, p := range in.Counters.fields() {
-		le.PutUint64(out[countersOffset+8*i:], *p)
+		le.PutUint64(out[CountersOffset+8*i:], *p)
 	}
 }
 
@@ -640,7 +609,7 @@ func DecodeInfo(b []byte) (Info, error) {
 		DeviceName: getString(b[120:184]), PassthroughWhy: getString(b[184:312]),
 	}
 	for i, p := range in.Counters.fields() {
-		*p = le.Uint64(b[countersOffset+8*i:])
+		*p = le.Uint64(b[CountersOffset+8*i:])
 	}
 	return in, nil
 }

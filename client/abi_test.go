@@ -206,8 +206,16 @@ func TestInfoRoundTrip(t *testing.T) {
 	if !got.Passthrough() || !got.ReadOnly() {
 		t.Errorf("flags")
 	}
-	if le.Uint64(out[countersOffset+8*(numCounters-1):]) != 1018 {
-		t.Errorf("XattrLoads is not the last counter at %d", countersOffset+8*(numCounters-1))
+	if le.Uint64(out[CountersOffset+8*18:]) != 1018 || in.Counters.XattrLoads != 1018 {
+		t.Errorf("XattrLoads is not counter 18 at %d", CountersOffset+8*18)
+	}
+	if le.Uint64(out[CountersOffset+8*(numCounters-1):]) != in.Counters.StagedFallbacks || numCounters != 24 {
+		t.Errorf("StagedFallbacks is not the last of 24 counters")
+	}
+	for i, b := range out[CountersOffset+8*numCounters:] {
+		if b != 0 {
+			t.Fatalf("reserved byte %d past the counters is %#x", CountersOffset+8*numCounters+i, b)
+		}
 	}
 	long := in
 	long.Vendor = "a-vendor-name-longer-than-sixteen"

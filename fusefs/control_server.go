@@ -77,6 +77,8 @@ type ControlServer struct {
 
 	watch *deathWatch
 	stats ctlCounters
+
+	fallbackLogged atomic.Bool
 }
 
 type ctlCounters struct {
@@ -182,7 +184,22 @@ func (s *ControlServer) openDevice(dev int) error {
 		return err
 	}
 	s.devOpen[dev] = true
+	if d, err := s.lib.Device(dev); err == nil {
+		s.log.WithFields(logrus.Fields{"device": dev, "transport": string(d.Transport)}).
+			Infof("device %d (%s %s): transport %s: %s", dev, s.conn.Vendor(), d.PCIAddress, d.Transport, d.TransportWhy)
+	}
 	return nil
+}
+
+// noteFallback logs, once, the first staged read that fell back from
+// O_DIRECT to the page cache (later ones are counted: staged_fallbacks).
+func (s *ControlServer) noteFallback() {
+	if s.fallbackLogged.Load() {
+		return
+	}
+	if why := s.lib.StagedStats().FallbackWhy; why != "" && !s.fallbackLogged.Swap(true) {
+		s.log.Warnf("staged read policy: %s; it was redone through the page cache (further ones are counted in staged_fallbacks)", why)
+	}
 }
 
 // Ioctl implements Control.
@@ -408,6 +425,7 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 				preqs[i].Result = -int64(errs.Errno(err))
 			}
 		}
+		s.noteFallback()
 	}
 
 	var moved uint64

@@ -12,7 +12,6 @@ import (
 
 	"phxmount/client"
 	"phxmount/internal/errs"
-	"phxmount/phxfs"
 )
 
 // The virtual xattrs (docs/abi.md, "Virtual xattrs").
@@ -61,6 +60,12 @@ func (s *ControlServer) info(dev int, fd int) (client.Info, unix.Errno) {
 	if s.conn.HostAddressable() {
 		in.Flags |= client.InfoHostAddressable
 	}
+	if s.lib.StagedStats().Cachestat {
+		in.Flags |= client.InfoCachestat
+	}
+	if s.lib.EngineFallback() != nil {
+		in.Flags |= client.InfoEngineFallback
+	}
 	if fd >= 0 {
 		in.DIOMemAlign, in.DIOOffsetAlign = dioAlign(fd)
 	}
@@ -81,7 +86,7 @@ func (s *ControlServer) counters() client.Counters {
 	s.mu.Lock()
 	live := uint64(len(s.bufs))
 	s.mu.Unlock()
-	ls := s.lib.Stats()
+	ls, ss := s.lib.Stats(), s.lib.StagedStats()
 	st := &s.stats
 	return client.Counters{
 		BuffersLive: live, BuffersRegistered: st.registered.Load(), ReleasedDeregister: st.relDereg.Load(),
@@ -92,19 +97,10 @@ func (s *ControlServer) counters() client.Counters {
 		LibBytesRead: uint64(ls.BytesRead), LibBytesWritten: uint64(ls.BytesWritten),
 		LibRequests: uint64(ls.Requests), LibOps: uint64(ls.Ops), LibCoalesced: uint64(ls.Coalesced),
 		LibFailed: uint64(ls.Failed), LibBatches: uint64(ls.Batches), XattrLoads: st.loads.Load(),
+		StagedDirectReads: uint64(ss.DirectReads), StagedDirectBytes: uint64(ss.DirectBytes),
+		StagedBufferedReads: uint64(ss.BufferedReads), StagedBufferedBytes: uint64(ss.BufferedBytes),
+		StagedFallbacks: uint64(ss.Fallbacks),
 	}
-}
-
-func transportWhy(t phxfs.Transport, vendor string) string {
-	switch t {
-	case phxfs.Direct:
-		return "the phxfs kernel module maps device pages: O_DIRECT reads land in device memory by DMA"
-	case phxfs.Host:
-		return vendor + " device memory is host-addressable: reads land in it directly"
-	case phxfs.Staged:
-		return "no phxfs kernel module and " + vendor + " memory is not host-addressable: reads go through pinned bounce buffers and device copies"
-	}
-	return "unknown"
 }
 
 // GetXattr implements Control.
@@ -137,8 +133,9 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 		kv("transport", "unavailable")
 		kv("transport_why", "device 0: "+e.Error())
 	} else {
+		d, _ := s.lib.Device(0)
 		kv("transport", in.Transport)
-		kv("transport_why", transportWhy(phxfs.Transport(in.Transport.String()), in.Vendor))
+		kv("transport_why", d.TransportWhy)
 	}
 	kv("vendor", s.conn.Vendor())
 	if e == 0 {
@@ -152,9 +149,14 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 			kv("dio_offset_align", in.DIOOffsetAlign)
 		}
 		kv("engine", in.Engine)
+		if err := s.lib.EngineFallback(); err != nil {
+			kv("engine_why", "io_uring unavailable to some workers: "+err.Error())
+		}
 		kv("workers", in.Workers)
 		kv("bounce_size", in.BounceSize)
 	}
+	kv("read_policy", s.lib.DirectIOPolicy())
+	kv("cachestat", s.lib.StagedStats().Cachestat)
 	known, active, why := s.passthrough()
 	switch {
 	case !known:
@@ -167,22 +169,7 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 	kv("passthrough_why", strings.ReplaceAll(why, "\n", " "))
 	kv("read_only", s.cfg.ReadOnly)
 	ct := s.counters()
-	for _, p := range []struct {
-		k string
-		v uint64
-	}{
-		{"buffers_live", ct.BuffersLive}, {"buffers_registered", ct.BuffersRegistered},
-		{"released_deregister", ct.ReleasedDeregister}, {"released_close", ct.ReleasedClose},
-		{"released_death", ct.ReleasedDeath}, {"ioctl_bytes_read", ct.IoctlBytesRead},
-		{"ioctl_bytes_written", ct.IoctlBytesWritten}, {"ioctl_extents", ct.IoctlExtents},
-		{"ioctl_failed_extents", ct.IoctlFailedExtents}, {"ioctl_rejected", ct.IoctlRejected},
-		{"ioctl_calls", ct.IoctlCalls}, {"lib_bytes_read", ct.LibBytesRead},
-		{"lib_bytes_written", ct.LibBytesWritten}, {"lib_requests", ct.LibRequests},
-		{"lib_ops", ct.LibOps}, {"lib_coalesced", ct.LibCoalesced}, {"lib_failed", ct.LibFailed},
-		{"lib_batches", ct.LibBatches}, {"xattr_loads", ct.XattrLoads},
-	} {
-		kv(p.k, p.v)
-	}
+	ct.Each(func(name string, v uint64) { kv(name, v) })
 	return []byte(b.String()), 0
 }
 

@@ -1,6 +1,8 @@
 package phxfs
 
 import (
+	"fmt"
+
 	"golang.org/x/sys/unix"
 
 	"phxmount/connector"
@@ -16,6 +18,7 @@ type device struct {
 	inflight int  // I/O requests holding one of its registrations
 	regions  []*region
 	kdev     kernelDevice // the kernel module's device, nil without it
+	kerr     error        // why there is no kdev (the module's absence or refusal)
 }
 
 // OpenDevice opens device index, or adds a client reference to it. An open
@@ -44,13 +47,15 @@ func (l *Lib) OpenDevice(index int) error {
 	if d.info.PageSize <= 0 {
 		d.info.PageSize = 64 << 10
 	}
-	if !l.cfg.NoKernelModule && (l.cfg.Transport == "" || l.cfg.Transport == Direct) {
-		kdev, err := openKernelDevice(l.conn.Vendor(), d.info)
-		switch {
-		case err == nil:
-			d.kdev = kdev
-		case l.cfg.Transport == Direct:
-			return errs.New(errs.Errno(err), "phxfs: direct transport asked for, but: %v", err)
+	switch {
+	case l.cfg.NoKernelModule:
+		d.kerr = errs.New(unix.ENODEV, "the kernel module is ignored (Config.NoKernelModule)")
+	case l.cfg.Transport != "" && l.cfg.Transport != Direct:
+		d.kerr = errs.New(unix.ENODEV, "transport %s asked for", l.cfg.Transport)
+	default:
+		d.kdev, d.kerr = openKernelDevice(l.conn.Vendor(), d.info)
+		if d.kerr != nil && l.cfg.Transport == Direct {
+			return errs.New(errs.Errno(d.kerr), "phxfs: direct transport asked for, but: %v", d.kerr)
 		}
 	}
 	l.devices[index] = d
@@ -104,7 +109,10 @@ func (l *Lib) closeDevice(index int, all bool) error {
 // gets, for diagnostics.
 type DeviceInfo struct {
 	connector.DeviceInfo
-	Transport     Transport
+	Transport Transport
+	// TransportWhy says why, in words fit for a log line and user.phx.info,
+	// including why the kernel module is not used where it is not.
+	TransportWhy  string
 	Registrations int
 	Inflight      int
 }
@@ -117,23 +125,35 @@ func (l *Lib) Device(index int) (DeviceInfo, error) {
 	if d == nil {
 		return DeviceInfo{}, errs.New(unix.ENODEV, "phxfs: device %d is not open", index)
 	}
-	t, _ := l.transportFor(d)
-	return DeviceInfo{DeviceInfo: d.info, Transport: t, Registrations: len(d.regions), Inflight: d.inflight}, nil
+	t, why, err := l.transportFor(d)
+	if err != nil {
+		why = err.Error()
+	}
+	return DeviceInfo{DeviceInfo: d.info, Transport: t, TransportWhy: why, Registrations: len(d.regions), Inflight: d.inflight}, nil
 }
 
-// transportFor picks the transport of a new registration on d.
-func (l *Lib) transportFor(d *device) (Transport, error) {
+// transportFor picks the transport of a new registration on d, and says why.
+func (l *Lib) transportFor(d *device) (Transport, string, error) {
+	if l.cfg.Transport == Host && !l.conn.HostAddressable() {
+		return "", "", errs.New(unix.EINVAL, "phxfs: host transport asked for, but %s memory is not host-addressable", l.conn.Vendor())
+	}
+	t, why := chooseTransport(l.conn, d.info, d.kdev != nil, d.kerr)
+	if l.cfg.Transport != "" && l.cfg.Transport != t {
+		return l.cfg.Transport, fmt.Sprintf("transport %s asked for (the machine offers %s: %s)", l.cfg.Transport, t, why), nil
+	}
+	return t, why, nil
+}
+
+// chooseTransport is the fastest transport for a device of c, given
+// whether the kernel module serves it (or why not), and why.
+func chooseTransport(c connector.Connector, info connector.DeviceInfo, module bool, kerr error) (Transport, string) {
 	switch {
-	case l.cfg.Transport == Host && !l.conn.HostAddressable():
-		return "", errs.New(unix.EINVAL, "phxfs: host transport asked for, but %s memory is not host-addressable", l.conn.Vendor())
-	case l.cfg.Transport != "":
-		return l.cfg.Transport, nil
-	case d.kdev != nil:
-		return Direct, nil
-	case l.conn.HostAddressable():
-		return Host, nil
+	case module:
+		return Direct, fmt.Sprintf("the phxfs kernel module serves %s device %d (%s): O_DIRECT reads land in device memory by DMA", c.Vendor(), info.Index, info.PCIAddress)
+	case c.HostAddressable():
+		return Host, fmt.Sprintf("%s device memory is host-addressable: reads land in it directly (no kernel module: %v)", c.Vendor(), kerr)
 	default:
-		return Staged, nil
+		return Staged, fmt.Sprintf("%s memory is not host-addressable and there is no kernel module (%v): reads land in pinned bounce buffers and are copied to the device", c.Vendor(), kerr)
 	}
 }
 

@@ -98,13 +98,8 @@ func TransportFor(c connector.Connector, index int) (Transport, string) {
 		return "", fmt.Sprintf("no %s device %d", c.Vendor(), index)
 	}
 	kdev, kerr := openKernelDevice(c.Vendor(), infos[index])
-	switch {
-	case kerr == nil:
+	if kerr == nil {
 		kdev.Close()
-		return Direct, fmt.Sprintf("the phxfs kernel module serves %s device %d (%s): O_DIRECT lands in device pages", c.Vendor(), index, infos[index].PCIAddress)
-	case c.HostAddressable():
-		return Host, fmt.Sprintf("%s memory is host-addressable: O_DIRECT lands in it (%v)", c.Vendor(), kerr)
-	default:
-		return Staged, fmt.Sprintf("reads land in pinned bounce buffers and are copied to the device (%v)", kerr)
 	}
+	return chooseTransport(c, infos[index], kerr == nil, kerr)
 }

@@ -1,12 +1,14 @@
 package phxfs
 
 import (
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"phxmount/connector"
 	"phxmount/connector/emu"
+	"phxmount/internal/errs"
 )
 
 // fakeKernel stands in for the module: Map returns the memory's own host
@@ -95,4 +97,37 @@ func TestDirectTransportSeam(t *testing.T) {
 	// The module cannot map memory of a vendor it has no backend for.
 	_, err = kernelDeviceFor("emu", connectorDevice(t, c, 0))
 	wantErrno(t, err, unix.ENODEV)
+}
+
+// TestTransportReasonSaysWhatHappened: the reason a device's transport was
+// chosen carries the module's own error (here a refused open), in Device
+// and in TransportFor alike, instead of a fixed text.
+func TestTransportReasonSaysWhatHappened(t *testing.T) {
+	c, _ := emu.New(emu.Config{Staged: true})
+	saved := openKernelDevice
+	openKernelDevice = func(vendor string, info connector.DeviceInfo) (kernelDevice, error) {
+		return nil, errs.New(unix.EACCES, "open /dev/phxfs_dev0")
+	}
+	defer func() { openKernelDevice = saved }()
+	l, err := New(Config{Connector: c, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.OpenDevice(0); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf, why := TransportFor(c, 0)
+	for _, got := range []struct {
+		t   Transport
+		why string
+	}{{d.Transport, d.TransportWhy}, {tf, why}} {
+		if got.t != Staged || !strings.Contains(got.why, "open /dev/phxfs_dev0: permission denied") {
+			t.Errorf("transport %s, why %q: want staged with the module's error", got.t, got.why)
+		}
+	}
 }

@@ -74,7 +74,7 @@ func (l *Lib) RegMem(dev int, addr uint64, size int64) (Registration, error) {
 		return r.registration(), nil
 	}
 
-	t, err := l.transportFor(d)
+	t, _, err := l.transportFor(d)
 	if err != nil {
 		return Registration{}, err
 	}

@@ -122,7 +122,11 @@ func New(cfg Config) (*Lib, error) {
 	if cfg.BounceSize%4096 != 0 {
 		return nil, errs.New(unix.EINVAL, "phxfs: bounce size %d is not a multiple of 4096", cfg.BounceSize)
 	}
-	cfg.StagedBuffers = stagedBuffersFrom(cfg.StagedBuffers)
+	sb, err := stagedBuffersFrom(cfg.StagedBuffers)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StagedBuffers = sb
 	dio, err := directIOFrom(cfg.DirectIO)
 	if err != nil {
 		return nil, err
@@ -157,8 +161,18 @@ func New(cfg Config) (*Lib, error) {
 	return l, nil
 }
 
-// EngineName reports the active I/O engine ("io_uring" or "sync").
+// EngineName reports the active I/O engine ("io_uring" or "sync", or
+// "io_uring (k of n workers on sync)").
 func (l *Lib) EngineName() string { return l.pool.Name() }
+
+// EngineFallback is why workers run the sync engine although io_uring
+// was wanted (their ring could not be created), nil when none does.
+func (l *Lib) EngineFallback() error {
+	if l.cfg.Engine == ioengine.KindSync || l.pool.RingError() == nil {
+		return nil
+	}
+	return l.pool.RingError()
+}
 
 // Workers reports the size of the worker pool.
 func (l *Lib) Workers() int { return l.pool.Workers() }

@@ -1,6 +1,7 @@
 package phxfs
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"phxmount/internal/errs"
+	"phxmount/ioengine"
 )
 
 // This file is the staged transport's read policy: per transfer, read
@@ -80,15 +82,26 @@ func ParseDirectIO(s string) (DirectIO, error) {
 // Config.StagedBuffers is 0 (2 to 32).
 const EnvStagedBuffers = "PHX_STAGED_BUFFERS"
 
-// stagedBuffersFrom resolves the bounce buffers per staged worker.
-func stagedBuffersFrom(n int) int {
+// stagedBuffersFrom resolves the bounce buffers per staged worker: the
+// config's, else the environment's, else 2. A value outside 2 to 32, or an
+// environment value that is not a number, is an error, not clamped.
+func stagedBuffersFrom(n int) (int, error) {
+	what := "Config.StagedBuffers"
 	if n == 0 {
-		n = 2
-		if v, err := strconv.Atoi(os.Getenv(EnvStagedBuffers)); err == nil {
-			n = v
+		v := os.Getenv(EnvStagedBuffers)
+		if v == "" {
+			return 2, nil
 		}
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			return 0, errs.New(unix.EINVAL, "phxfs: %s=%q is not a number (2 to 32)", EnvStagedBuffers, v)
+		}
+		what = EnvStagedBuffers
 	}
-	return min(max(n, 2), 32)
+	if n < 2 || n > 32 {
+		return 0, errs.New(unix.EINVAL, "phxfs: %s=%d: bounce buffers per worker must be 2 to 32", what, n)
+	}
+	return n, nil
 }
 
 // directIOFrom resolves the read policy: the config's, or the environment's
@@ -97,7 +110,12 @@ func directIOFrom(d DirectIO) (DirectIO, error) {
 	if d != DirectAuto {
 		return d, nil
 	}
-	return ParseDirectIO(os.Getenv(EnvDirectIO))
+	v := os.Getenv(EnvDirectIO)
+	d, err := ParseDirectIO(v)
+	if err != nil {
+		return d, errs.New(unix.EINVAL, "phxfs: %s=%q: want auto, never or always", EnvDirectIO, v)
+	}
+	return d, nil
 }
 
 // SetDirectIO changes the staged read policy and returns the previous one.
@@ -114,25 +132,83 @@ type StagedStats struct {
 	BufferedReads int64 // reads through the page cache
 	BufferedBytes int64
 	Fallbacks     int64 // O_DIRECT reads that failed or came up short and were redone buffered
-	Cachestat     bool  // cachestat(2) works on this kernel (as far as seen)
+	// FallbackWhy describes the first fallback ("" before one happened).
+	FallbackWhy string
+	Cachestat   bool // cachestat(2) works on this kernel (as far as seen)
 }
 
 type stagedCounters struct {
 	directReads, directBytes, bufferedReads, bufferedBytes, fallbacks atomic.Int64
+	fallbackWhy                                                       atomic.Pointer[string]
+}
+
+// fallback counts an O_DIRECT read of span bytes at off that got got
+// (bytes or -errno) and was redone buffered; the first one's reason stays.
+func (c *stagedCounters) fallback(off, span, got int64) {
+	c.fallbacks.Add(1)
+	if c.fallbackWhy.Load() != nil {
+		return
+	}
+	why := fmt.Sprintf("an O_DIRECT read of %d bytes at %d returned %d bytes", span, off, got)
+	if got < 0 {
+		why = fmt.Sprintf("an O_DIRECT read of %d bytes at %d failed: %v (O_DIRECT stays off for that file in that batch)", span, off, unix.Errno(-got))
+	}
+	c.fallbackWhy.CompareAndSwap(nil, &why)
 }
 
 // noCachestat records that this kernel has no cachestat(2): a fact about the
-// machine, not the library instance.
-var noCachestat atomic.Bool
+// machine, not the library instance, probed once (probeCachestat).
+var (
+	noCachestat    atomic.Bool
+	cachestatProbe sync.Once
+)
+
+// probeCachestat asks the kernel once whether it has cachestat(2), on a
+// memfd of its own, so that StagedStats says so before the first read.
+func probeCachestat() {
+	cachestatProbe.Do(func() {
+		fd, err := unix.MemfdCreate("phxfs-cachestat-probe", unix.MFD_CLOEXEC)
+		if err != nil {
+			return
+		}
+		defer unix.Close(fd)
+		resident(fd, 0, 4096)
+	})
+}
+
+// CachestatSupported reports whether this kernel has cachestat(2), which
+// the staged read policy needs to read cold ranges with O_DIRECT.
+func CachestatSupported() bool {
+	probeCachestat()
+	return !noCachestat.Load()
+}
+
+// CheckEnv checks the environment variables New reads (PHX_ENGINE,
+// PHX_STAGED_BUFFERS, PHX_DIRECT_IO): New fails on the first bad one.
+func CheckEnv() error {
+	if err := ioengine.CheckKind(ioengine.KindFromEnv()); err != nil {
+		return errs.New(unix.EINVAL, "%s=%q: %v", ioengine.EnvEngine, os.Getenv(ioengine.EnvEngine), err)
+	}
+	if _, err := stagedBuffersFrom(0); err != nil {
+		return err
+	}
+	_, err := directIOFrom(DirectAuto)
+	return err
+}
 
 // StagedStats returns a snapshot of the staged transport's counters.
 func (l *Lib) StagedStats() StagedStats {
+	probeCachestat()
 	c := &l.stagedStats
-	return StagedStats{
+	s := StagedStats{
 		DirectReads: c.directReads.Load(), DirectBytes: c.directBytes.Load(),
 		BufferedReads: c.bufferedReads.Load(), BufferedBytes: c.bufferedBytes.Load(),
 		Fallbacks: c.fallbacks.Load(), Cachestat: !noCachestat.Load(),
 	}
+	if why := c.fallbackWhy.Load(); why != nil {
+		s.FallbackWhy = *why
+	}
+	return s
 }
 
 // sysCachestat is cachestat(2)'s number on x86-64 and arm64 (Linux 6.5).

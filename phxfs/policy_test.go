@@ -2,6 +2,7 @@ package phxfs
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"slices"
 	"testing"
@@ -240,11 +241,20 @@ func TestStagedBuffers(t *testing.T) {
 			checkPattern(t, got, 8192)
 		}
 	}
-	if n := stagedBuffersFrom(1); n != 2 {
-		t.Fatalf("1 buffer per worker gave %d, want the minimum 2", n)
+	for _, n := range []int{1, 33, -1} {
+		if _, err := stagedBuffersFrom(n); !errors.Is(err, unix.EINVAL) {
+			t.Fatalf("%d buffers per worker: %v, want EINVAL (not clamped)", n, err)
+		}
 	}
-	if n := stagedBuffersFrom(100); n != 32 {
-		t.Fatalf("100 buffers per worker gave %d, want the maximum 32", n)
+	for _, v := range []string{"lots", "1", "100"} {
+		t.Setenv(EnvStagedBuffers, v)
+		if _, err := New(Config{Connector: newConnector(t, setup{"sync", Staged}, 1)}); !errors.Is(err, unix.EINVAL) {
+			t.Fatalf("New with %s=%s: %v, want EINVAL", EnvStagedBuffers, v, err)
+		}
+	}
+	t.Setenv(EnvStagedBuffers, "4")
+	if n, err := stagedBuffersFrom(0); n != 4 || err != nil {
+		t.Fatalf("%s=4 gave %d, %v", EnvStagedBuffers, n, err)
 	}
 	t.Setenv(EnvDirectIO, "sometimes")
 	if _, err := New(Config{Connector: newConnector(t, setup{"sync", Staged}, 1)}); err == nil {

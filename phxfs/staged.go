@@ -199,7 +199,7 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 				if got < 0 {
 					r.twin.broken.Store(true)
 				}
-				l.stagedStats.fallbacks.Add(1)
+				l.stagedStats.fallback(r.x.off, r.span, got)
 				data, got = l.readBuffered(eng, r.x, buf)
 			case got > 0:
 				l.stagedStats.bufferedReads.Add(1)

@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestEmuFlags: --emu-staged and --emu-devices configure the emulated
 // device; the environment variables they replace still work, and a flag
@@ -57,5 +60,26 @@ func TestLimitOptions(t *testing.T) {
 		if _, err := parseArgs([]string{"-o", bad, "b", "m"}); err == nil {
 			t.Errorf("-o %s accepted", bad)
 		}
+	}
+}
+
+// TestBadEnvironmentIsAUsageError: a tuning variable with a bad value stops
+// phxmount before it mounts, with exit status 2 and the variable named.
+func TestBadEnvironmentIsAUsageError(t *testing.T) {
+	backing, mnt := t.TempDir(), t.TempDir()
+	c, err := parseArgs([]string{backing, mnt})
+	if err != nil || checkEnv(c) != nil {
+		t.Fatalf("a clean environment: %v, %v", err, checkEnv(c))
+	}
+	for _, kv := range [][2]string{{"PHX_STAGED_BUFFERS", "99"}, {"PHX_STAGED_BUFFERS", "many"}, {"PHX_DIRECT_IO", "sometimes"}, {"PHX_ENGINE", "aio"}, {"PHX_CUDA_SYNC", "busy"}} {
+		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
+			t.Setenv(kv[0], kv[1])
+			if err := checkEnv(c); err == nil || !strings.Contains(err.Error(), kv[0]) {
+				t.Errorf("checkEnv: %v, want an error naming %s", err, kv[0])
+			}
+			if code := run([]string{backing, mnt}); code != 2 {
+				t.Errorf("exit status %d, want 2", code)
+			}
+		})
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"phxmount/connector/nvidia"
 	"phxmount/connector/pcibar"
 	"phxmount/fusefs"
+	"phxmount/internal/procfs"
 	"phxmount/ioengine"
 	"phxmount/phxfs"
 )
@@ -74,6 +75,21 @@ func doctor(log *logrus.Entry, args []string) int {
 	} else {
 		e.Close()
 		line(true, "io_uring", "a ring can be created (engine io_uring)")
+	}
+
+	cs := phxfs.CachestatSupported()
+	line(cs, "cachestat", map[bool]string{true: "the staged transport reads cold ranges with O_DIRECT, cached ones from the page cache",
+		false: "missing (Linux >= 6.5): every staged read goes through the page cache"}[cs])
+
+	// Settings from the environment: a bad one stops the mount.
+	envErr := phxfs.CheckEnv()
+	if _, err := nvidia.ParseSyncMode(os.Getenv(nvidia.EnvSync)); err != nil && envErr == nil {
+		envErr = err
+	}
+	if envErr != nil {
+		line(false, "environment", envErr.Error())
+	} else {
+		line(true, "environment", "PHX_ENGINE, PHX_STAGED_BUFFERS, PHX_DIRECT_IO, PHX_CUDA_SYNC valid or unset")
 	}
 
 	// Kernel module.
@@ -180,15 +196,9 @@ func kernelVersion(rel string) (int, int) {
 
 // hasCapSysAdmin reads the effective capability set from /proc.
 func hasCapSysAdmin() bool {
-	b, err := os.ReadFile("/proc/self/status")
+	st, err := procfs.ReadStatus(os.Getpid())
 	if err != nil {
 		return os.Geteuid() == 0
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<unix.CAP_SYS_ADMIN) != 0
-		}
-	}
-	return false
+	return st.CapEff&(1<<unix.CAP_SYS_ADMIN) != 0
 }

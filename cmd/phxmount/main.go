@@ -17,7 +17,9 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"phxmount/connector/nvidia"
 	"phxmount/fusefs"
+	"phxmount/phxfs"
 )
 
 func main() {
@@ -53,6 +55,9 @@ func run(args []string) int {
 		return fail(2, "%v", err)
 	}
 	if err := checkDirs(c); err != nil {
+		return fail(2, "%v", err)
+	}
+	if err := checkEnv(c); err != nil {
 		return fail(2, "%v", err)
 	}
 	log := newLogger(c.logLevel)
@@ -110,6 +115,20 @@ func run(args []string) int {
 		log.Infof("%s was unmounted", c.mountpoint)
 	}
 	return 0
+}
+
+// checkEnv refuses bad tuning variables before anything is mounted: they
+// are never ignored or clamped.
+func checkEnv(c *config) error {
+	if err := phxfs.CheckEnv(); err != nil {
+		return err
+	}
+	if c.vendor == "nvidia" || c.vendor == "auto" {
+		if _, err := nvidia.ParseSyncMode(os.Getenv(nvidia.EnvSync)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkDirs validates BACKING and MOUNTPOINT before anything is mounted.

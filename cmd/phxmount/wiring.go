@@ -72,7 +72,7 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: c.workers})
 	if err != nil {
 		conn.Close()
-		return nil, nil, fmt.Errorf("phxfs: %v", err)
+		return nil, nil, err
 	}
 	s, err := fusefs.NewControl(fusefs.ControlConfig{Lib: lib, ReadOnly: c.fs.ReadOnly, Log: log,
 		MaxBuffersPerProcess: c.limits.perProcess, MaxBuffers: c.limits.buffers, MaxRegisteredBytes: c.limits.bytes})
@@ -83,6 +83,12 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 	}
 	log.WithFields(logrus.Fields{"vendor": conn.Vendor(), "engine": lib.EngineName(), "workers": lib.Workers()}).
 		Infof("control protocol ready: vendor %s, engine %s, %d workers", conn.Vendor(), lib.EngineName(), lib.Workers())
+	if err := lib.EngineFallback(); err != nil {
+		log.Warnf("engine: io_uring could not be set up for some workers (%v): they run the sync engine (%s)", err, lib.EngineName())
+	}
+	if !conn.HostAddressable() && !lib.StagedStats().Cachestat {
+		log.Warnf("staged read policy: this kernel has no cachestat(2) (Linux >= 6.5): every staged read goes through the page cache, none with O_DIRECT")
+	}
 	return s, func() {
 		if err := s.Close(); err != nil {
 			log.Warnf("control: %v", err)

@@ -42,6 +42,8 @@ type Connector struct {
 	cudev []int32          // CUdevice of each index
 	ctx   []atomic.Uintptr // retained primary context per device, 0 until first use
 
+	sync string // PHX_CUDA_SYNC, checked at Open
+
 	mu     sync.Mutex // guards ctx retention, live and closed
 	live   int        // memory, host memory and streams not yet closed
 	closed bool
@@ -49,13 +51,36 @@ type Connector struct {
 
 // Open loads libcuda.so.1, initialises the driver and lists the devices.
 // Without the driver it fails with an error wrapping ENODEV.
+// A bad PHX_CUDA_SYNC is an error (EINVAL), never ignored.
 func Open() (*Connector, error) {
+	mode, err := ParseSyncMode(os.Getenv(EnvSync))
+	if err != nil {
+		return nil, err
+	}
 	d, err := load()
 	if err != nil {
 		return nil, err
 	}
-	return newConnector(d)
+	c, err := newConnector(d)
+	if err != nil {
+		return nil, err
+	}
+	c.sync = mode
+	return c, nil
 }
+
+// ParseSyncMode checks a PHX_CUDA_SYNC value: "" (the driver's choice),
+// spin, yield or blocking.
+func ParseSyncMode(v string) (string, error) {
+	if _, ok := schedFlags[v]; !ok && v != "" {
+		return "", errs.New(unix.EINVAL, "nvidia: %s=%q: want spin, yield or blocking (or unset: the driver's choice)", EnvSync, v)
+	}
+	return v, nil
+}
+
+// SyncMode reports how copy waits wait (PHX_CUDA_SYNC), "" for the
+// driver's choice.
+func (c *Connector) SyncMode() string { return c.sync }
 
 func newConnector(d *driver) (*Connector, error) {
 	if err := d.call(d.cuInit, 0); err != nil {
@@ -202,7 +227,7 @@ func (c *Connector) context(dev int) (uintptr, error) {
 	if ctx := c.ctx[dev].Load(); ctx != 0 {
 		return ctx, nil
 	}
-	if flags, ok := schedFlags[os.Getenv(EnvSync)]; ok && c.d.cuDevicePrimaryCtxSetFlags.addr != 0 {
+	if flags, ok := schedFlags[c.sync]; ok && c.d.cuDevicePrimaryCtxSetFlags.addr != 0 {
 		if err := c.d.call(c.d.cuDevicePrimaryCtxSetFlags, uintptr(c.cudev[dev]), flags); err != nil {
 			return 0, err
 		}

@@ -469,3 +469,22 @@ func TestFakeConcurrentContexts(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSyncModeChecked: PHX_CUDA_SYNC takes spin, yield or blocking, or
+// nothing; anything else is an error, not ignored.
+func TestSyncModeChecked(t *testing.T) {
+	for _, v := range []string{"", "spin", "yield", "blocking"} {
+		if got, err := ParseSyncMode(v); err != nil || got != v {
+			t.Errorf("ParseSyncMode(%q) = %q, %v", v, got, err)
+		}
+	}
+	for _, v := range []string{"Spin", "busy", "1"} {
+		if _, err := ParseSyncMode(v); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("ParseSyncMode(%q): %v, want EINVAL", v, err)
+		}
+	}
+	t.Setenv(EnvSync, "sometimes")
+	if _, err := Open(); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("Open with %s=sometimes: %v, want EINVAL", EnvSync, err)
+	}
+}

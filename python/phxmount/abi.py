@@ -47,13 +47,18 @@ TRANSPORTS = {TRANSPORT_DIRECT: "direct", TRANSPORT_HOST: "host", TRANSPORT_STAG
 INFO_PASSTHROUGH = 1 << 0
 INFO_READ_ONLY = 1 << 1
 INFO_HOST_ADDRESSABLE = 1 << 2
+INFO_CACHESTAT = 1 << 3
+INFO_ENGINE_FALLBACK = 1 << 4
 
+# INFO's counters in wire order (docs/abi.md; the golden vectors carry the
+# Go table's names, and test_abi checks these against them).
 COUNTER_NAMES = (
     "buffers_live", "buffers_registered", "released_deregister", "released_close",
     "released_death", "ioctl_bytes_read", "ioctl_bytes_written", "ioctl_extents",
     "ioctl_failed_extents", "ioctl_rejected", "ioctl_calls", "lib_bytes_read",
     "lib_bytes_written", "lib_requests", "lib_ops", "lib_coalesced", "lib_failed",
-    "lib_batches", "xattr_loads",
+    "lib_batches", "xattr_loads", "staged_direct_reads", "staged_direct_bytes",
+    "staged_buffered_reads", "staged_buffered_bytes", "staged_fallbacks",
 )
 COUNTERS_OFFSET = 312
 

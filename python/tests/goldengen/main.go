@@ -9,6 +9,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -84,16 +85,16 @@ func generate() ([]byte, error) {
 	info := client.Info{Device: 2, Transport: client.TransportByName("staged"), Flags: client.InfoPassthrough | client.InfoReadOnly,
 		Workers: 16, PageSize: 65536, BounceSize: 4 << 20, DIOMemAlign: 512, DIOOffsetAlign: 4096, Devices: 8,
 		Vendor: "nvidia", Engine: "io_uring", PCIAddress: "0000:00:06.0", DeviceName: "NVIDIA H200", PassthroughWhy: "kernel passthrough active"}
-	c := &info.Counters
-	c.BuffersLive, c.BuffersRegistered, c.ReleasedDeregister, c.ReleasedClose, c.ReleasedDeath = 1, 2, 3, 4, 5
-	c.IoctlBytesRead, c.IoctlBytesWritten, c.IoctlExtents, c.IoctlFailedExtents, c.IoctlRejected = 6, 7, 8, 9, 10
-	c.IoctlCalls, c.LibBytesRead, c.LibBytesWritten, c.LibRequests, c.LibOps = 11, 12, 13, 14, 15
-	c.LibCoalesced, c.LibFailed, c.LibBatches, c.XattrLoads = 16, 17, 18, 19
 	iinfo := make([]byte, client.InfoSize)
 	client.EncodeInfo(iinfo, info)
+	// Counter i (wire order) holds i+1; the names come from the one table.
+	for i := range client.CounterNames() {
+		binary.LittleEndian.PutUint64(iinfo[client.CountersOffset+8*i:], uint64(i+1))
+	}
 	add("info", map[string]any{"device": 2, "transport": 3, "flags": 3, "workers": 16, "page_size": 65536, "bounce_size": 4 << 20,
 		"dio_mem_align": 512, "dio_offset_align": 4096, "devices": 8, "vendor": "nvidia", "engine": "io_uring",
-		"pci_address": "0000:00:06.0", "device_name": "NVIDIA H200", "passthrough_why": "kernel passthrough active", "counters_1_to_19": true}, iinfo)
+		"pci_address": "0000:00:06.0", "device_name": "NVIDIA H200", "passthrough_why": "kernel passthrough active",
+		"counter_names": client.CounterNames()}, iinfo)
 
 	cmds := map[string]any{"register": client.CmdRegister, "deregister": client.CmdDeregister, "read": client.CmdRead,
 		"write": client.CmdWrite, "info": client.CmdInfo, "max_extents": client.MaxExtents}

@@ -1,0 +1,62 @@
+package client
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite docs/abi.md's generated counter table")
+
+const (
+	docBegin = "<!-- counters: generated from client/counters.go; `go test ./client -run TestCounterDoc -update` rewrites it -->\n"
+	docEnd   = "<!-- end of counters -->"
+)
+
+// TestCounterDoc: docs/abi.md's counter table is the one counters.go makes.
+func TestCounterDoc(t *testing.T) {
+	const path = "../docs/abi.md"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i, j := strings.Index(doc, docBegin), strings.Index(doc, docEnd)
+	if i < 0 || j < i {
+		t.Fatalf("%s has no counter table between %q and %q", path, docBegin, docEnd)
+	}
+	want := docBegin + CounterDoc()
+	if got := doc[i:j]; got != want {
+		if !*update {
+			t.Fatalf("%s's counter table is stale; run: go test ./client -run TestCounterDoc -update", path)
+		}
+		if err := os.WriteFile(path, []byte(doc[:i]+want+doc[j:]), 0644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCounterNames: names are unique snake_case, and Each walks them in
+// wire order with the values of their fields.
+func TestCounterNames(t *testing.T) {
+	seen := map[string]bool{}
+	var c Counters
+	for i, p := range c.fields() {
+		*p = uint64(i)
+	}
+	i := 0
+	c.Each(func(name string, v uint64) {
+		if seen[name] || strings.Trim(name, "abcdefghijklmnopqrstuvwxyz_") != "" {
+			t.Errorf("counter name %q", name)
+		}
+		seen[name] = true
+		if v != uint64(i) || CounterNames()[i] != name {
+			t.Errorf("counter %d %q = %d", i, name, v)
+		}
+		i++
+	})
+	if i != numCounters {
+		t.Errorf("Each walked %d of %d counters", i, numCounters)
+	}
+}
