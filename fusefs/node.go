@@ -484,7 +484,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if isVirtual(attr) {
-		return unix.ENODATA
+		return unix.EPERM // controls and reports: nothing to remove
 	}
 	return toErrno(unix.Removexattr(procSelfFd(n.fd), attr))
 }

@@ -167,6 +167,11 @@ func TestControlSeam(t *testing.T) {
 	if _, err := unix.Getxattr(filepath.Join(backing, "dir", "f"), "user.phx.x", buf); err != unix.ENODATA {
 		t.Fatalf("virtual xattr reached the backing file: %v", err)
 	}
+	for _, name := range []string{"user.phx.info", "user.phx.load", "user.phx.x"} {
+		if err := unix.Removexattr(p, name); err != unix.EPERM {
+			t.Errorf("removexattr %s: %v, want EPERM (docs/abi.md)", name, err)
+		}
+	}
 	if n, err := unix.Listxattr(p, buf); err != nil || n != 0 {
 		t.Fatalf("listxattr lists %q (%v), want nothing", buf[:max(n, 0)], err)
 	}
