@@ -123,7 +123,9 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 
 			t.Run("always", func(t *testing.T) {
 				withDirectIO(t, l, DirectAlways)
-				before := cacheState(t, name)
+				// From a cold file, so the check below does not depend on
+				// what the kernel keeps of a hot one meanwhile.
+				dropCache(t, name)
 				s0 := l.StagedStats()
 				readExtents(t, l, fd, m, ext)
 				check()
@@ -137,9 +139,10 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 				if s1.Fallbacks != s0.Fallbacks {
 					t.Fatalf("O_DIRECT reads fell back: %+v -> %+v", s0, s1)
 				}
-				// O_DIRECT reads leave the page cache as it was.
-				if after := cacheState(t, name); after.nrCache != before.nrCache {
-					t.Fatalf("cached pages %d before, %d after O_DIRECT reads", before.nrCache, after.nrCache)
+				// O_DIRECT reads do not fill the page cache: only the
+				// buffered tail block may be there now.
+				if cs := cacheState(t, name); cs.nrCache*uint64(os.Getpagesize()) > 64<<10 {
+					t.Fatalf("O_DIRECT reads filled the page cache: %d pages", cs.nrCache)
 				}
 			})
 			t.Run("never", func(t *testing.T) {
