@@ -2,11 +2,15 @@ package integration
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -111,5 +115,144 @@ func TestXattrLoad(t *testing.T) {
 	}
 	if _, err := os.Stat(secret); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestXattrInfoDefaultMount: every phxmount daemon has a control, so
+// user.phx.info on a default mount (no options: --vendor auto,
+// --passthrough auto) must succeed, on a file and on the root, and say
+// which transport, vendor and passthrough state a GPU-direct read gets.
+func TestXattrInfoDefaultMount(t *testing.T) {
+	backing, mnt := mountOverlay(t)
+	if err := os.WriteFile(filepath.Join(backing, "f"), []byte("x"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(mnt, "f"), mnt} {
+		buf := make([]byte, 64<<10)
+		n, err := unix.Getxattr(p, "user.phx.info", buf)
+		if err != nil {
+			t.Fatalf("%s: getxattr user.phx.info: %v, want the control's report", p, err)
+		}
+		info := map[string]string{}
+		for _, line := range strings.Split(string(buf[:n]), "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok {
+				info[k] = v
+			}
+		}
+		for k, allowed := range map[string][]string{
+			"transport":   {"direct", "host", "staged"},
+			"vendor":      {"emu", "nvidia", "pcibar"},
+			"passthrough": {"active", "inactive"},
+		} {
+			if !slices.Contains(allowed, info[k]) {
+				t.Errorf("%s: user.phx.info %s=%q, want one of %v:\n%s", p, k, info[k], allowed, buf[:n])
+			}
+		}
+		for _, k := range []string{"transport_why", "passthrough_why", "engine", "workers", "buffers_live"} {
+			if info[k] == "" {
+				t.Errorf("%s: user.phx.info lacks %s:\n%s", p, k, buf[:n])
+			}
+		}
+	}
+	if _, err := unix.Getxattr(filepath.Join(backing, "f"), "user.phx.info", make([]byte, 64)); err != unix.ENODATA {
+		t.Errorf("user.phx.info is on the backing file: %v", err)
+	}
+}
+
+// kernelAtLeast says whether the running kernel is at least major.minor.
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	t.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	var ma, mi int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", rel, err)
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
+// fuseRequests counts the FUSE requests of one kind in a daemon log written
+// with -d --log-level debug (go-fuse logs "rx UNIQUE: OPCODE n...").
+func fuseRequests(log, op string) int {
+	return len(regexp.MustCompile(`rx \d+: `+op+` n`).FindAllStringIndex(log, -1))
+}
+
+// TestPassthroughActive: with the default --passthrough auto, a root
+// daemon on Linux >= 6.9 uses kernel FUSE passthrough and says so: the
+// INFO ioctl's passthrough flag, user.phx.info's passthrough=active and
+// the "mounted;" log line; and reading a file's data through the mount
+// sends no READ to the daemon (go-fuse's request log, -d). On older
+// kernels it must say inactive, with the reason. --passthrough off is the
+// control: its reads reach the daemon, so the log check does see READs.
+func TestPassthroughActive(t *testing.T) {
+	supported := kernelAtLeast(t, 6, 9) && os.Geteuid() == 0
+	t.Logf("kernel passthrough supported here: %v", supported)
+	for _, mode := range []string{"auto", "off"} {
+		t.Run(mode, func(t *testing.T) {
+			args := []string{"--vendor", "emu", "-d", "--log-level", "debug"}
+			if mode == "off" {
+				args = append(args, "--passthrough", "off")
+			} // else the default, --passthrough auto
+			d := startDaemon(t, withArgs(args...))
+			data := writePattern(t, filepath.Join(d.Backing, "f"), 3<<20+77, 0644)
+			p := filepath.Join(d.Mnt, "f")
+			want := mode == "auto" && supported
+			wantWord := map[bool]string{true: "active", false: "inactive"}[want]
+			state := func(when string) {
+				t.Helper()
+				in, err := openClient(t, p, unix.O_RDONLY).Info()
+				if err != nil {
+					t.Fatalf("%s: INFO: %v", when, err)
+				}
+				info := phxInfo(t, p)
+				if in.Passthrough() != want || info["passthrough"] != wantWord {
+					t.Errorf("%s: INFO passthrough flag %v (%q), user.phx.info passthrough=%q (%q); want %s",
+						when, in.Passthrough(), in.PassthroughWhy, info["passthrough"], info["passthrough_why"], wantWord)
+				}
+				if in.PassthroughWhy == "" || info["passthrough_why"] == "" || strings.HasPrefix(in.PassthroughWhy, "unknown") {
+					t.Errorf("%s: no reason given: INFO %q, user.phx.info %q", when, in.PassthroughWhy, info["passthrough_why"])
+				}
+				if mode == "off" && !strings.Contains(in.PassthroughWhy, "--passthrough off") {
+					t.Errorf("%s: --passthrough off, INFO says %q", when, in.PassthroughWhy)
+				}
+				if mode == "auto" && !supported && !strings.Contains(in.PassthroughWhy, "6.9") {
+					t.Errorf("%s: a kernel older than 6.9, INFO says %q", when, in.PassthroughWhy)
+				}
+			}
+			if !strings.Contains(d.Stderr(), "mounted; passthrough "+wantWord) {
+				t.Errorf("the daemon's \"mounted;\" line does not say passthrough %s:\n%s", wantWord, d.Stderr())
+			}
+			state("after mounting")
+
+			reads := fuseRequests(d.Stderr(), "READ")
+			got, err := os.ReadFile(p)
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("reading through the mount: %d bytes, %v", len(got), err)
+			}
+			if out := runCmd(t, "cat", p); out != string(data) {
+				t.Fatalf("cat through the mount differs")
+			}
+			// The INFO and GETXATTR requests that follow the reads are
+			// logged after them: wait for those, then count the READs.
+			xattrs := fuseRequests(d.Stderr(), "GETXATTR")
+			state("after reading")
+			if !waitFor(5*time.Second, func() bool { return fuseRequests(d.Stderr(), "GETXATTR") > xattrs }) {
+				t.Fatalf("no GETXATTR in the daemon's request log: was it started with -d --log-level debug?\n%s", d.Stderr())
+			}
+			reads = fuseRequests(d.Stderr(), "READ") - reads
+			switch {
+			case want && reads != 0:
+				t.Errorf("passthrough active, yet %d READ requests reached the daemon", reads)
+			case !want && reads == 0:
+				t.Errorf("passthrough inactive, yet no READ request in the daemon's log: the check cannot see reads")
+			}
+			if strings.Contains(d.Stderr(), "passthrough: lost") {
+				t.Errorf("the daemon lost passthrough:\n%s", d.Stderr())
+			}
+			t.Logf("passthrough %s: %d READ requests reached the daemon for %d bytes read twice", mode, reads, len(data))
+		})
 	}
 }

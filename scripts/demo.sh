@@ -6,8 +6,9 @@
 # client process, verifies it against a plain read, and unmounts. Leaves
 # nothing mounted, even when a step fails.
 #
-# Needs root and /dev/fuse. Env: DEMO_DIR (default /var/tmp), DEMO_SIZE_MB
-# (256), PHXMOUNT_ARGS (extra phxmount arguments, e.g. --engine sync).
+# Needs root and /dev/fuse; mounts with --vendor emu, GPU or not. Env:
+# DEMO_DIR (default /var/tmp), DEMO_SIZE_MB (256), PHXMOUNT_ARGS (extra
+# phxmount arguments, e.g. --engine sync).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
@@ -47,14 +48,21 @@ trap 'exit 130' INT TERM
 step "a sample dataset: a safetensors-shaped file (deterministic)"
 run "$BIN/phxdemo" gen -out "$backing/model.safetensors" -size-mb "${DEMO_SIZE_MB:-256}"
 
-step "mount phxmount over it (vendor auto: the emulated device when there is no GPU)"
-printf '$ %s\n' "$BIN/phxmount --vendor auto ${PHXMOUNT_ARGS:-} $backing $mnt &"
+# The client (phxdemo load) registers an emulated device buffer, so the
+# mount must use the emulated device even where a GPU would make
+# `--vendor auto` pick nvidia: --vendor emu, always (cmd/phxdemo's tests
+# check this line).
+step "mount phxmount over it on the emulated device (--vendor emu: the demo needs no GPU)"
+printf '$ %s\n' "$BIN/phxmount --vendor emu ${PHXMOUNT_ARGS:-} $backing $mnt &"
 # shellcheck disable=SC2086
-"$BIN/phxmount" --vendor auto ${PHXMOUNT_ARGS:-} "$backing" "$mnt" 2>"$log" &
+"$BIN/phxmount" --vendor emu ${PHXMOUNT_ARGS:-} "$backing" "$mnt" 2>"$log" &
 pid=$!
 for _ in $(seq 100); do grep -q "mounted;" "$log" 2>/dev/null && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 grep -q "mounted;" "$log" || { echo "demo: phxmount did not mount" >&2; exit 1; }
 sed -e 's/^time="[^"]*" //' "$log"
+vendor=$(getfattr --absolute-names --only-values -n user.phx.info "$mnt" | sed -n 's/^vendor=//p')
+[ "$vendor" = emu ] || { echo "demo: the mount uses vendor '$vendor', not the emulated device (PHXMOUNT_ARGS=${PHXMOUNT_ARGS:-})" >&2; exit 1; }
+echo "the mount's vendor: $vendor"
 
 step "ordinary tools through the mount"
 run ls -l "$mnt"

@@ -1,7 +1,8 @@
 // Command phxdemo is the client side of `make demo`:
 //
 //	phxdemo gen  -out FILE [-size-mb N]   write a deterministic safetensors-shaped file
-//	phxdemo load -file FILE               through a phxmount mount: register an emulated
+//	phxdemo load -file FILE               through a phxmount mount on the emulated device
+//	                                      (phxmount --vendor emu): register an emulated
 //	                                      device buffer, load every tensor with one batch
 //	                                      of ioctls, verify against a plain read, and print
 //	                                      the throughput of both paths
@@ -172,6 +173,16 @@ func parseHeader(f *os.File) (dataStart int64, names []string, ts map[string]ten
 	return 8 + n, names, ts, nil
 }
 
+// checkVendor refuses a mount that is not on the emulated device: the demo
+// registers emulated device memory (scripts/demo.sh mounts with --vendor
+// emu; with --vendor auto a machine with a GPU would get nvidia).
+func checkVendor(info client.Info) error {
+	if info.Vendor != "emu" {
+		return fmt.Errorf("the mount uses vendor %q: phxdemo loads into emulated device memory, so mount with --vendor emu (as scripts/demo.sh does)", info.Vendor)
+	}
+	return nil
+}
+
 func gbps(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
 
 func load(path string) error {
@@ -216,6 +227,9 @@ func load(path string) error {
 	if err != nil {
 		return fmt.Errorf("INFO ioctl (is %s on a phxmount mount?): %v", path, err)
 	}
+	if err := checkVendor(info); err != nil {
+		return err
+	}
 	conn, err := emu.New(emu.Config{Staged: info.Transport == client.TransportStaged})
 	if err != nil {
 		return err
@@ -232,7 +246,7 @@ func load(path string) error {
 	if err != nil {
 		return err
 	}
-	buf, err := f.Register(client.VendorByName(info.Vendor), 0, h, size)
+	buf, err := f.Register(client.VendorEmu, 0, h, size)
 	if err != nil {
 		return fmt.Errorf("REGISTER: %v", err)
 	}
