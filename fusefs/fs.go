@@ -31,12 +31,13 @@ type FS struct {
 	isRoot     bool // the daemon runs with euid 0: chown what it creates
 
 	// nodes maps a backing inode to its live node, so that a second lookup
-	// of a known inode reuses the node (and its descriptor); handouts
-	// lists, per request in flight, the nodes its reply names (see
-	// lifecycle.go).
+	// of a known inode reuses the node (and its descriptor); byID maps the
+	// FUSE node ids the kernel knows to nodes; handouts lists, per request
+	// in flight, the nodes its reply names (see lifecycle.go).
 	nodesMu  sync.Mutex
 	nodes    map[inodeID]*node
-	handouts map[<-chan struct{}][]*node
+	byID     map[uint64]*node // by FUSE node id
+	handouts map[<-chan struct{}][]handout
 
 	nextFileID atomic.Uint64
 
@@ -90,7 +91,8 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		rootDev:    st.Dev,
 		isRoot:     os.Geteuid() == 0,
 		nodes:      make(map[inodeID]*node),
-		handouts:   make(map[<-chan struct{}][]*node),
+		byID:       make(map[uint64]*node),
+		handouts:   make(map[<-chan struct{}][]handout),
 		ptWanted:   o.Passthrough != PassthroughOff,
 	}
 	if o.Passthrough == PassthroughOff {

@@ -10,29 +10,30 @@ import (
 
 // A node's life, and why its descriptor is never used after close.
 //
-// The kernel holds a lookup count on every node it knows; go-fuse calls
-// OnForget when that count reaches zero. A reply that names a node (LOOKUP,
-// CREATE, MKDIR, MKNOD, SYMLINK, READDIRPLUS) is built in two steps: the
-// node operation returns an Inode, and only then does go-fuse register it
-// and count the lookup. A lookup that picks an existing node between those
-// steps can therefore race a FORGET: go-fuse calls OnForget, and the reply
-// then revives the node. Closing the descriptor in that OnForget would leave
-// a live node whose descriptor number the next open(2) of the daemon
+// The kernel holds a lookup count on every node it knows: each reply that
+// names the node (LOOKUP, CREATE, MKDIR, MKNOD, SYMLINK, LINK, each entry
+// of READDIRPLUS) adds one, and FORGET takes them back. go-fuse keeps the
+// same count and calls OnForget when it believes the node unreferenced,
+// but that call races a lookup of the same inode: the node operation that
+// returns a known node runs before go-fuse registers the reply, and
+// go-fuse calls OnForget without locks after its decision, so a lookup may
+// revive the node in between, or complete entirely. Closing the descriptor
+// then leaves a live node whose descriptor number the daemon's next open
 // reuses: a name resolving to another file, judged by another file's
 // permissions.
 //
-// go-fuse also calls OnForget without locks after it has decided the node
-// is unreferenced, so a whole lookup may revive the node in between.
-//
-// So the overlay counts hand-outs. child() marks each node it returns with
-// the request that returns it (node.handedOut, FS.handouts); rawFS settles
-// the marks once go-fuse has registered the reply. OnForget, under
-// FS.nodesMu, closes nothing while a hand-out is unsettled (the reply in
-// flight will revive the node) or while go-fuse counts a kernel reference
-// again (Inode.Forgotten is false: it was revived); the kernel will forget
-// it again later. Otherwise OnForget removes the node from FS.nodes and
-// closes its descriptors, so a node found in FS.nodes always has an open
-// descriptor and a forgotten node is never handed out again.
+// So the overlay counts for itself, under FS.nodesMu:
+//   - child() marks each node it returns with the request that returns it
+//     (node.handedOut, FS.handouts);
+//   - rawFS settles the marks once go-fuse has built the reply: each one
+//     that reached the reply (its EntryOut has the node's id) adds a kernel
+//     lookup (node.lookups) and records the node under its id (FS.byID);
+//   - rawFS.Forget takes the kernel's lookups back before go-fuse sees them.
+// OnForget closes nothing while the node has kernel lookups or unsettled
+// hand-outs: a reply has revived it, or will, and the kernel will forget
+// it again. Otherwise it removes the node from both tables and closes its
+// descriptors in the same step, so a node found in FS.nodes always has an
+// open descriptor and a forgotten node is never handed out again.
 //
 // Nodes are keyed by (st_dev, st_ino) and the device is their StableAttr
 // generation, so go-fuse's own table matches a node only to the inode it
@@ -41,6 +42,12 @@ import (
 
 // inodeID names a backing inode.
 type inodeID struct{ dev, ino uint64 }
+
+// handout is a node a reply being built names, and its entry in the reply.
+type handout struct {
+	n   *node
+	out *fuse.EntryOut
+}
 
 // requestKey identifies the FUSE request a node operation serves: go-fuse
 // gives every request in flight its own cancel channel, and passes it in
@@ -54,14 +61,13 @@ func requestKey(ctx context.Context) <-chan struct{} {
 
 // child returns the node for the backing inode fd (an O_PATH descriptor
 // the caller owns) refers to: the live node of that inode, closing fd, or
-// a new node owning fd. The node is marked handed out to the request until
-// rawFS settles it.
+// a new node owning fd. The node is handed out to the request until rawFS
+// settles it.
 func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.EntryOut) *fs.Inode {
 	f := n.fsys
 	id := inodeID{dev: st.Dev, ino: st.Ino}
 	attrFromStat(&out.Attr, st)
 	out.Attr.Ino = f.inoKey(st)
-	key := requestKey(ctx)
 
 	f.nodesMu.Lock()
 	defer f.nodesMu.Unlock()
@@ -73,40 +79,61 @@ func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.Ent
 		f.nodes[id] = ch
 		n.NewInode(ctx, ch, fs.StableAttr{Mode: st.Mode & unix.S_IFMT, Ino: out.Attr.Ino, Gen: st.Dev})
 	}
-	if key != nil {
-		ch.handedOut++
-		f.handouts[key] = append(f.handouts[key], ch)
-	}
+	f.handOut(ctx, ch, out)
 	return ch.EmbeddedInode()
 }
 
-// settle drops the hand-out marks of a request whose reply go-fuse has
-// registered (or failed).
-func (f *FS) settle(key <-chan struct{}) {
+// handOut marks n as named by the reply of the request ctx serves, in out.
+// The caller holds f.nodesMu.
+func (f *FS) handOut(ctx context.Context, n *node, out *fuse.EntryOut) {
+	key := requestKey(ctx)
+	if key == nil {
+		return // not from the kernel (a test calling a node directly)
+	}
+	n.handedOut++
+	f.handouts[key] = append(f.handouts[key], handout{n, out})
+}
+
+// settle ends the hand-outs of a request whose reply go-fuse has built:
+// each that made it into the reply is a kernel lookup of its node.
+func (f *FS) settle(key <-chan struct{}, st fuse.Status) {
 	f.nodesMu.Lock()
 	defer f.nodesMu.Unlock()
-	for _, ch := range f.handouts[key] {
-		ch.handedOut--
+	for _, h := range f.handouts[key] {
+		h.n.handedOut--
+		if !st.Ok() || h.out.NodeId == 0 {
+			continue
+		}
+		h.n.lookups++
+		h.n.nodeid = h.out.NodeId
+		f.byID[h.out.NodeId] = h.n
 	}
 	delete(f.handouts, key)
 }
 
-// OnForget closes the node's descriptors once the kernel has forgotten it
-// and no reply in flight can revive it. go-fuse calls it without locks,
-// after deciding the node is unreferenced, so a lookup may have revived
-// the node in between: Forgotten, read under nodesMu (which every revival
-// passes through, in child), tells.
+// forgotten takes back nlookup kernel lookups of the node with that id.
+func (f *FS) forgotten(nodeid, nlookup uint64) {
+	f.nodesMu.Lock()
+	defer f.nodesMu.Unlock()
+	if n := f.byID[nodeid]; n != nil {
+		n.lookups -= int64(nlookup)
+	}
+}
+
+// OnForget closes the node's descriptors once the kernel holds no lookup
+// of it and no reply being built names it.
 func (n *node) OnForget() {
 	f := n.fsys
 	f.nodesMu.Lock()
-	//lint:ignore SA1019 Forgotten is the only view of go-fuse's lookup count.
-	if n.handedOut > 0 || !n.Forgotten() || (n != f.root && f.nodes[n.id] != n) {
-		// A reply being built names it, or one revived it since go-fuse
-		// decided to call OnForget, or it was already closed.
+	if n != f.root && (n.lookups > 0 || n.handedOut > 0 || f.nodes[n.id] != n) {
+		// Revived (or about to be) since go-fuse decided, or already closed.
 		f.nodesMu.Unlock()
 		return
 	}
 	delete(f.nodes, n.id)
+	if f.byID[n.nodeid] == n {
+		delete(f.byID, n.nodeid)
+	}
 	f.nodesMu.Unlock()
 
 	n.mu.Lock()
@@ -118,35 +145,45 @@ func (n *node) OnForget() {
 	unix.Close(n.fd)
 }
 
-// The reply-building requests: settle their hand-outs once go-fuse has
-// registered what they return.
+// The reply-building requests settle their hand-outs once go-fuse has
+// registered what they return; FORGET takes lookups back first.
 
-func (r *rawFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	defer r.fsys.settle(cancel)
+func (r *rawFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) (st fuse.Status) {
+	defer func() { r.fsys.settle(cancel, st) }()
 	return r.RawFileSystem.Lookup(cancel, h, name, out)
 }
 
-func (r *rawFS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
-	defer r.fsys.settle(cancel)
+func (r *rawFS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) (st fuse.Status) {
+	defer func() { r.fsys.settle(cancel, st) }()
 	return r.RawFileSystem.Mkdir(cancel, in, name, out)
 }
 
-func (r *rawFS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
-	defer r.fsys.settle(cancel)
+func (r *rawFS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) (st fuse.Status) {
+	defer func() { r.fsys.settle(cancel, st) }()
 	return r.RawFileSystem.Mknod(cancel, in, name, out)
 }
 
-func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
-	defer r.fsys.settle(cancel)
+func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) (st fuse.Status) {
+	defer func() { r.fsys.settle(cancel, st) }()
 	return r.RawFileSystem.Create(cancel, in, name, out)
 }
 
-func (r *rawFS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
-	defer r.fsys.settle(cancel)
+func (r *rawFS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) (st fuse.Status) {
+	defer func() { r.fsys.settle(cancel, st) }()
 	return r.RawFileSystem.Symlink(cancel, h, target, name, out)
 }
 
-func (r *rawFS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
-	defer r.fsys.settle(cancel)
+func (r *rawFS) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) (st fuse.Status) {
+	defer func() { r.fsys.settle(cancel, st) }()
+	return r.RawFileSystem.Link(cancel, in, name, out)
+}
+
+func (r *rawFS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) (st fuse.Status) {
+	defer func() { r.fsys.settle(cancel, st) }()
 	return r.RawFileSystem.ReadDirPlus(cancel, in, out)
+}
+
+func (r *rawFS) Forget(nodeid, nlookup uint64) {
+	r.fsys.forgotten(nodeid, nlookup)
+	r.RawFileSystem.Forget(nodeid, nlookup)
 }

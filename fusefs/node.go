@@ -22,9 +22,11 @@ type node struct {
 	fd   int
 	id   inodeID
 
-	// handedOut counts replies being built that name this node and that
-	// go-fuse has not registered yet; guarded by fsys.nodesMu.
+	// Guarded by fsys.nodesMu (see lifecycle.go): replies being built that
+	// name this node, the kernel's lookups of it, and its FUSE node id.
 	handedOut int
+	lookups   int64
+	nodeid    uint64
 
 	mu sync.Mutex
 	// lockFds holds one backing descriptor per POSIX lock owner: its OFD
@@ -335,6 +337,9 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	attrFromStat(&out.Attr, &st)
 	out.Attr.Ino = n.fsys.inoKey(&st)
+	n.fsys.nodesMu.Lock()
+	n.fsys.handOut(ctx, t, out)
+	n.fsys.nodesMu.Unlock()
 	return t.EmbeddedInode(), 0
 }
 

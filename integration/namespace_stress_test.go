@@ -367,7 +367,28 @@ func TestNamespaceStress(t *testing.T) {
 			if !dm.Mounted() {
 				t.Fatalf("the daemon died:\n%s", dm.Stderr())
 			}
+			checkNoDescriptorLeak(t, dm.Cmd.Process.Pid)
 		})
+	}
+}
+
+// checkNoDescriptorLeak: once the kernel has forgotten the inodes the
+// stress made (dropping dentries and inodes sends FORGETs), the daemon
+// holds few descriptors: nodes are closed, not leaked.
+func checkNoDescriptorLeak(t *testing.T, pid int) {
+	t.Helper()
+	count := func() int {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		return len(ents)
+	}
+	limit := 64 + 2*len(stressNames())
+	for i := 0; i < 50 && count() > limit; i++ {
+		unix.Sync()
+		os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := count(); n > limit {
+		t.Errorf("the daemon holds %d descriptors after the kernel forgot the stress's inodes (at most %d expected): nodes leak", n, limit)
 	}
 }
 
