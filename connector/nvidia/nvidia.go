@@ -1,18 +1,34 @@
 // Package nvidia is the NVIDIA connector: the CUDA driver API (libcuda.so.1)
-// loaded at run time with purego, so the project builds with CGO_ENABLED=0
-// and runs on machines without the driver (Open then fails with ENODEV).
+// behind connector.Connector, loaded at run time with purego, so the project
+// builds with CGO_ENABLED=0 and runs on machines without the driver (Open
+// then fails with ENODEV).
 //
-// CUDA's current context is per OS thread while goroutines migrate between
-// threads, so every driver call that needs a context runs with the goroutine
-// locked to its thread and the device's primary context made current first
-// (cuCtxSetCurrent is a cheap thread-local store). This keeps calls from many
-// goroutines parallel, unlike funnelling them through one locked goroutine.
+// What it offers, one file each:
+//
+//   - nvidia.go: Open initialises the driver and lists the GPUs (name, PCI
+//     address in sysfs form, memory); Close releases what the connector
+//     retained, once every object it handed out is closed (EBUSY before).
+//   - context.go: CUDA's current context is per OS thread while goroutines
+//     migrate between threads, so every driver call that needs a context
+//     runs with the goroutine locked to its thread and the device's primary
+//     context made current first (cuCtxSetCurrent is a cheap thread-local
+//     store). This keeps calls from many goroutines parallel, unlike
+//     funnelling them through one locked goroutine. The primary context is
+//     retained on first use, with PHX_CUDA_SYNC's wait flags.
+//   - memory.go: device memory, allocated (cuMemAlloc) or imported from
+//     another process through a CUDA IPC handle (Export makes one); Resolve
+//     checks a range against the driver's pointer attributes.
+//   - host.go: pinned, portable host memory (cuMemHostAlloc), which the copy
+//     engine reads directly, so async copies from it overlap the host.
+//   - stream.go: non-blocking streams queueing async copies, and the
+//     synchronous copies and memset on the legacy default stream.
+//   - driver.go and errors.go: the bound entry points, and a failed call as
+//     a CUDAError that unwraps to an errno (errors.Is(err, unix.ENOMEM)).
 package nvidia
 
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,19 +84,6 @@ func Open() (*Connector, error) {
 	c.sync = mode
 	return c, nil
 }
-
-// ParseSyncMode checks a PHX_CUDA_SYNC value: "" (the driver's choice),
-// spin, yield or blocking.
-func ParseSyncMode(v string) (string, error) {
-	if _, ok := schedFlags[v]; !ok && v != "" {
-		return "", errs.New(unix.EINVAL, "nvidia: %s=%q: want spin, yield or blocking (or unset: the driver's choice)", EnvSync, v)
-	}
-	return v, nil
-}
-
-// SyncMode reports how copy waits wait (PHX_CUDA_SYNC), "" for the
-// driver's choice.
-func (c *Connector) SyncMode() string { return c.sync }
 
 func newConnector(d *driver) (*Connector, error) {
 	if err := d.call(d.cuInit, 0); err != nil {
@@ -175,7 +178,6 @@ func (c *Connector) checkOpen() error {
 	return nil
 }
 
-// acquire counts an object that must be closed before the connector.
 // acquireMemory checks a memory request's device and size, then counts the
 // memory about to exist (release undoes it on failure).
 func (c *Connector) acquireMemory(dev int, size int64) error {
@@ -188,6 +190,7 @@ func (c *Connector) acquireMemory(dev int, size int64) error {
 	return c.acquire()
 }
 
+// acquire counts an object that must be closed before the connector.
 func (c *Connector) acquire() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -204,55 +207,18 @@ func (c *Connector) release() {
 	c.mu.Unlock()
 }
 
-// context returns dev's primary context, retaining it on first use: a
-// EnvSync chooses how a thread waiting for the GPU waits: "spin", "yield"
-// or "blocking" (the driver's CU_CTX_SCHED_* flags); unset leaves the
-// driver's choice (spin when there are fewer contexts than cores). Copy
-// waits that spin take cores from the storage reads they overlap with.
-const EnvSync = "PHX_CUDA_SYNC"
-
-var schedFlags = map[string]uintptr{"spin": 1, "yield": 2, "blocking": 4}
-
-// retain creates the context (slow, and it takes GPU memory), so listing
-// devices does not.
-func (c *Connector) context(dev int) (uintptr, error) {
-	if ctx := c.ctx[dev].Load(); ctx != 0 {
-		return ctx, nil
+// closeOnce closes one of the connector's objects: under the object's
+// lock, the first call marks it closed, runs free and uncounts it (whatever
+// free returns); later calls do nothing.
+func (c *Connector) closeOnce(mu *sync.Mutex, closed *bool, free func() error) error {
+	mu.Lock()
+	defer mu.Unlock()
+	if *closed {
+		return nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return 0, errs.New(unix.EBADF, "nvidia: connector closed")
-	}
-	if ctx := c.ctx[dev].Load(); ctx != 0 {
-		return ctx, nil
-	}
-	if flags, ok := schedFlags[c.sync]; ok && c.d.cuDevicePrimaryCtxSetFlags.addr != 0 {
-		if err := c.d.call(c.d.cuDevicePrimaryCtxSetFlags, uintptr(c.cudev[dev]), flags); err != nil {
-			return 0, err
-		}
-	}
-	var ctx uintptr
-	if err := c.d.call(c.d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(c.cudev[dev])); err != nil {
-		return 0, err
-	}
-	c.ctx[dev].Store(ctx)
-	return ctx, nil
-}
-
-// onDev runs f on a locked OS thread with dev's context current, so that
-// the driver calls inside f see that context whatever thread runs them.
-func (c *Connector) onDev(dev int, f func() error) error {
-	ctx, err := c.context(dev)
-	if err != nil {
-		return err
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := c.d.call(c.d.cuCtxSetCurrent, ctx); err != nil {
-		return err
-	}
-	return f()
+	*closed = true
+	defer c.release()
+	return free()
 }
 
 // Close releases the primary contexts this connector retained. Every
@@ -278,396 +244,4 @@ func (c *Connector) Close() error {
 		}
 	}
 	return first
-}
-
-// Alloc allocates size bytes of device memory on dev (cuMemAlloc).
-func (c *Connector) Alloc(dev int, size int64) (connector.Memory, error) {
-	if err := c.acquireMemory(dev, size); err != nil {
-		return nil, err
-	}
-	var p uint64
-	err := c.onDev(dev, func() error {
-		return c.d.call(c.d.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size))
-	})
-	if err != nil {
-		c.release()
-		return nil, err
-	}
-	return &Memory{c: c, dev: dev, addr: p, size: size}, nil
-}
-
-// Import opens a CUDA IPC handle exported by another process. pid is
-// ignored: a CUDA IPC handle is a capability. size must not exceed the
-// exported allocation. Importing a handle in the process that exported it
-// fails in the driver.
-func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (connector.Memory, error) {
-	if err := c.acquireMemory(dev, size); err != nil {
-		return nil, err
-	}
-	var p uint64
-	err := c.onDev(dev, func() error {
-		r := c.d.ipcOpen(&p, ipcMemHandle{Reserved: h}, cuIpcMemLazyEnablePeerAcc)
-		return c.d.check(c.d.cuIpcOpenMemHandle.name, r)
-	})
-	if err != nil {
-		c.release()
-		return nil, err
-	}
-	m := &Memory{c: c, dev: dev, addr: p, size: size, imported: true}
-	a, err := c.attrs(dev, p)
-	if err == nil && (a.memType != cuMemoryTypeDevice || a.start != p || uint64(size) > a.size) {
-		err = errs.New(unix.EINVAL, "nvidia: handle names %d bytes at %#x, %d asked", a.size, a.start, size)
-	}
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	return m, nil
-}
-
-// ptrAttrs holds the pointer attributes Resolve and Import check.
-type ptrAttrs struct {
-	memType uint32 // CUmemorytype; 0 when the driver does not know the pointer
-	ordinal int32
-	start   uint64
-	size    uint64
-}
-
-// attrs queries addr's attributes in one cuPointerGetAttributes call, which
-// (unlike cuPointerGetAttribute) succeeds with zero values for an unknown
-// pointer.
-func (c *Connector) attrs(dev int, addr uint64) (ptrAttrs, error) {
-	a := &ptrAttrs{ordinal: -1}
-	kinds := [4]uint32{cuPointerAttrMemoryType, cuPointerAttrDeviceOrdinal, cuPointerAttrRangeStart, cuPointerAttrRangeSize}
-	data := [4]unsafe.Pointer{unsafe.Pointer(&a.memType), unsafe.Pointer(&a.ordinal), unsafe.Pointer(&a.start), unsafe.Pointer(&a.size)}
-	err := c.onDev(dev, func() error {
-		return c.d.call(c.d.cuPointerGetAttributes, uintptr(len(kinds)),
-			uintptr(unsafe.Pointer(&kinds[0])), uintptr(unsafe.Pointer(&data[0])), uintptr(addr))
-	})
-	return *a, err
-}
-
-// Resolve checks that [addr, addr+size) lies inside one allocation of
-// device memory on dev that this process knows (EFAULT otherwise). GPU
-// memory has no host address, so it returns 0.
-func (c *Connector) Resolve(dev int, addr uint64, size int64) (uintptr, error) {
-	if err := c.checkDev(dev); err != nil {
-		return 0, err
-	}
-	if err := checkSize(size); err != nil {
-		return 0, err
-	}
-	if addr+uint64(size) < addr {
-		return 0, errs.New(unix.EFAULT, "nvidia: range %#x+%d wraps", addr, size)
-	}
-	if err := c.checkOpen(); err != nil {
-		return 0, err
-	}
-	a, err := c.attrs(dev, addr)
-	if err != nil {
-		return 0, errs.New(unix.EFAULT, "nvidia: %#x+%d: %v", addr, size, err)
-	}
-	switch {
-	case a.memType != cuMemoryTypeDevice:
-		return 0, errs.New(unix.EFAULT, "nvidia: %#x is not device memory (memory type %d)", addr, a.memType)
-	case int(a.ordinal) != dev:
-		return 0, errs.New(unix.EFAULT, "nvidia: %#x is memory of device %d, not %d", addr, a.ordinal, dev)
-	case addr < a.start || addr+uint64(size) > a.start+a.size:
-		return 0, errs.New(unix.EFAULT, "nvidia: %#x+%d runs outside its allocation %#x+%d", addr, size, a.start, a.size)
-	}
-	return 0, nil
-}
-
-// AllocHost allocates pinned, portable host memory (cuMemHostAlloc): the
-// copy engine reads it directly, so async copies from it overlap the host.
-func (c *Connector) AllocHost(size int64) (connector.HostMemory, error) {
-	if err := checkSize(size); err != nil {
-		return nil, err
-	}
-	if err := c.acquire(); err != nil {
-		return nil, err
-	}
-	var p unsafe.Pointer
-	// Portable memory is pinned for every context; device 0's is current
-	// only because the call needs one.
-	err := c.onDev(0, func() error {
-		return c.d.call(c.d.cuMemHostAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size), cuMemHostAllocPortable)
-	})
-	if err != nil {
-		c.release()
-		return nil, err
-	}
-	return &HostMemory{c: c, p: p, size: size}, nil
-}
-
-// NewStream creates a non-blocking stream on dev: it does not serialise
-// with the legacy default stream, so copies on different streams overlap.
-func (c *Connector) NewStream(dev int) (connector.Stream, error) {
-	if err := c.checkDev(dev); err != nil {
-		return nil, err
-	}
-	if err := c.acquire(); err != nil {
-		return nil, err
-	}
-	var h uintptr
-	err := c.onDev(dev, func() error {
-		return c.d.call(c.d.cuStreamCreate, uintptr(unsafe.Pointer(&h)), cuStreamNonBlocking)
-	})
-	if err != nil {
-		c.release()
-		return nil, err
-	}
-	return &Stream{c: c, dev: dev, h: h}, nil
-}
-
-// syncLegacy waits for the legacy default stream, where the synchronous
-// copies and memsets below run: a pageable host-to-device copy or a memset
-// may return before the device has the bytes.
-func (c *Connector) syncLegacy() error {
-	return c.d.call(c.d.cuStreamSynchronize, 0)
-}
-
-// CopyToHost copies len(dst) bytes of dev's memory at src into dst and
-// returns once they are there. Copies queued on Streams are not waited for.
-func (c *Connector) CopyToHost(dst []byte, src uint64, dev int) error {
-	if err := c.checkDev(dev); err != nil {
-		return err
-	}
-	if len(dst) == 0 {
-		return nil
-	}
-	if err := c.checkOpen(); err != nil {
-		return err
-	}
-	return c.onDev(dev, func() error {
-		return c.d.call(c.d.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), uintptr(src), uintptr(len(dst)))
-	})
-}
-
-// CopyToDeviceSync copies src to dev's memory at dst and returns once the
-// device holds the bytes.
-func (c *Connector) CopyToDeviceSync(dev int, dst uint64, src []byte) error {
-	if err := c.checkDev(dev); err != nil {
-		return err
-	}
-	if len(src) == 0 {
-		return nil
-	}
-	if err := c.checkOpen(); err != nil {
-		return err
-	}
-	return c.onDev(dev, func() error {
-		if err := c.d.call(c.d.cuMemcpyHtoD, uintptr(dst), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src))); err != nil {
-			return err
-		}
-		return c.syncLegacy()
-	})
-}
-
-// Memset sets n bytes of dev's memory at addr to b and returns once done.
-func (c *Connector) Memset(dev int, addr uint64, b byte, n int64) error {
-	if err := c.checkDev(dev); err != nil {
-		return err
-	}
-	if n < 0 {
-		return errs.New(unix.EINVAL, "nvidia: memset of %d bytes", n)
-	}
-	if n == 0 {
-		return nil
-	}
-	if err := c.checkOpen(); err != nil {
-		return err
-	}
-	return c.onDev(dev, func() error {
-		if err := c.d.call(c.d.cuMemsetD8, uintptr(addr), uintptr(b), uintptr(n)); err != nil {
-			return err
-		}
-		return c.syncLegacy()
-	})
-}
-
-// Memory is device memory allocated (cuMemAlloc) or imported (CUDA IPC).
-type Memory struct {
-	c        *Connector
-	dev      int
-	addr     uint64
-	size     int64
-	imported bool
-
-	mu     sync.Mutex
-	closed bool
-}
-
-// Device is the CUDA ordinal the memory was allocated or imported on.
-func (m *Memory) Device() int { return m.dev }
-
-// Addr is the device address in this process.
-func (m *Memory) Addr() uint64 { return m.addr }
-
-// Size is the size allocated, or the size given to Import.
-func (m *Memory) Size() int64 { return m.size }
-
-// Imported reports whether the memory came from Import.
-func (m *Memory) Imported() bool { return m.imported }
-
-// Export returns the CUDA IPC handle of the allocation (cuIpcGetMemHandle).
-func (m *Memory) Export() (connector.Handle, error) {
-	var h connector.Handle
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return h, errs.New(unix.EBADF, "nvidia: memory closed")
-	}
-	err := m.c.onDev(m.dev, func() error {
-		return m.c.d.call(m.c.d.cuIpcGetMemHandle, uintptr(unsafe.Pointer(&h)), uintptr(m.addr))
-	})
-	return h, err
-}
-
-// Close frees allocated memory or closes the IPC mapping of imported
-// memory. A second Close does nothing.
-func (m *Memory) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return nil
-	}
-	m.closed = true
-	defer m.c.release()
-	return m.c.onDev(m.dev, func() error {
-		if m.imported {
-			return m.c.d.call(m.c.d.cuIpcCloseMemHandle, uintptr(m.addr))
-		}
-		return m.c.d.call(m.c.d.cuMemFree, uintptr(m.addr))
-	})
-}
-
-// HostMemory is pinned host memory from AllocHost.
-type HostMemory struct {
-	c    *Connector
-	p    unsafe.Pointer // C memory: the GC ignores it
-	size int64
-
-	mu     sync.Mutex
-	closed bool
-}
-
-// Bytes is the memory; nil once closed.
-func (h *HostMemory) Bytes() []byte {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return nil
-	}
-	return unsafe.Slice((*byte)(h.p), h.size)
-}
-
-// Close frees the memory (cuMemFreeHost); slices from Bytes must no longer
-// be used. A second Close does nothing.
-func (h *HostMemory) Close() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return nil
-	}
-	h.closed = true
-	defer h.c.release()
-	return h.c.onDev(0, func() error {
-		return h.c.d.call(h.c.d.cuMemFreeHost, uintptr(h.p))
-	})
-}
-
-// Stream is a non-blocking CUDA stream on one device.
-type Stream struct {
-	c   *Connector
-	dev int
-	h   uintptr
-
-	mu     sync.Mutex
-	held   [][]byte // host buffers of queued copies: reachable until Synchronize
-	err    error    // first enqueue error since the last Synchronize
-	closed bool
-}
-
-func (s *Stream) enqueue(buf []byte, f func() error) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errs.New(unix.EBADF, "nvidia: stream closed")
-	}
-	err := s.c.onDev(s.dev, f)
-	if err != nil {
-		if s.err == nil {
-			s.err = err
-		}
-		return err
-	}
-	s.held = append(s.held, buf)
-	return nil
-}
-
-// CopyToDevice queues a copy of src to device address dst. src must stay
-// untouched until Synchronize returns; pinned memory (AllocHost) makes the
-// copy truly asynchronous.
-func (s *Stream) CopyToDevice(dst uint64, src []byte) error {
-	if len(src) == 0 {
-		return nil
-	}
-	return s.enqueue(src, func() error {
-		return s.c.d.call(s.c.d.cuMemcpyHtoDAsync, uintptr(dst), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), s.h)
-	})
-}
-
-// CopyFromDevice queues a copy of len(dst) bytes at device address src into
-// dst, which holds them once Synchronize returns.
-func (s *Stream) CopyFromDevice(dst []byte, src uint64) error {
-	if len(dst) == 0 {
-		return nil
-	}
-	return s.enqueue(dst, func() error {
-		return s.c.d.call(s.c.d.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), uintptr(src), uintptr(len(dst)), s.h)
-	})
-}
-
-// Synchronize waits for every queued copy and returns the first error of
-// an enqueue or of the copies since the last Synchronize.
-func (s *Stream) Synchronize() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errs.New(unix.EBADF, "nvidia: stream closed")
-	}
-	return s.syncLocked()
-}
-
-func (s *Stream) syncLocked() error {
-	err := s.c.onDev(s.dev, func() error {
-		return s.c.d.call(s.c.d.cuStreamSynchronize, s.h)
-	})
-	if s.err != nil {
-		err = s.err
-	}
-	s.err = nil
-	clear(s.held)
-	s.held = s.held[:0]
-	return err
-}
-
-// Close waits for the queued copies (their host buffers may be Go memory)
-// and destroys the stream. A second Close does nothing.
-func (s *Stream) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	defer s.c.release()
-	err := s.syncLocked()
-	if derr := s.c.onDev(s.dev, func() error {
-		return s.c.d.call(s.c.d.cuStreamDestroy, s.h)
-	}); err == nil {
-		err = derr
-	}
-	return err
 }

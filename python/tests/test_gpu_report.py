@@ -29,7 +29,7 @@ def table_rows(text):
 
 class ReportTest(unittest.TestCase):
     def test_cufile_not_run_without_measurement(self):
-        g = {"results": [result("phxfs direct (Go) hot", 10.0), result("ceiling pinned H2D 4MiB copies", 20.0)]}
+        g = {"results": [result("phxfs in-process library (Go) hot", 10.0), result("ceiling pinned H2D 4MiB copies", 20.0)]}
         rows = table_rows(gpu_report.render(g, {"results": []}))
         self.assertEqual(rows[gpu_report.CUFILE_LABEL][1], "not run")
         self.assertNotIn("fails", rows[gpu_report.CUFILE_LABEL])
@@ -50,7 +50,7 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| not run | |", text)
 
     def test_measured_rows_come_from_results(self):
-        g = {"results": [result("phxfs direct (Go) hot", 9.0), result("ceiling pinned H2D 4MiB copies", 10.0),
+        g = {"results": [result("phxfs in-process library (Go) hot", 9.0), result("ceiling pinned H2D 4MiB copies", 10.0),
                          result("e cuFile read", 3.0, note="compat mode")],
              "chosen": {"workers": 16}}
         p = {"results": [result("c safetensors load_file cuda hot", 1.5)]}

@@ -17,12 +17,12 @@ CEILINGS = ("ceiling pinned H2D", "ceiling page-cache read", "ceiling cold O_DIR
 # against the pinned-copy ceiling, "cold" ones against the best cold read.
 PATHS = (
     ("(a) phxmount ioctl, Python client, hot", "a phxmount ioctl (python client) hot", "hot"),
-    ("(b) phxfs from Go, hot", "phxfs direct (Go) hot", "hot"),
+    ("(b) phxfs from Go, hot", "phxfs in-process library (Go) hot", "hot"),
     ("(c) safetensors load_file(cuda), hot", "c safetensors load_file cuda hot", "hot"),
     ("(d) pageable read + .cuda(), hot", "d pageable read + .cuda() hot", "hot"),
     ("(a) phxmount ioctl, Python client, cold", "a phxmount ioctl (python client) cold", "cold"),
-    ("(b) phxfs from Go, cold, policy auto", "phxfs direct (Go) cold, policy auto", "cold"),
-    ("(b) phxfs from Go, cold, policy never (buffered)", "phxfs direct (Go) cold, policy never", "cold"),
+    ("(b) phxfs from Go, cold, policy auto", "phxfs in-process library (Go) cold, policy auto", "cold"),
+    ("(b) phxfs from Go, cold, policy never (buffered)", "phxfs in-process library (Go) cold, policy never", "cold"),
     ("(c) safetensors load_file(cuda), cold", "c safetensors load_file cuda cold", "cold"),
     ("(d) pageable read + .cuda(), cold", "d pageable read + .cuda() cold", "cold"),
 )
@@ -104,9 +104,9 @@ def build_targets(r):
     v = {k: gbps(r.get(k)) for _, k, _ in PATHS}
     specs = (
         ("hot >= 0.9x pinned-copy ceiling (phxmount, Python)", "a phxmount ioctl (python client) hot", pinned, 0.9, "{:.2f}"),
-        ("hot >= 0.9x pinned-copy ceiling (phxfs, Go)", "phxfs direct (Go) hot", pinned, 0.9, "{:.2f}"),
+        ("hot >= 0.9x pinned-copy ceiling (phxfs, Go)", "phxfs in-process library (Go) hot", pinned, 0.9, "{:.2f}"),
         ("cold >= 0.9x best cold-read ceiling (phxmount, Python)", "a phxmount ioctl (python client) cold", cold, 0.9, "{:.2f}"),
-        ("cold >= 0.9x best cold-read ceiling (phxfs, Go)", "phxfs direct (Go) cold, policy auto", cold, 0.9, "{:.2f}"),
+        ("cold >= 0.9x best cold-read ceiling (phxfs, Go)", "phxfs in-process library (Go) cold, policy auto", cold, 0.9, "{:.2f}"),
         (">= 5x safetensors when hot (phxmount, Python)", "a phxmount ioctl (python client) hot",
          v["c safetensors load_file cuda hot"], 5, "{:.1f}x"),
     )

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
+)
+
+// The ceilings: what the hardware does without phxfs, measured side by side
+// with the loads. pinnedCeiling copies from pinned host memory to the
+// device; the read ceilings read the data section with -threads threads
+// into pinned buffers, from the page cache (hot) and, after dropping the
+// caches, with O_DIRECT and buffered (cold).
+
+// pinnedCeiling measures pinned host-to-device copies, allocated before
+// timing: whole-buffer copies on one stream, then threads streams.
+func pinnedCeiling(rep *report, conn connector.Connector, mem connector.Memory, threads int) error {
+	// One 1 GiB pinned buffer, one stream, whole-buffer copies.
+	block := min(int64(gib), mem.Size()/(64<<10)*(64<<10))
+	h, s, done, err := hostAndStream(conn, block)
+	if err != nil {
+		return err
+	}
+	defer done()
+	n := min(mem.Size()/block, 8)
+	copyAll := func() (time.Duration, error) {
+		t0 := time.Now()
+		for i := range n {
+			if err := s.CopyToDevice(mem.Addr()+uint64(i*block), h.Bytes()); err != nil {
+				return 0, err
+			}
+		}
+		err := s.Synchronize()
+		return time.Since(t0), err
+	}
+	copyAll()
+	best, err := bestOf(2, copyAll)
+	if err != nil {
+		return err
+	}
+	rep.add(fmt.Sprintf("ceiling pinned H2D %dMiB copies", block/mib), n*block, best, "one stream")
+	return pinnedStreams(rep, conn, mem, h, block, n*block, threads)
+}
+
+// pinnedStreams copies total bytes with threads streams, 4 MiB copies from
+// per-thread slices of h, block bytes of pinned memory (the staged
+// transport's shape without the reads).
+func pinnedStreams(rep *report, conn connector.Connector, mem connector.Memory, h connector.HostMemory, block, total int64, threads int) error {
+	type lane struct {
+		s connector.Stream
+		b []byte
+	}
+	lanes := make([]lane, threads)
+	for i := range lanes {
+		st, err := conn.NewStream(0)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		lanes[i] = lane{st, h.Bytes()[int64(i)*4*mib%(block-4*mib+1):][:4*mib]}
+	}
+	run := func() time.Duration {
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		for w := range lanes {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				ln := lanes[w]
+				for off := int64(w) * 4 * mib; off < total; off += int64(threads) * 4 * mib {
+					ln.s.CopyToDevice(mem.Addr()+uint64(off), ln.b)
+				}
+				ln.s.Synchronize()
+			}(w)
+		}
+		wg.Wait()
+		return time.Since(t0)
+	}
+	run()
+	best := min(run(), run())
+	rep.add(fmt.Sprintf("ceiling pinned H2D %d streams x 4MiB", threads), total, best, "")
+	return nil
+}
+
+// hostAndStream allocates a pinned host buffer and a copy stream on device
+// 0; done releases both.
+func hostAndStream(conn connector.Connector, size int64) (connector.HostMemory, connector.Stream, func(), error) {
+	h, err := conn.AllocHost(size)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	s, err := conn.NewStream(0)
+	if err != nil {
+		h.Close()
+		return nil, nil, nil, err
+	}
+	return h, s, func() { s.Close(); h.Close() }, nil
+}
+
+// openFile opens the file, buffered (the loads and the page-cache reads)
+// and O_DIRECT, and allocates the read ceilings' pinned buffers.
+func (b *bench) openFile() error {
+	fd, err := unix.Open(b.o.file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	b.fd = fd
+	b.onClose(func() { unix.Close(fd) })
+	dfd, err := unix.Open(b.o.file, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	b.dfd = dfd
+	b.onClose(func() { unix.Close(dfd) })
+	b.bufs = make([][]byte, b.o.threads)
+	for i := range b.bufs {
+		h, err := b.conn.AllocHost(16*mib + 8192)
+		if err != nil {
+			return err
+		}
+		b.onClose(func() { h.Close() })
+		b.bufs[i] = h.Bytes()
+	}
+	return nil
+}
+
+// read reads the data section of fd in chunks of cs (stripedRead).
+func (b *bench) read(fd int, cs int64) error {
+	return stripedRead(fd, b.start, b.dataLen, b.o.threads, cs, b.bufs)
+}
+
+// pageCacheCeiling reads the data section from the page cache (warmed
+// first), the best of two per chunk size.
+func (b *bench) pageCacheCeiling() error {
+	if err := b.read(b.fd, 4*mib); err != nil {
+		return err
+	}
+	for _, cs := range []int64{4 * mib, 16 * mib} {
+		best, err := bestOf(2, func() (time.Duration, error) {
+			return timed(func() error { return b.read(b.fd, cs) })
+		})
+		if err != nil {
+			return err
+		}
+		b.rep.add(fmt.Sprintf("ceiling page-cache read %dx%dMiB", b.o.threads, cs/mib), b.dataLen, best, "hot, pread into pinned memory, no copy")
+	}
+	return nil
+}
+
+// coldCeilings reads the data section cold, O_DIRECT and buffered, same
+// thread count.
+func (b *bench) coldCeilings() error {
+	for _, cs := range []int64{4 * mib, 16 * mib} {
+		if err := b.coldRead(b.dfd, cs, fmt.Sprintf("ceiling cold O_DIRECT read %dx%dMiB", b.o.threads, cs/mib)); err != nil {
+			return err
+		}
+	}
+	return b.coldRead(b.fd, 4*mib, fmt.Sprintf("ceiling cold buffered read %dx4MiB", b.o.threads))
+}
+
+// coldRead drops the caches and times one read of the data section.
+func (b *bench) coldRead(fd int, cs int64, name string) error {
+	dropCaches()
+	d, err := timed(func() error { return b.read(fd, cs) })
+	if err != nil {
+		return err
+	}
+	b.rep.add(name, b.dataLen, d, "")
+	return nil
+}
+
+func dropCaches() error {
+	unix.Sync()
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0)
+}
+
+// stripedRead reads [start, start+n) of fd with threads goroutines, each
+// reading chunks of size cs into its own buffer (round robin).
+func stripedRead(fd int, start, n int64, threads int, cs int64, bufs [][]byte) error {
+	var wg sync.WaitGroup
+	errc := make(chan error, threads)
+	for w := range threads {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			buf := bufs[w]
+			for off := int64(w) * cs; off < n; off += int64(threads) * cs {
+				l := min(cs, n-off)
+				pos := start + off
+				ln := l
+				if (pos % 4096) != 0 { // O_DIRECT: aligned reads only
+					pos -= pos % 4096
+					ln = l + (start+off)%4096
+				}
+				ln = (ln + 4095) / 4096 * 4096
+				got, err := unix.Pread(fd, buf[:ln], pos)
+				if err != nil {
+					errc <- fmt.Errorf("pread %d at %d: %v", ln, pos, err)
+					return
+				}
+				if int64(got) < l {
+					errc <- fmt.Errorf("pread at %d: %d bytes", pos, got)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	return firstErr(errc)
+}
+
+// firstErr is the first error sent on errc; nil when none was.
+func firstErr(errc <-chan error) error {
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
