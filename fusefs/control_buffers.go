@@ -12,21 +12,18 @@ import (
 	"phxmount/phxfs"
 )
 
-// buffer is one live registration.
+// buffer is what the protocol adds to a phxfs registration: its id, its
+// token, its owner and the open file it was registered on. The
+// registration owns the memory and its hold/drain lifecycle; a buffer
+// found in the maps below is live, and a transfer holds its registration
+// (taken under s.mu, where release unlinks it) until it is done.
 type buffer struct {
-	id        uint64
-	token     client.Token
-	tgid      int
-	uid       uint32
-	fileID    uint64 // the open file it was registered on
-	dev       int
-	mem       connector.Memory // the daemon's import of the application's memory
-	addr      uint64           // mem.Addr(): what phxfs requests name
-	size      int64
-	transport phxfs.Transport
-
-	inflight int  // transfers using it right now
-	dying    bool // release began: no new transfer may start
+	id     uint64
+	token  client.Token
+	tgid   int
+	uid    uint32
+	fileID uint64 // the open file it was registered on
+	reg    *phxfs.Registration
 }
 
 func (b *buffer) ownedBy(c Caller) bool { return b.tgid == c.Tgid && b.uid == c.UID }
@@ -75,9 +72,10 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 		return client.RegisterResp{}, e
 	}
 	s.stats.registered.Add(1)
-	log.WithFields(logrus.Fields{"id": b.id, "transport": string(b.transport)}).
-		Infof("registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, b.transport)
-	return client.RegisterResp{ID: b.id, Token: b.token, Transport: client.TransportByName(string(b.transport))}, 0
+	t := b.reg.Transport()
+	log.WithFields(logrus.Fields{"id": b.id, "transport": string(t)}).
+		Infof("registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, t)
+	return client.RegisterResp{ID: b.id, Token: b.token, Transport: client.TransportByName(string(t))}, 0
 }
 
 // checkRegister refuses a REGISTER whose fields cannot be served.
@@ -133,33 +131,17 @@ func (s *ControlServer) unreserve(tgid int, size int64) {
 
 // importBuffer imports the caller's memory and registers it with phxfs.
 func (s *ControlServer) importBuffer(c Caller, f *OpenFile, dev int, size int64, h [client.HandleSize]byte, log *logrus.Entry) (*buffer, unix.Errno) {
-	mem, err := s.conn.Import(dev, connector.Handle(h), size, c.Tgid)
+	reg, err := s.lib.Import(dev, connector.Handle(h), size, c.Tgid)
 	if err != nil {
-		log.Warnf("register refused: import: %v", err)
-		return nil, errs.Errno(err)
-	}
-	reg, err := s.lib.RegMem(dev, mem.Addr(), size)
-	if err != nil {
-		mem.Close()
 		log.Warnf("register refused: %v", err)
 		return nil, errs.Errno(err)
 	}
-	b := &buffer{tgid: c.Tgid, uid: c.UID, fileID: f.ID, dev: dev, mem: mem,
-		addr: reg.Addr, size: reg.Size, transport: reg.Transport}
+	b := &buffer{tgid: c.Tgid, uid: c.UID, fileID: f.ID, reg: reg}
 	if b.token, err = randomToken(); err != nil {
-		b.unmap(s.lib)
+		reg.Close()
 		return nil, unix.EIO
 	}
 	return b, 0
-}
-
-// unmap deregisters and unmaps a buffer.
-func (b *buffer) unmap(lib *phxfs.Lib) error {
-	first := lib.DeregMem(b.dev, b.addr, b.size)
-	if err := b.mem.Close(); err != nil && first == nil {
-		first = err
-	}
-	return first
 }
 
 // publish makes b findable by id, token, owner and file, turning its
@@ -168,7 +150,7 @@ func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.En
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		b.unmap(s.lib)
+		b.reg.Close()
 		return unix.ESHUTDOWN
 	}
 	p := s.procs[c.Tgid]
@@ -180,7 +162,7 @@ func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.En
 			}
 		}
 		if err != nil {
-			b.unmap(s.lib)
+			b.reg.Close()
 			log.Warnf("register refused: cannot watch the registering process: %v", err)
 			if errors.Is(err, unix.ESRCH) {
 				return unix.ESRCH
@@ -190,12 +172,12 @@ func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.En
 		p = &proc{tgid: c.Tgid, pidfd: pidfd, bufs: map[*buffer]struct{}{}}
 		s.procs[c.Tgid] = p
 	}
-	s.unreserve(c.Tgid, b.size)
+	s.unreserve(c.Tgid, b.reg.Size())
 	s.nextID++
 	b.id = s.nextID
 	s.bufs[b.id] = b
 	s.tokens[b.token] = b
-	s.liveBytes += b.size
+	s.liveBytes += b.reg.Size()
 	p.bufs[b] = struct{}{}
 	fb := s.byFile[f.ID]
 	if fb == nil {
@@ -210,7 +192,7 @@ func (s *ControlServer) deregister(c Caller, id uint64) unix.Errno {
 	s.mu.Lock()
 	b := s.bufs[id]
 	switch {
-	case b == nil || b.dying:
+	case b == nil:
 		s.mu.Unlock()
 		return unix.ENOENT
 	case !b.ownedBy(c):
@@ -229,16 +211,15 @@ func (s *ControlServer) deregister(c Caller, id uint64) unix.Errno {
 
 var errAlreadyReleasing = errs.New(unix.ENOENT, "buffer is already being released")
 
-// release unlinks b so no new transfer can find it, waits for the transfers
-// in flight, and then deregisters and unmaps it.
+// release unlinks b so no new transfer can find it, then closes its
+// registration, which waits for the transfers that hold it.
 func (s *ControlServer) release(b *buffer, why releaseReason) error {
 	s.mu.Lock()
-	if b.dying {
+	if s.bufs[b.id] != b {
 		s.mu.Unlock()
 		return errAlreadyReleasing
 	}
-	b.dying = true
-	s.liveBytes -= b.size
+	s.liveBytes -= b.reg.Size()
 	delete(s.bufs, b.id)
 	delete(s.tokens, b.token)
 	if fb := s.byFile[b.fileID]; fb != nil {
@@ -255,15 +236,12 @@ func (s *ControlServer) release(b *buffer, why releaseReason) error {
 			unwatch = p
 		}
 	}
-	for b.inflight > 0 {
-		s.changed.Wait()
-	}
 	s.mu.Unlock()
 
 	if unwatch != nil {
 		s.watch.remove(unwatch.pidfd)
 	}
-	first := b.unmap(s.lib)
+	first := b.reg.Close()
 	switch why {
 	case releaseDeregister:
 		s.stats.relDereg.Add(1)

@@ -36,14 +36,15 @@ func newLimitedCtl(t *testing.T, cfg ControlConfig, gated bool) (*ctlEnv, *gated
 	if err != nil {
 		t.Fatal(err)
 	}
-	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: "sync", Workers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var lc connector.Connector = conn
 	var g *gatedConnector
 	if gated {
 		g = &gatedConnector{Connector: conn, entered: make(chan struct{}, 64), gate: make(chan struct{})}
-		cfg.Connector = g
+		lc = g
+	}
+	lib, err := phxfs.New(phxfs.Config{Connector: lc, Engine: "sync", Workers: 2})
+	if err != nil {
+		t.Fatal(err)
 	}
 	log := logrus.New()
 	log.SetLevel(logrus.ErrorLevel)

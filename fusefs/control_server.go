@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"crypto/rand"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -25,9 +26,6 @@ import (
 type ControlConfig struct {
 	// Lib performs the I/O. Required.
 	Lib *phxfs.Lib
-	// Connector imports the buffers applications export (default: the
-	// library's connector).
-	Connector connector.Connector
 	// ReadOnly refuses every write ioctl with EROFS (a read-only mount).
 	ReadOnly bool
 	// Passthrough reports whether the overlay's kernel passthrough is
@@ -57,14 +55,13 @@ type ControlServer struct {
 	log    *logrus.Entry
 	pt     atomic.Pointer[func() (bool, string)]
 
-	mu      sync.Mutex
-	changed *sync.Cond // a buffer's in-flight count dropped to zero
-	bufs    map[uint64]*buffer
-	tokens  map[client.Token]*buffer
-	byFile  map[uint64]map[*buffer]struct{}
-	procs   map[int]*proc
-	nextID  uint64
-	closed  bool
+	mu     sync.Mutex
+	bufs   map[uint64]*buffer
+	tokens map[client.Token]*buffer
+	byFile map[uint64]map[*buffer]struct{}
+	procs  map[int]*proc
+	nextID uint64
+	closed bool
 
 	// Registrations in progress (reserve) and the bytes of live ones.
 	pending      map[int]int // by tgid
@@ -95,9 +92,6 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 	if cfg.Lib == nil {
 		return nil, errs.New(unix.EINVAL, "control: no phxfs library")
 	}
-	if cfg.Connector == nil {
-		cfg.Connector = cfg.Lib.Connector()
-	}
 	if cfg.MaxBuffersPerProcess <= 0 {
 		cfg.MaxBuffersPerProcess = 4096
 	}
@@ -114,8 +108,8 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 	s := &ControlServer{
 		cfg:     cfg,
 		lib:     cfg.Lib,
-		conn:    cfg.Connector,
-		vendor:  client.VendorByName(cfg.Connector.Vendor()),
+		conn:    cfg.Lib.Connector(),
+		vendor:  client.VendorByName(cfg.Lib.Connector().Vendor()),
 		log:     log,
 		bufs:    map[uint64]*buffer{},
 		tokens:  map[client.Token]*buffer{},
@@ -124,7 +118,6 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 		pending: map[int]int{},
 		devOpen: map[int]bool{},
 	}
-	s.changed = sync.NewCond(&s.mu)
 	if cfg.Passthrough != nil {
 		s.SetPassthrough(cfg.Passthrough)
 	}
@@ -383,33 +376,13 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 	res := make([]int64, len(reqs))
 	preqs := make([]phxfs.Request, 0, len(reqs))
 	idx := make([]int, 0, len(reqs))
-	held := make([]*buffer, 0, len(reqs))
 
-	s.mu.Lock()
-	for i, r := range reqs {
-		if refuse[i] != 0 {
-			res[i] = -int64(refuse[i])
-			continue
+	held := s.holdExtents(c, f, reqs, refuse, res, &preqs, &idx)
+	defer func() {
+		for _, b := range held {
+			b.reg.Release()
 		}
-		b := s.bufs[r.ID]
-		switch {
-		case b == nil || b.dying:
-			res[i] = -int64(unix.ENOENT)
-			continue
-		case !b.ownedBy(c):
-			res[i] = -int64(unix.EPERM)
-			continue
-		case r.BufOffset > uint64(b.size) || r.Length > uint64(b.size)-r.BufOffset:
-			res[i] = -int64(unix.EFAULT)
-			continue
-		}
-		b.inflight++
-		held = append(held, b)
-		idx = append(idx, i)
-		preqs = append(preqs, phxfs.Request{Fd: f.Fd, Device: b.dev, Buf: b.addr,
-			BufOffset: int64(r.BufOffset), Len: int64(r.Length), FileOffset: int64(r.FileOffset)})
-	}
-	s.mu.Unlock()
+	}()
 
 	// One extent or many, the library's batch path: it resolves each
 	// request against its registration, coalesces and runs them.
@@ -435,21 +408,53 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 			moved += uint64(res[i])
 		}
 	}
-	s.mu.Lock()
-	for _, b := range held {
-		b.inflight--
-		if b.inflight == 0 && b.dying {
-			s.changed.Broadcast()
-		}
-	}
-	s.mu.Unlock()
-
 	if write {
 		s.stats.bytesWritten.Add(moved)
 	} else {
 		s.stats.bytesRead.Add(moved)
 	}
 	return res
+}
+
+// holdExtents checks every extent that is not refused yet against its
+// buffer and the caller (res gets -errno), holds the registration of each
+// buffer named (once; the caller releases them) and appends a library
+// request for each extent that passed, with its index.
+func (s *ControlServer) holdExtents(c Caller, f *OpenFile, reqs []client.IOReq, refuse []unix.Errno, res []int64, preqs *[]phxfs.Request, idx *[]int) []*buffer {
+	var held []*buffer
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, r := range reqs {
+		if refuse[i] != 0 {
+			res[i] = -int64(refuse[i])
+			continue
+		}
+		b := s.bufs[r.ID]
+		switch {
+		case b == nil:
+			res[i] = -int64(unix.ENOENT)
+			continue
+		case !b.ownedBy(c):
+			res[i] = -int64(unix.EPERM)
+			continue
+		case r.BufOffset > uint64(b.reg.Size()) || r.Length > uint64(b.reg.Size())-r.BufOffset:
+			res[i] = -int64(unix.EFAULT)
+			continue
+		}
+		if !slices.Contains(held, b) {
+			// Under s.mu, where release unlinks the buffer: a buffer found
+			// here is not closing yet, so this hold cannot fail.
+			if b.reg.Hold() != nil {
+				res[i] = -int64(unix.ENOENT)
+				continue
+			}
+			held = append(held, b)
+		}
+		*idx = append(*idx, i)
+		*preqs = append(*preqs, phxfs.Request{Fd: f.Fd, Device: b.reg.Device(), Buf: b.reg.Addr(),
+			BufOffset: int64(r.BufOffset), Len: int64(r.Length), FileOffset: int64(r.FileOffset)})
+	}
+	return held
 }
 
 // randomToken draws a capability token.

@@ -369,11 +369,19 @@ func TestControlOwnerDeath(t *testing.T) {
 	if n, errno := e.read(c, f, client.IOReq{ID: r.ID, Length: 1 << 20}); errno != 0 || n != 1<<20 {
 		t.Fatalf("READ for the child: %d %v", n, errno)
 	}
-	// The daemon's own mapping shows the bytes.
+	// The daemon's own import shows the bytes: the library writes them out.
 	e.s.mu.Lock()
 	b := e.s.bufs[r.ID]
 	e.s.mu.Unlock()
-	if !bytes.Equal(b.mem.(*emu.Memory).Bytes(), data) {
+	out2, err := os.CreateTemp(t.TempDir(), "back")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out2.Close()
+	if n, err := e.lib.Write(int(out2.Fd()), b.reg.Device(), b.reg.Addr(), 0, 1<<20, 0); err != nil || n != 1<<20 {
+		t.Fatalf("write the import back: %d, %v", n, err)
+	}
+	if got, _ := os.ReadFile(out2.Name()); !bytes.Equal(got, data) {
 		t.Fatalf("bytes in the child's buffer differ")
 	}
 	child.Process.Kill()

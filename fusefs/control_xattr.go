@@ -241,26 +241,15 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 	if t.IsDir {
 		return unix.EISDIR
 	}
-	s.mu.Lock()
-	b := s.tokens[r.token]
-	if b == nil || b.dying {
-		s.mu.Unlock()
-		return unix.EKEYREJECTED
+	b, e := s.holdToken(r.token)
+	if e != 0 {
+		return e
 	}
-	if r.offset > uint64(b.size) {
-		s.mu.Unlock()
+	defer b.reg.Release()
+	bsize := uint64(b.reg.Size())
+	if r.offset > bsize {
 		return unix.EFAULT
 	}
-	b.inflight++
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		b.inflight--
-		if b.inflight == 0 && b.dying {
-			s.changed.Broadcast()
-		}
-		s.mu.Unlock()
-	}()
 
 	if t.Open == nil {
 		return unix.EACCES
@@ -287,15 +276,15 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 		if r.fileOffset < size {
 			length = size - r.fileOffset
 		}
-		if length > 0 && r.offset == uint64(b.size) {
+		if length > 0 && r.offset == bsize {
 			return unix.EFAULT // the file has bytes and none fits
 		}
-		length = min(length, uint64(b.size)-r.offset)
+		length = min(length, bsize-r.offset)
 	}
-	if length > uint64(b.size)-r.offset {
+	if length > bsize-r.offset {
 		return unix.EFAULT
 	}
-	n, err := s.lib.Read(fd, b.dev, b.addr, int64(r.offset), int64(length), int64(r.fileOffset))
+	n, err := s.lib.Read(fd, b.reg.Device(), b.reg.Addr(), int64(r.offset), int64(length), int64(r.fileOffset))
 	if err != nil {
 		return errs.Errno(err)
 	}
@@ -307,4 +296,16 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 	s.log.WithFields(logrus.Fields{"id": b.id, "pid": c.Tgid, "uid": c.UID, "file": t.Name}).
 		Infof("user.phx.load: %d bytes of %s into buffer %d at %d", n, t.Name, b.id, r.offset)
 	return 0
+}
+
+// holdToken finds the live buffer a token names and holds its registration
+// (the caller releases it): EKEYREJECTED for no live buffer.
+func (s *ControlServer) holdToken(tok client.Token) (*buffer, unix.Errno) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.tokens[tok]
+	if b == nil || b.reg.Hold() != nil {
+		return nil, unix.EKEYREJECTED
+	}
+	return b, 0
 }

@@ -11,14 +11,14 @@ import (
 
 // device is one open phxfs device.
 type device struct {
-	index    int
-	info     connector.DeviceInfo
-	refs     int  // client references (Open calls not yet Closed)
-	draining bool // the last Close is waiting for in-flight I/O
-	inflight int  // I/O requests holding one of its registrations
-	regions  []*region
-	kdev     kernelDevice // the kernel module's device, nil without it
-	kerr     error        // why there is no kdev (the module's absence or refusal)
+	lib   *Lib
+	index int
+	info  connector.DeviceInfo
+	refs  int             // client references (Open calls not yet Closed)
+	io    users           // I/O holding one of its registrations; closing: the last Close drains it
+	regs  []*Registration // by address
+	kdev  kernelDevice    // the kernel module's device, nil without it
+	kerr  error           // why there is no kdev (the module's absence or refusal)
 }
 
 // OpenDevice opens device index, or adds a client reference to it. An open
@@ -30,7 +30,7 @@ func (l *Lib) OpenDevice(index int) error {
 		return errs.New(unix.EINVAL, "phxfs: library closed")
 	}
 	if d := l.devices[index]; d != nil {
-		if d.draining {
+		if d.io.closing {
 			return errs.New(unix.EBUSY, "phxfs: device %d is closing", index)
 		}
 		d.refs++
@@ -43,7 +43,7 @@ func (l *Lib) OpenDevice(index int) error {
 	if index < 0 || index >= len(infos) {
 		return errs.New(unix.ENODEV, "phxfs: no %s device %d (have %d)", l.conn.Vendor(), index, len(infos))
 	}
-	d := &device{index: index, info: infos[index], refs: 1}
+	d := &device{lib: l, index: index, info: infos[index], refs: 1}
 	if d.info.PageSize <= 0 {
 		d.info.PageSize = 64 << 10
 	}
@@ -69,7 +69,7 @@ func (l *Lib) CloseDevice(index int) error { return l.closeDevice(index, false) 
 func (l *Lib) closeDevice(index int, all bool) error {
 	l.mu.Lock()
 	d := l.devices[index]
-	if d == nil || d.draining {
+	if d == nil || d.io.closing {
 		l.mu.Unlock()
 		return errs.New(unix.ENODEV, "phxfs: device %d is not open", index)
 	}
@@ -81,19 +81,19 @@ func (l *Lib) closeDevice(index int, all bool) error {
 		l.mu.Unlock()
 		return nil
 	}
-	d.draining = true
-	for d.inflight > 0 {
-		l.changed.Wait()
+	d.io.drain(l.changed)
+	regs := d.regs
+	d.regs = nil
+	for _, r := range regs {
+		r.io.closing = true // deregistrations waiting on them find them gone
 	}
-	regions := d.regions
-	d.regions = nil
 	delete(l.devices, index)
 	l.changed.Broadcast()
 	l.mu.Unlock()
 
 	var first error
-	for _, r := range regions {
-		if err := r.unmap(); err != nil && first == nil {
+	for _, r := range regs {
+		if err := r.release(); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -129,7 +129,7 @@ func (l *Lib) Device(index int) (DeviceInfo, error) {
 	if err != nil {
 		why = err.Error()
 	}
-	return DeviceInfo{DeviceInfo: d.info, Transport: t, TransportWhy: why, Registrations: len(d.regions), Inflight: d.inflight}, nil
+	return DeviceInfo{DeviceInfo: d.info, Transport: t, TransportWhy: why, Registrations: len(d.regs), Inflight: d.io.n}, nil
 }
 
 // transportFor picks the transport of a new registration on d, and says why.

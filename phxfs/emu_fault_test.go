@@ -39,9 +39,9 @@ func TestShrunkImportFailsWithEFAULT(t *testing.T) {
 		}
 		defer im.Close()
 		r := register(t, l, im)
-		defer l.DeregMem(0, r.Addr, r.Size)
-		if r.Transport != s.transport {
-			t.Fatalf("transport %s, want %s", r.Transport, s.transport)
+		defer l.DeregMem(0, r.Addr(), r.Size())
+		if r.Transport() != s.transport {
+			t.Fatalf("transport %s, want %s", r.Transport(), s.transport)
 		}
 		memfd := int(binary.LittleEndian.Uint32(h[12:])) // docs/abi.md, the emu handle
 		if err := unix.Ftruncate(memfd, size/2); err != nil {
@@ -49,8 +49,8 @@ func TestShrunkImportFailsWithEFAULT(t *testing.T) {
 		}
 		for _, write := range []bool{false, true} {
 			reqs := []Request{
-				{Fd: fd, Device: 0, Buf: r.Addr, Len: emu.PageSize},
-				{Fd: fd, Device: 0, Buf: r.Addr, BufOffset: 3 * emu.PageSize, Len: emu.PageSize, FileOffset: 2 * emu.PageSize},
+				{Fd: fd, Device: 0, Buf: r.Addr(), Len: emu.PageSize},
+				{Fd: fd, Device: 0, Buf: r.Addr(), BufOffset: 3 * emu.PageSize, Len: emu.PageSize, FileOffset: 2 * emu.PageSize},
 			}
 			batch := l.ReadBatch
 			if write {

@@ -92,7 +92,7 @@ func alloc(t testing.TB, c connector.Connector, dev int, size int64) connector.M
 	return m
 }
 
-func register(t testing.TB, l *Lib, m connector.Memory) Registration {
+func register(t testing.TB, l *Lib, m connector.Memory) *Registration {
 	r, err := l.RegMem(m.Device(), m.Addr(), m.Size())
 	if err != nil {
 		t.Fatal(err)

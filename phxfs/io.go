@@ -1,8 +1,6 @@
 package phxfs
 
 import (
-	"sort"
-
 	"golang.org/x/sys/unix"
 
 	"phxmount/internal/errs"
@@ -49,160 +47,11 @@ func (l *Lib) single(write bool, fd, dev int, buf uint64, bufOff, n, fileOff int
 	return reqs[0].Result, nil
 }
 
-// xfer is one engine transfer: one or more coalesced requests, or a piece
-// of a large one.
-type xfer struct {
-	fd      int
-	off     int64
-	len     int64
-	host    uintptr // where bytes land (host, direct, host buffers)
-	dev     int     // staged: the device and the device address
-	devAddr uint64
-	staged  bool
-	result  int64
-}
-
-// segment maps part of a request onto part of an xfer.
-type segment struct {
-	x  int   // index into plan.xfers
-	at int64 // offset of the segment inside the xfer
-	n  int64
-}
-
-// plan is a batch resolved, checked, coalesced and cut into xfers.
-type plan struct {
-	write   bool
-	reqs    []Request
-	held    []*region // registrations held for the batch
-	xfers   []xfer
-	segs    [][]segment // per request, in order
-	hasHost bool
-	staged  bool
-}
-
-func (p *plan) verb() string {
-	if p.write {
-		return "write"
-	}
-	return "read"
-}
-
-// prepare checks every request, takes a hold on every registration it uses,
-// and plans the engine transfers. Requests that fail the checks get their
-// errno as Result and never reach the engine.
-func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
-	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs))}
-	type target struct {
-		i       int
-		host    uintptr
-		devAddr uint64
-		staged  bool
-	}
-	targets := make([]target, 0, len(reqs))
-
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil, errs.New(unix.EINVAL, "phxfs: library closed")
-	}
-	for i := range reqs {
-		rq := &reqs[i]
-		rq.Result = 0
-		switch {
-		case rq.Len < 0 || rq.FileOffset < 0 || rq.BufOffset < 0:
-			rq.Result = -int64(unix.EINVAL)
-			continue
-		case rq.Fd < 0:
-			rq.Result = -int64(unix.EBADF)
-			continue
-		case rq.Len == 0:
-			continue
-		}
-		if rq.Device < 0 {
-			if rq.Buf == 0 {
-				rq.Result = -int64(unix.EFAULT)
-				continue
-			}
-			targets = append(targets, target{i: i, host: uintptr(rq.Buf + uint64(rq.BufOffset))})
-			continue
-		}
-		r, err := l.hold(rq.Device, rq.Buf, rq.BufOffset, rq.Len)
-		if err != nil {
-			rq.Result = -int64(unix.EFAULT)
-			continue
-		}
-		p.held = append(p.held, r)
-		addr := rq.Buf + uint64(rq.BufOffset)
-		t := target{i: i, devAddr: addr, staged: r.transport == Staged}
-		if !t.staged {
-			t.host = r.host + uintptr(addr-r.addr)
-		}
-		targets = append(targets, t)
-	}
-	l.mu.Unlock()
-
-	// Coalesce: requests on one fd whose file ranges and buffer ranges both
-	// follow on become one transfer (KV-cache blocks read head by head).
-	sort.SliceStable(targets, func(a, b int) bool {
-		ra, rb := &reqs[targets[a].i], &reqs[targets[b].i]
-		if ra.Fd != rb.Fd {
-			return ra.Fd < rb.Fd
-		}
-		return ra.FileOffset < rb.FileOffset
-	})
-	limit := func(staged bool) int64 {
-		switch {
-		case staged:
-			return l.cfg.BounceSize
-		case l.cfg.SplitSize > 0:
-			return min(l.cfg.SplitSize, ChunkSize)
-		}
-		return ChunkSize
-	}
-	for _, t := range targets {
-		rq := &reqs[t.i]
-		lim := limit(t.staged)
-		if n := len(p.xfers); n > 0 {
-			x := &p.xfers[n-1]
-			follows := x.fd == rq.Fd && x.staged == t.staged && x.off+x.len == rq.FileOffset &&
-				x.len+rq.Len <= lim &&
-				((t.staged && x.dev == rq.Device && x.devAddr+uint64(x.len) == t.devAddr) ||
-					(!t.staged && x.host+uintptr(x.len) == t.host))
-			if follows {
-				p.segs[t.i] = []segment{{x: n - 1, at: x.len, n: rq.Len}}
-				x.len += rq.Len
-				l.stats.coalesced.Add(1)
-				continue
-			}
-		}
-		for done := int64(0); done < rq.Len; {
-			n := min(rq.Len-done, lim)
-			x := xfer{fd: rq.Fd, off: rq.FileOffset + done, len: n, staged: t.staged}
-			if t.staged {
-				x.dev, x.devAddr = rq.Device, t.devAddr+uint64(done)
-				p.staged = true
-			} else {
-				x.host = t.host + uintptr(done)
-				p.hasHost = true
-			}
-			p.segs[t.i] = append(p.segs[t.i], segment{x: len(p.xfers), at: 0, n: n})
-			p.xfers = append(p.xfers, x)
-			done += n
-		}
-	}
-	l.stats.requests.Add(int64(len(targets)))
-	l.stats.ops.Add(int64(len(p.xfers)))
-	return p, nil
-}
-
 // execute runs a prepared plan on the worker pool, fills every request's
 // Result and releases the plan's holds. A large plan runs in rounds: each
 // round queues one job per worker, so other batches (other devices, other
 // clients) interleave with it instead of waiting for all of it.
 func (l *Lib) execute(p *plan) {
-	if l.gate != nil {
-		l.gate()
-	}
 	for lo := 0; lo < len(p.xfers); {
 		hi := l.roundEnd(p.xfers, lo)
 		round := *p

@@ -1,109 +1,165 @@
 package phxfs
 
 import (
+	"fmt"
 	"sort"
 
 	"golang.org/x/sys/unix"
 
+	"phxmount/connector"
 	"phxmount/internal/errs"
 )
 
-// region is one live registration.
-type region struct {
+// Registration is device memory registered with the library: one object
+// with one life. Registering the same range again while it lives returns
+// the same object with one more reference. Transfers hold it; the
+// deregistration that drops the last reference waits for the holds to
+// drain, then unmaps it and closes the memory the library imported for it.
+// A device's last close does the same to every registration left on it.
+type Registration struct {
 	dev       *device
 	addr      uint64
 	size      int64
 	transport Transport
-	host      uintptr // where I/O lands: the VMA (direct), the memory (host), 0 (staged)
-	undo      func() error
+	host      uintptr            // where I/O lands: the VMA (kmod), the memory (host), 0 (staged)
+	unmap     func() error       // undoes the kernel module's mapping; nil without one
+	imported  []connector.Memory // memory Import brought in for it, closed with it
 
-	refs  int  // RegMem calls not yet DeregMem'd
-	holds int  // in-flight requests using it
-	dying bool // the last DeregMem waits for holds to drop
+	refs int   // registrations not yet deregistered
+	io   users // transfers holding it
 }
 
-func (r *region) end() uint64 { return r.addr + uint64(r.size) }
+// Device is the index of the device the memory belongs to.
+func (r *Registration) Device() int { return r.dev.index }
 
-func (r *region) unmap() error {
-	if r.undo == nil {
-		return nil
-	}
-	return r.undo()
-}
+// Addr is the device address of the memory: what requests name.
+func (r *Registration) Addr() uint64 { return r.addr }
 
-// Registration is what RegMem returns.
-type Registration struct {
-	Device    int
-	Addr      uint64
-	Size      int64
-	Transport Transport
-	// Handle is the host address of the registration's mapping: an internal
-	// handle for reference only (0 for the staged transport). I/O names the
-	// buffer by Addr.
-	Handle uintptr
+// Size is the registered length in bytes.
+func (r *Registration) Size() int64 { return r.size }
+
+// Transport is the path a transfer of this memory takes.
+func (r *Registration) Transport() Transport { return r.transport }
+
+// HostAddr is where I/O lands in this process (the kernel module's VMA, or
+// host-addressable memory; 0 for the staged transport): an internal handle
+// for reference only, as the reference's target_addr. I/O names the memory
+// by Addr.
+func (r *Registration) HostAddr() uintptr { return r.host }
+
+func (r *Registration) end() uint64 { return r.addr + uint64(r.size) }
+
+func (r *Registration) String() string {
+	return fmt.Sprintf("[%#x, +%d) on device %d", r.addr, r.size, r.dev.index)
 }
 
 // RegMem registers device memory [addr, addr+size) on device dev. Both must
 // be non-zero multiples of the device page (64 KiB). Registering the same
-// range again while it is live adds a reference; any other overlap with a
-// live registration is EINVAL.
-func (l *Lib) RegMem(dev int, addr uint64, size int64) (Registration, error) {
+// range again while it is live adds a reference to its Registration; any
+// other overlap with a live registration is EINVAL.
+func (l *Lib) RegMem(dev int, addr uint64, size int64) (*Registration, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.regMem(dev, addr, size, nil)
+}
+
+// Import brings in memory that another process exported (connector.Memory
+// Export; pid is the process presenting the handle) and registers it. The
+// registration owns the import: it is closed when the registration goes.
+func (l *Lib) Import(dev int, h connector.Handle, size int64, pid int) (*Registration, error) {
+	mem, err := l.conn.Import(dev, h, size, pid)
+	if err != nil {
+		return nil, errs.Wrap("phxfs: import", fmt.Sprintf("%d bytes on device %d", size, dev), err)
+	}
+	l.mu.Lock()
+	r, err := l.regMem(dev, mem.Addr(), size, mem)
+	l.mu.Unlock()
+	if err != nil {
+		mem.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// regMem registers [addr, addr+size) on dev, owning mem when it is not
+// nil. The caller holds l.mu.
+func (l *Lib) regMem(dev int, addr uint64, size int64, mem connector.Memory) (*Registration, error) {
 	d, err := l.openDevice(dev)
 	if err != nil {
-		return Registration{}, err
+		return nil, err
 	}
-	ps := uint64(d.info.PageSize)
-	if addr == 0 || size <= 0 || addr%ps != 0 || uint64(size)%ps != 0 {
-		return Registration{}, errs.New(unix.EINVAL, "phxfs: register [%#x, +%d): address and length must be non-zero multiples of %d", addr, size, ps)
+	subject := fmt.Sprintf("[%#x, +%d) on device %d", addr, size, dev)
+	if err := checkRange(addr, size, uint64(d.info.PageSize)); err != nil {
+		return nil, errs.Wrap("phxfs: register", subject, err)
 	}
-	if addr+uint64(size) < addr {
-		return Registration{}, errs.New(unix.EINVAL, "phxfs: register [%#x, +%d) wraps the address space", addr, size)
+	i := sort.Search(len(d.regs), func(i int) bool { return d.regs[i].end() > addr })
+	if i < len(d.regs) && d.regs[i].addr < addr+uint64(size) {
+		return d.regs[i].again(addr, size, mem)
 	}
-	i := sort.Search(len(d.regions), func(i int) bool { return d.regions[i].end() > addr })
-	if i < len(d.regions) && d.regions[i].addr < addr+uint64(size) {
-		r := d.regions[i]
-		if r.addr != addr || r.size != size {
-			return Registration{}, errs.New(unix.EINVAL, "phxfs: [%#x, +%d) overlaps registration [%#x, +%d)", addr, size, r.addr, r.size)
-		}
-		if r.dying {
-			return Registration{}, errs.New(unix.EBUSY, "phxfs: [%#x, +%d) is being deregistered", addr, size)
-		}
-		r.refs++
-		return r.registration(), nil
+	r, err := l.newRegistration(d, addr, size)
+	if err != nil {
+		return nil, errs.Wrap("phxfs: register", subject, err)
 	}
+	if mem != nil {
+		r.imported = append(r.imported, mem)
+	}
+	d.regs = append(d.regs, nil)
+	copy(d.regs[i+1:], d.regs[i:])
+	d.regs[i] = r
+	return r, nil
+}
 
+// checkRange refuses what cannot be a registration.
+func checkRange(addr uint64, size int64, page uint64) error {
+	switch {
+	case addr == 0 || size <= 0 || addr%page != 0 || uint64(size)%page != 0:
+		return errs.New(unix.EINVAL, "address and length must be non-zero multiples of %d", page)
+	case addr+uint64(size) < addr:
+		return errs.New(unix.EINVAL, "the range wraps the address space")
+	}
+	return nil
+}
+
+// again is a registration of a range overlapping r: the same range adds a
+// reference (and the memory, to close with it), any other is EINVAL.
+func (r *Registration) again(addr uint64, size int64, mem connector.Memory) (*Registration, error) {
+	switch {
+	case r.addr != addr || r.size != size:
+		return nil, errs.New(unix.EINVAL, "phxfs: [%#x, +%d) overlaps registration %v", addr, size, r)
+	case r.io.closing:
+		return nil, errs.New(unix.EBUSY, "phxfs: registration %v is being deregistered", r)
+	}
+	r.refs++
+	if mem != nil {
+		r.imported = append(r.imported, mem)
+	}
+	return r, nil
+}
+
+// newRegistration maps [addr, addr+size) for the transport d gives it.
+func (l *Lib) newRegistration(d *device, addr uint64, size int64) (*Registration, error) {
 	t, _, err := l.transportFor(d)
 	if err != nil {
-		return Registration{}, err
+		return nil, err
 	}
-	r := &region{dev: d, addr: addr, size: size, transport: t, refs: 1}
-	host, err := l.conn.Resolve(dev, addr, size)
+	host, err := l.conn.Resolve(d.index, addr, size)
 	if err != nil {
-		return Registration{}, errs.New(errs.Errno(err), "phxfs: register [%#x, +%d) on device %d: %v", addr, size, dev, err)
+		return nil, err
 	}
+	r := &Registration{dev: d, addr: addr, size: size, transport: t, refs: 1}
 	switch t {
 	case Direct:
-		r.host, r.undo, err = d.kdev.Map(addr, size)
-		if err != nil {
-			return Registration{}, errs.New(errs.Errno(err), "phxfs: map [%#x, +%d) through the kernel module: %v", addr, size, err)
+		if r.host, r.unmap, err = d.kdev.Map(addr, size); err != nil {
+			return nil, errs.Wrap("map through the kernel module", "", err)
 		}
 	case Host:
 		r.host = host
 	}
-	d.regions = append(d.regions, nil)
-	copy(d.regions[i+1:], d.regions[i:])
-	d.regions[i] = r
-	return r.registration(), nil
-}
-
-func (r *region) registration() Registration {
-	return Registration{Device: r.dev.index, Addr: r.addr, Size: r.size, Transport: r.transport, Handle: r.host}
+	return r, nil
 }
 
 // DeregMem drops one reference on the registration [addr, addr+size). The
-// last one waits for in-flight I/O on the region, then unmaps it.
+// last one waits for in-flight I/O on it, then unmaps it.
 func (l *Lib) DeregMem(dev int, addr uint64, size int64) error {
 	l.mu.Lock()
 	d, err := l.openDevice(dev)
@@ -111,34 +167,89 @@ func (l *Lib) DeregMem(dev int, addr uint64, size int64) error {
 		l.mu.Unlock()
 		return err
 	}
-	i := sort.Search(len(d.regions), func(i int) bool { return d.regions[i].addr >= addr })
-	if i == len(d.regions) || d.regions[i].addr != addr || d.regions[i].size != size || d.regions[i].dying {
+	i := sort.Search(len(d.regs), func(i int) bool { return d.regs[i].addr >= addr })
+	if i == len(d.regs) || d.regs[i].addr != addr || d.regs[i].size != size || d.regs[i].io.closing {
 		l.mu.Unlock()
 		return errs.New(unix.EINVAL, "phxfs: [%#x, +%d) is not registered on device %d", addr, size, dev)
 	}
-	r := d.regions[i]
-	r.refs--
-	if r.refs > 0 {
+	return l.deregister(d.regs[i]) // unlocks
+}
+
+// Close drops the reference its RegMem or Import took: DeregMem of its
+// range.
+func (r *Registration) Close() error {
+	l := r.dev.lib
+	l.mu.Lock()
+	if r.refs == 0 || r.io.closing {
+		l.mu.Unlock()
+		return errs.New(unix.EINVAL, "phxfs: registration %v is already deregistered", r)
+	}
+	return l.deregister(r) // unlocks
+}
+
+// deregister drops a reference of r and, for the last, drains and removes
+// it. The caller holds l.mu, which deregister releases.
+func (l *Lib) deregister(r *Registration) error {
+	if r.refs--; r.refs > 0 {
 		l.mu.Unlock()
 		return nil
 	}
-	r.dying = true
-	for r.holds > 0 {
-		l.changed.Wait()
-	}
-	// The device may have been closed while we waited; it then unmapped r.
-	for j, x := range d.regions {
+	r.io.drain(l.changed)
+	// The device may have been closed while we waited: it then unmapped r.
+	d := r.dev
+	for j, x := range d.regs {
 		if x == r {
-			d.regions = append(d.regions[:j], d.regions[j+1:]...)
+			d.regs = append(d.regs[:j], d.regs[j+1:]...)
 			l.mu.Unlock()
-			if err := r.unmap(); err != nil {
-				return errs.New(errs.Errno(err), "phxfs: unmap [%#x, +%d): %v", addr, size, err)
-			}
-			return nil
+			return r.release()
 		}
 	}
 	l.mu.Unlock()
 	return nil
+}
+
+// release undoes the mapping and closes the imports of a registration no
+// one holds any more.
+func (r *Registration) release() error {
+	var first error
+	if r.unmap != nil {
+		if err := r.unmap(); err != nil {
+			first = errs.Wrap("phxfs: unmap", r.String(), err)
+		}
+	}
+	for _, m := range r.imported {
+		if err := m.Close(); err != nil && first == nil {
+			first = errs.Wrap("phxfs: close the import of", r.String(), err)
+		}
+	}
+	return first
+}
+
+// Hold keeps the registration registered until Release: a deregistration
+// (or the device's last close) waits for it. It fails with ENOENT once the
+// registration is being deregistered. Transfers hold their registrations
+// themselves; Hold is for callers that must keep one between looking it up
+// and using it.
+func (r *Registration) Hold() error {
+	l := r.dev.lib
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !r.dev.io.hold() {
+		return errs.New(unix.ENOENT, "phxfs: device %d is closing", r.dev.index)
+	}
+	if !r.io.hold() {
+		r.dev.io.release(l.changed)
+		return errs.New(unix.ENOENT, "phxfs: registration %v is being deregistered", r)
+	}
+	return nil
+}
+
+// Release drops a hold taken by Hold.
+func (r *Registration) Release() {
+	l := r.dev.lib
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.release(r)
 }
 
 // Transport reports the transport of the registration holding addr.
@@ -158,30 +269,30 @@ func (l *Lib) Transport(dev int, addr uint64) (Transport, error) {
 
 func (l *Lib) openDevice(dev int) (*device, error) {
 	d := l.devices[dev]
-	if d == nil || d.draining {
+	if d == nil || d.io.closing {
 		return nil, errs.New(unix.ENODEV, "phxfs: device %d is not open", dev)
 	}
 	return d, nil
 }
 
 // find returns the live registration holding [addr, addr+n), or nil.
-func (d *device) find(addr uint64, n int64) *region {
-	i := sort.Search(len(d.regions), func(i int) bool { return d.regions[i].end() > addr })
-	if i == len(d.regions) {
+func (d *device) find(addr uint64, n int64) *Registration {
+	i := sort.Search(len(d.regs), func(i int) bool { return d.regs[i].end() > addr })
+	if i == len(d.regs) {
 		return nil
 	}
-	r := d.regions[i]
-	if r.dying || addr < r.addr || n < 0 || addr+uint64(n) > r.end() || addr+uint64(n) < addr {
+	r := d.regs[i]
+	if r.io.closing || addr < r.addr || n < 0 || addr+uint64(n) > r.end() || addr+uint64(n) < addr {
 		return nil
 	}
 	return r
 }
 
-// hold resolves a request's buffer and takes a reference on its registration
-// for the transfer. The caller holds l.mu.
-func (l *Lib) hold(dev int, buf uint64, off, n int64) (*region, error) {
+// hold resolves a request's device buffer and takes a hold on its
+// registration for the transfer. The caller holds l.mu.
+func (l *Lib) hold(dev int, buf uint64, off, n int64) (*Registration, error) {
 	d := l.devices[dev]
-	if d == nil || d.draining {
+	if d == nil || d.io.closing {
 		return nil, errs.New(unix.EFAULT, "phxfs: device %d is not open", dev)
 	}
 	if off < 0 || uint64(off) > ^uint64(0)-buf {
@@ -192,16 +303,13 @@ func (l *Lib) hold(dev int, buf uint64, off, n int64) (*region, error) {
 	if r == nil || n < 0 || uint64(off) > r.end()-buf || uint64(n) > r.end()-buf-uint64(off) {
 		return nil, errs.New(unix.EFAULT, "phxfs: [%#x+%d, +%d) is not inside a registration on device %d", buf, off, n, dev)
 	}
-	r.holds++
-	d.inflight++
+	r.io.hold()
+	d.io.hold()
 	return r, nil
 }
 
-// release drops a hold taken by hold. The caller holds l.mu.
-func (l *Lib) release(r *region) {
-	r.holds--
-	r.dev.inflight--
-	if r.holds == 0 || r.dev.inflight == 0 {
-		l.changed.Broadcast()
-	}
+// release drops a hold on r (and on its device). The caller holds l.mu.
+func (l *Lib) release(r *Registration) {
+	r.io.release(l.changed)
+	r.dev.io.release(l.changed)
 }

@@ -93,10 +93,6 @@ type Lib struct {
 	stats       counters
 	stagedStats stagedCounters
 	directIO    atomic.Int32
-
-	// gate, when set by a test, runs before each plan executes: the tests
-	// use it to hold I/O in flight deterministically.
-	gate func()
 }
 
 // New creates a library instance and starts its worker pool.

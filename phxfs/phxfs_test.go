@@ -2,13 +2,13 @@ package phxfs
 
 import (
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"phxmount/connector/emu"
+	"phxmount/ioengine"
 )
 
 const mib = 1 << 20
@@ -45,27 +45,27 @@ func TestOpenCloseReferenceCounts(t *testing.T) {
 }
 
 // blockedRead submits a read of n bytes into addr that stays in flight
-// until feed is called.
+// (its registration held) until feed is called: every pool worker is kept
+// busy first, so the batch waits for them.
 func blockedRead(t *testing.T, l *Lib, dev int, addr uint64, n int64) (b *Batch, feed func()) {
 	t.Helper()
 	fd := openFile(t, patternFile(t, n), unix.O_RDONLY)
 	gate := make(chan struct{})
-	started := make(chan struct{})
-	var first atomic.Bool
-	l.gate = func() {
-		if first.CompareAndSwap(false, true) {
-			close(started)
-			<-gate
-		}
+	busy := make(chan struct{}, l.pool.Workers())
+	go l.pool.Each(func(int, ioengine.Engine) {
+		busy <- struct{}{}
+		<-gate
+	})
+	for range l.pool.Workers() {
+		<-busy
 	}
+	var once sync.Once
+	feed = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(feed)
 	b, err := l.SubmitRead([]Request{{Fd: fd, Device: dev, Buf: addr, Len: n}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-started
-	var once sync.Once
-	feed = func() { once.Do(func() { close(gate) }) }
-	t.Cleanup(feed)
 	return b, feed
 }
 
@@ -133,7 +133,7 @@ func TestRegMemRules(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r1.Transport != s.transport || r1.Addr != a+64<<10 || r1.Size != 256<<10 {
+		if r1.Transport() != s.transport || r1.Addr() != a+64<<10 || r1.Size() != 256<<10 {
 			t.Fatalf("registration %+v", r1)
 		}
 		// Exact duplicates are counted; overlaps are refused.

@@ -129,8 +129,8 @@ func newBench(o opts, batch int) (*bench, error) {
 		return nil, err
 	}
 	reg, err := lib.RegMem(0, b.mem.Addr(), b.mem.Size())
-	if err == nil && string(reg.Transport) != o.transport {
-		err = fmt.Errorf("registration got transport %s, want %s", reg.Transport, o.transport)
+	if err == nil && string(reg.Transport()) != o.transport {
+		err = fmt.Errorf("registration got transport %s, want %s", reg.Transport(), o.transport)
 	}
 	if err != nil {
 		b.close()

@@ -1,5 +1,5 @@
 // Command phxbench-ioctl measures the ioctl read path of a phxmount mount
-// against the phxfs library called directly on the backing file, side by
+// against the phxfs library called in-process on the backing file, side by
 // side in one run: reads of 4 KiB, 64 KiB, 1 MiB and 64 MiB, a batch of
 // 1,024 x 16 KiB, and the round trip of one ioctl. Both paths read the same
 // page-cached file into emulated device memory with the same engine and
@@ -148,7 +148,8 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 	}
 	defer f.Deregister(buf)
 
-	// The direct path: phxfs in this process, same engine and workers.
+	// The in-process library path: phxfs in this process, same engine and
+	// workers.
 	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: info.Engine, Workers: int(info.Workers), BounceSize: int64(info.BounceSize)})
 	if err != nil {
 		return err
@@ -166,7 +167,7 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 	if err != nil {
 		return err
 	}
-	defer lib.DeregMem(0, reg.Addr, reg.Size)
+	defer lib.DeregMem(0, reg.Addr(), reg.Size())
 	fd, err := unix.Open(bpath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -177,7 +178,7 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 		return err
 	}
 
-	fmt.Printf("ioctl path vs phxfs direct: vendor %s, transport %s, engine %s, %d workers, page-cached %d MiB file\n",
+	fmt.Printf("ioctl path vs phxfs in-process library: vendor %s, transport %s, engine %s, %d workers, page-cached %d MiB file\n",
 		info.Vendor, info.Transport, info.Engine, info.Workers, fileSize>>20)
 	var rows []*row
 	for _, sz := range []int64{4 << 10, 64 << 10, 1 << 20, 64 << 20} {
@@ -201,7 +202,7 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 				off := (int64(i) % slots) * sz
 				n, err := lib.Read(fd, 0, md.Addr(), 0, sz, off)
 				if err == nil && n != sz {
-					err = fmt.Errorf("short direct read %d", n)
+					err = fmt.Errorf("short in-process library read %d", n)
 				}
 				return err
 			})
@@ -264,7 +265,7 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 		rtInfo = append(rtInfo, ns)
 	}
 
-	fmt.Printf("%-22s %14s %14s %12s %12s\n", "", "ioctl GB/s", "direct GB/s", "ratio", "target")
+	fmt.Printf("%-22s %14s %24s %12s %12s\n", "", "ioctl GB/s", "in-process library GB/s", "ratio", "target")
 	for _, r := range rows {
 		io, d := median(r.IoctlNs), median(r.DirectNs)
 		r.Ratio = d / io
@@ -276,10 +277,10 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 			r.AddedPerExt = (io - d) / float64(r.Extents)
 			target = fmt.Sprintf("+%.2f us/ext", r.AddedPerExt/1e3)
 		}
-		fmt.Printf("%-22s %14.2f %14.2f %11.2fx %12s\n", r.Name, float64(r.Bytes)/io, float64(r.Bytes)/d, r.Ratio, target)
+		fmt.Printf("%-22s %14.2f %24.2f %11.2fx %12s\n", r.Name, float64(r.Bytes)/io, float64(r.Bytes)/d, r.Ratio, target)
 	}
 	fmt.Printf("single ioctl round trip: %.1f us (zero-length READ), %.1f us (INFO, 512 bytes each way)\n", median(rtRead)/1e3, median(rtInfo)/1e3)
-	fmt.Printf("batch: %.2f us added per extent over phxfs direct (target <= 2 us)\n", br.AddedPerExt/1e3)
+	fmt.Printf("batch: %.2f us added per extent over the phxfs in-process library (target <= 2 us)\n", br.AddedPerExt/1e3)
 	if raw != "" {
 		out := map[string]any{
 			"vendor": info.Vendor, "transport": info.Transport.String(), "engine": info.Engine, "workers": info.Workers,

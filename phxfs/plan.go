@@ -1,0 +1,197 @@
+package phxfs
+
+import (
+	"sort"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/internal/errs"
+)
+
+// Planning turns a batch of requests into engine transfers in three steps:
+// resolve (check each request and hold its registration), order (by file
+// and offset, so neighbours meet) and cut (merge requests that follow on in
+// both the file and the buffer, and split what is larger than one engine
+// operation may be).
+
+// xfer is one engine transfer: one or more coalesced requests, or a piece
+// of a large one.
+type xfer struct {
+	fd      int
+	off     int64
+	len     int64
+	host    uintptr // where bytes land (host, kmod, host buffers)
+	dev     int     // staged: the device and the device address
+	devAddr uint64
+	staged  bool
+	result  int64
+}
+
+// segment maps part of a request onto part of an xfer.
+type segment struct {
+	x  int   // index into plan.xfers
+	at int64 // offset of the segment inside the xfer
+	n  int64
+}
+
+// plan is a batch resolved, checked, coalesced and cut into xfers.
+type plan struct {
+	write   bool
+	reqs    []Request
+	held    []*Registration // registrations held for the batch
+	xfers   []xfer
+	segs    [][]segment // per request, in order
+	hasHost bool
+	staged  bool
+}
+
+func (p *plan) verb() string {
+	if p.write {
+		return "write"
+	}
+	return "read"
+}
+
+// target is a resolved request: where its bytes go.
+type target struct {
+	i       int     // the request
+	host    uintptr // host address (not staged)
+	devAddr uint64  // device address (staged)
+	staged  bool
+}
+
+// prepare checks every request, takes a hold on every registration it uses,
+// and plans the engine transfers. Requests that fail the checks get their
+// errno as Result and never reach the engine.
+func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
+	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs))}
+	targets, err := l.resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	order(reqs, targets)
+	l.cut(p, targets)
+	l.stats.requests.Add(int64(len(targets)))
+	l.stats.ops.Add(int64(len(p.xfers)))
+	return p, nil
+}
+
+// resolve checks every request of p and holds the registration of each
+// device buffer; it returns where each request that passed goes.
+func (l *Lib) resolve(p *plan) ([]target, error) {
+	targets := make([]target, 0, len(p.reqs))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, errs.New(unix.EINVAL, "phxfs: library closed")
+	}
+	for i := range p.reqs {
+		rq := &p.reqs[i]
+		rq.Result = 0
+		switch {
+		case rq.Len < 0 || rq.FileOffset < 0 || rq.BufOffset < 0:
+			rq.Result = -int64(unix.EINVAL)
+			continue
+		case rq.Fd < 0:
+			rq.Result = -int64(unix.EBADF)
+			continue
+		case rq.Len == 0:
+			continue
+		}
+		if rq.Device < 0 {
+			if rq.Buf == 0 {
+				rq.Result = -int64(unix.EFAULT)
+				continue
+			}
+			targets = append(targets, target{i: i, host: uintptr(rq.Buf + uint64(rq.BufOffset))})
+			continue
+		}
+		r, err := l.hold(rq.Device, rq.Buf, rq.BufOffset, rq.Len)
+		if err != nil {
+			rq.Result = -int64(unix.EFAULT)
+			continue
+		}
+		p.held = append(p.held, r)
+		targets = append(targets, r.target(i, rq.Buf+uint64(rq.BufOffset)))
+	}
+	return targets, nil
+}
+
+// target is where a request for device address addr inside r goes.
+func (r *Registration) target(i int, addr uint64) target {
+	t := target{i: i, devAddr: addr, staged: r.transport == Staged}
+	if !t.staged {
+		t.host = r.host + uintptr(addr-r.addr)
+	}
+	return t
+}
+
+// order sorts the targets by file and offset, so that requests which
+// follow on in the file meet (KV-cache blocks read head by head).
+func order(reqs []Request, targets []target) {
+	sort.SliceStable(targets, func(a, b int) bool {
+		ra, rb := &reqs[targets[a].i], &reqs[targets[b].i]
+		if ra.Fd != rb.Fd {
+			return ra.Fd < rb.Fd
+		}
+		return ra.FileOffset < rb.FileOffset
+	})
+}
+
+// limit is the largest engine transfer for a transport.
+func (l *Lib) limit(staged bool) int64 {
+	switch {
+	case staged:
+		return l.cfg.BounceSize
+	case l.cfg.SplitSize > 0:
+		return min(l.cfg.SplitSize, ChunkSize)
+	}
+	return ChunkSize
+}
+
+// cut makes the xfers: a request that follows on from the previous xfer in
+// both the file and the buffer joins it, others are split at the limit.
+func (l *Lib) cut(p *plan, targets []target) {
+	for _, t := range targets {
+		if l.join(p, t) {
+			continue
+		}
+		rq := &p.reqs[t.i]
+		lim := l.limit(t.staged)
+		for done := int64(0); done < rq.Len; {
+			n := min(rq.Len-done, lim)
+			x := xfer{fd: rq.Fd, off: rq.FileOffset + done, len: n, staged: t.staged}
+			if t.staged {
+				x.dev, x.devAddr = rq.Device, t.devAddr+uint64(done)
+				p.staged = true
+			} else {
+				x.host = t.host + uintptr(done)
+				p.hasHost = true
+			}
+			p.segs[t.i] = append(p.segs[t.i], segment{x: len(p.xfers), at: 0, n: n})
+			p.xfers = append(p.xfers, x)
+			done += n
+		}
+	}
+}
+
+// join appends t's request to the last xfer when it follows on from it in
+// the file and the buffer and the sum fits the limit.
+func (l *Lib) join(p *plan, t target) bool {
+	n := len(p.xfers)
+	if n == 0 {
+		return false
+	}
+	rq, x := &p.reqs[t.i], &p.xfers[n-1]
+	follows := x.fd == rq.Fd && x.staged == t.staged && x.off+x.len == rq.FileOffset &&
+		x.len+rq.Len <= l.limit(t.staged) &&
+		((t.staged && x.dev == rq.Device && x.devAddr+uint64(x.len) == t.devAddr) ||
+			(!t.staged && x.host+uintptr(x.len) == t.host))
+	if !follows {
+		return false
+	}
+	p.segs[t.i] = []segment{{x: n - 1, at: x.len, n: rq.Len}}
+	x.len += rq.Len
+	l.stats.coalesced.Add(1)
+	return true
+}
