@@ -36,18 +36,18 @@ type watch struct {
 func newDeathWatch(died func(tgid, pidfd int)) (*deathWatch, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "control: epoll_create1")
+		return nil, errs.Wrapf(err, "control: epoll_create1")
 	}
 	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		unix.Close(epfd)
-		return nil, errs.New(errs.Errno(err), "control: eventfd")
+		return nil, errs.Wrapf(err, "control: eventfd")
 	}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(evfd)}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, evfd, &ev); err != nil {
 		unix.Close(epfd)
 		unix.Close(evfd)
-		return nil, errs.New(errs.Errno(err), "control: epoll_ctl")
+		return nil, errs.Wrapf(err, "control: epoll_ctl")
 	}
 	w := &deathWatch{epfd: epfd, evfd: evfd, died: died, watched: map[int]watch{}, done: make(chan struct{})}
 	go w.loop()
@@ -67,7 +67,7 @@ func (w *deathWatch) add(pidfd, tgid int) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(pidfd), Pad: int32(w.gen)}
 	if err := unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, pidfd, &ev); err != nil {
 		delete(w.watched, pidfd)
-		return errs.New(errs.Errno(err), "control: watch pidfd %d of process %d", pidfd, tgid)
+		return errs.Wrapf(err, "control: watch pidfd %d of process %d", pidfd, tgid)
 	}
 	return nil
 }

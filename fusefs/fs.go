@@ -70,12 +70,12 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 	}
 	rootFd, err := unix.Open(abs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "backing directory %s", abs)
+		return nil, errs.Wrapf(err, "backing directory %s", abs)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(rootFd, &st); err != nil {
 		unix.Close(rootFd)
-		return nil, errs.New(errs.Errno(err), "stat backing directory %s", abs)
+		return nil, errs.Wrapf(err, "stat backing directory %s", abs)
 	}
 	raiseNoFile(log)
 	// The kernel applies the caller's umask before it sends a create; the
@@ -150,13 +150,13 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 	server, err := fuse.NewServer(&rawFS{RawFileSystem: raw, fsys: f}, mountpoint, &fo.MountOptions)
 	if err != nil {
 		unix.Close(rootFd)
-		return nil, errs.New(errs.Errno(err), "mount %s on %s: %v", abs, mountpoint, err)
+		return nil, errs.Wrapf(err, "mount %s on %s", abs, mountpoint)
 	}
 	f.server = server
 	go server.Serve()
 	if err := server.WaitMount(); err != nil {
 		_ = server.Unmount()
-		return nil, errs.New(errs.Errno(err), "mount %s on %s: %v", abs, mountpoint, err)
+		return nil, errs.Wrapf(err, "mount %s on %s", abs, mountpoint)
 	}
 	f.probePassthrough()
 	if o.Passthrough == PassthroughOn {

@@ -137,7 +137,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		p.kind, p.name = KindSync, KindSync
 	case onSync == n && kind == KindIOUring:
 		p.Close()
-		return nil, errs.New(errs.Errno(p.ringErr), "ioengine: no worker could create an io_uring: %v", p.ringErr)
+		return nil, errs.Wrapf(p.ringErr, "ioengine: no worker could create an io_uring")
 	case onSync == n:
 		p.kind, p.name = KindSync, KindSync
 	case onSync == 0:

@@ -47,7 +47,7 @@ type cqeCopy struct {
 func newUring(qd int) (*uringEngine, error) {
 	ring, err := createRing(uint32(qd))
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "ioengine: create io_uring of %d entries", qd)
+		return nil, errs.Wrapf(err, "ioengine: create io_uring of %d entries", qd)
 	}
 	e := &uringEngine{
 		ring:  ring,
@@ -223,7 +223,7 @@ func (e *uringEngine) submitAndWait() error {
 // none lands in the caller's memory after Run returns. If that cannot be
 // ensured the engine refuses all further work.
 func (e *uringEngine) fail(err error, pending int) error {
-	err = errs.New(errs.Errno(err), "ioengine: io_uring: %v", err)
+	err = errs.Wrapf(err, "ioengine: io_uring")
 	if e.ring.SQReady() > 0 {
 		// Prepared SQEs cannot be withdrawn and may be submitted later.
 		e.broken = err

@@ -38,7 +38,7 @@ func (l *Lib) OpenDevice(index int) error {
 	}
 	infos, err := l.conn.Devices()
 	if err != nil {
-		return errs.New(errs.Errno(err), "phxfs: list %s devices: %v", l.conn.Vendor(), err)
+		return errs.Wrapf(err, "phxfs: list %s devices", l.conn.Vendor())
 	}
 	if index < 0 || index >= len(infos) {
 		return errs.New(unix.ENODEV, "phxfs: no %s device %d (have %d)", l.conn.Vendor(), index, len(infos))
@@ -55,7 +55,7 @@ func (l *Lib) OpenDevice(index int) error {
 	default:
 		d.kdev, d.kerr = openKernelDevice(l.conn.Vendor(), d.info)
 		if d.kerr != nil && l.cfg.Transport == Direct {
-			return errs.New(errs.Errno(d.kerr), "phxfs: direct transport asked for, but: %v", d.kerr)
+			return errs.Wrapf(d.kerr, "phxfs: direct transport asked for, but")
 		}
 	}
 	l.devices[index] = d
@@ -99,7 +99,7 @@ func (l *Lib) closeDevice(index int, all bool) error {
 	}
 	if d.kdev != nil {
 		if err := d.kdev.Close(); err != nil && first == nil {
-			first = errs.New(errs.Errno(err), "phxfs: close kernel device %d: %v", index, err)
+			first = errs.Wrapf(err, "phxfs: close kernel device %d", index)
 		}
 	}
 	return first

@@ -1,6 +1,7 @@
 package phxfs
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -129,5 +130,29 @@ func TestTransportReasonSaysWhatHappened(t *testing.T) {
 		if got.t != Staged || !strings.Contains(got.why, "open /dev/phxfs_dev0: permission denied") {
 			t.Errorf("transport %s, why %q: want staged with the module's error", got.t, got.why)
 		}
+	}
+}
+
+// TestRegisterErrorNamesEachFactOnce: the registration's error says the
+// operation, the range and the connector's reason, with the errno once
+// (it used to end "bad address: bad address").
+func TestRegisterErrorNamesEachFactOnce(t *testing.T) {
+	c, _ := emu.New(emu.Config{})
+	l, err := New(Config{Connector: c, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.OpenDevice(0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.RegMem(0, 0x10000, 64<<10)
+	want := "phxfs: register [0x10000, +65536) on device 0: emu: 0x10000 is not device memory: bad address"
+	if err == nil || err.Error() != want || !errors.Is(err, unix.EFAULT) {
+		t.Errorf("RegMem of memory that is not the device's: %v\nwant %s", err, want)
+	}
+	var e *errs.Error
+	if !errors.As(err, &e) || e.Op != "phxfs: register" {
+		t.Errorf("errors.As: %+v", e)
 	}
 }

@@ -140,7 +140,7 @@ func New(cfg Config) (*Lib, error) {
 	}
 	pool, err := ioengine.NewPool(ioengine.PoolConfig{Kind: cfg.Engine, Workers: cfg.Workers, QueueDepth: cfg.QueueDepth})
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "phxfs: start worker pool: %v", err)
+		return nil, errs.Wrapf(err, "phxfs: start worker pool")
 	}
 	l := &Lib{
 		cfg:     cfg,

@@ -187,7 +187,7 @@ func CachestatSupported() bool {
 // PHX_STAGED_BUFFERS, PHX_DIRECT_IO): New fails on the first bad one.
 func CheckEnv() error {
 	if err := ioengine.CheckKind(ioengine.KindFromEnv()); err != nil {
-		return errs.New(unix.EINVAL, "%s=%q: %v", ioengine.EnvEngine, os.Getenv(ioengine.EnvEngine), err)
+		return errs.Wrapf(err, "phxfs: %s=%q", ioengine.EnvEngine, os.Getenv(ioengine.EnvEngine))
 	}
 	if _, err := stagedBuffersFrom(0); err != nil {
 		return err

@@ -42,7 +42,7 @@ func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, []connector.Stream, er
 			b, err := l.conn.AllocHost(l.cfg.BounceSize + dioSlack)
 			if err != nil {
 				sw.close()
-				return nil, nil, errs.New(errs.Errno(err), "phxfs: allocate bounce buffer: %v", err)
+				return nil, nil, errs.Wrapf(err, "phxfs: allocate bounce buffer")
 			}
 			sw.bounce[i] = b
 		}
@@ -57,7 +57,7 @@ func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, []connector.Stream, er
 				for _, o := range s[:i] {
 					o.Close()
 				}
-				return nil, nil, errs.New(errs.Errno(err), "phxfs: create copy stream on device %d: %v", dev, err)
+				return nil, nil, errs.Wrapf(err, "phxfs: create copy stream on device %d", dev)
 			}
 			s[i] = st
 		}

@@ -159,7 +159,7 @@ func (m *Memory) Close() error {
 		first = err
 	}
 	if first != nil {
-		return errs.New(errs.Errno(first), "emu: free device memory: %v", first)
+		return errs.Wrapf(first, "emu: free device memory")
 	}
 	return nil
 }
@@ -174,11 +174,11 @@ func (c *Connector) Alloc(dev int, size int64) (connector.Memory, error) {
 	}
 	fd, err := unix.MemfdCreate(fmt.Sprintf("%s-dev%d", memfdPrefix, dev), unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "emu: memfd_create: %v", err)
+		return nil, errs.Wrapf(err, "emu: memfd_create")
 	}
 	if err := unix.Ftruncate(fd, size); err != nil {
 		unix.Close(fd)
-		return nil, errs.New(errs.Errno(err), "emu: size device memory to %d bytes: %v", size, err)
+		return nil, errs.Wrapf(err, "emu: size device memory to %d bytes", size)
 	}
 	m, err := c.mapFd(dev, fd, size)
 	if err != nil {
@@ -231,7 +231,7 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 	// only then open that very file.
 	pfd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "emu: open %s: %v", path, err)
+		return nil, errs.Wrapf(err, "emu: open %s", path)
 	}
 	if err := checkMemfd(pfd); err != nil {
 		unix.Close(pfd)
@@ -240,7 +240,7 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDWR|unix.O_CLOEXEC, 0)
 	unix.Close(pfd)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "emu: open %s: %v", path, err)
+		return nil, errs.Wrapf(err, "emu: open %s", path)
 	}
 	// The size is checked here only: the client may shrink the memfd at any
 	// time after. Nothing below depends on it (MAP_POPULATE does not fail on
@@ -262,7 +262,7 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 func (c *Connector) mapFd(dev, fd int, size int64) (*Memory, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, errs.New(errs.Errno(err), "emu: fstat: %v", err)
+		return nil, errs.Wrapf(err, "emu: fstat")
 	}
 	prot := unix.PROT_READ | unix.PROT_WRITE
 	if c.cfg.Staged {
@@ -279,7 +279,7 @@ func (c *Connector) mapFd(dev, fd int, size int64) (*Memory, error) {
 		alias, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 		if err != nil {
 			unmapAligned(view)
-			return nil, errs.New(errs.Errno(err), "emu: map copy-engine alias: %v", err)
+			return nil, errs.Wrapf(err, "emu: map copy-engine alias")
 		}
 	}
 	m := &Memory{c: c, dev: dev, fd: fd, ino: st.Ino, size: size, view: view, alias: alias}
@@ -297,7 +297,7 @@ func (c *Connector) mapFd(dev, fd int, size int64) (*Memory, error) {
 func mapAligned(fd int, size int64, prot int) ([]byte, error) {
 	reserve, err := unix.Mmap(-1, 0, int(size+PageSize), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "emu: reserve %d bytes: %v", size, err)
+		return nil, errs.Wrapf(err, "emu: reserve %d bytes", size)
 	}
 	base := uintptr(unsafe.Pointer(&reserve[0]))
 	head := int(((base + PageSize - 1) &^ (PageSize - 1)) - base)
@@ -310,7 +310,7 @@ func mapAligned(fd int, size int64, prot int) ([]byte, error) {
 	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_POPULATE)
 	if err != nil {
 		unix.Munmap(reserve)
-		return nil, errs.New(errs.Errno(err), "emu: map device memory: %v", err)
+		return nil, errs.Wrapf(err, "emu: map device memory")
 	}
 	// Give back the unused head and tail of the reservation.
 	if head > 0 {
@@ -381,7 +381,7 @@ func (c *Connector) AllocHost(size int64) (connector.HostMemory, error) {
 	}
 	b, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "emu: host allocation of %d bytes: %v", size, err)
+		return nil, errs.Wrapf(err, "emu: host allocation of %d bytes", size)
 	}
 	return &hostMemory{b: b}, nil
 }

@@ -28,7 +28,7 @@ func checkMemfd(fd int) error {
 	self := fmt.Sprintf("/proc/self/fd/%d", fd)
 	target, err := os.Readlink(self)
 	if err != nil {
-		return errs.New(errs.Errno(err), "emu: readlink %s: %v", self, err)
+		return errs.Wrapf(err, "emu: readlink %s", self)
 	}
 	if !strings.HasPrefix(target, "/memfd:"+memfdPrefix) {
 		return errs.New(unix.EINVAL, "emu: the exported descriptor now is %q, not an emulated-device buffer", target)
@@ -41,7 +41,7 @@ func onMemfdMount(fd int, name string) error {
 	shmMount.once.Do(func() {
 		probe, err := unix.MemfdCreate(memfdPrefix+"-probe", unix.MFD_CLOEXEC)
 		if err != nil {
-			shmMount.err = errs.New(errs.Errno(err), "emu: memfd_create: %v", err)
+			shmMount.err = errs.Wrapf(err, "emu: memfd_create")
 			return
 		}
 		shmMount.id, shmMount.err = mountID(probe)
@@ -65,7 +65,7 @@ func mountID(fd int) (int, error) {
 	p := fmt.Sprintf("/proc/self/fdinfo/%d", fd)
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return 0, errs.New(errs.Errno(err), "emu: read %s: %v", p, err)
+		return 0, errs.Wrapf(err, "emu: read %s", p)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "mnt_id:"); ok {

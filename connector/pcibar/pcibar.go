@@ -135,7 +135,7 @@ func discover() ([]string, error) {
 		if os.IsNotExist(err) {
 			return nil, nil
 		}
-		return nil, errs.New(errs.Errno(err), "pcibar: list %s", SysfsPCI)
+		return nil, errs.Wrapf(err, "pcibar: list %s", SysfsPCI)
 	}
 	var out []string
 	for _, e := range ents {
@@ -169,7 +169,7 @@ func barSize(pci string) (int64, error) {
 	p := filepath.Join(SysfsPCI, pci, "resource")
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return 0, errs.New(errs.Errno(err), "pcibar: read %s", p)
+		return 0, errs.Wrapf(err, "pcibar: read %s", p)
 	}
 	lines := strings.Split(string(b), "\n")
 	if len(lines) <= BAR {
@@ -348,7 +348,7 @@ func claimant(pid int) error {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
 			return errs.New(unix.ESRCH, "pcibar: claiming process %d is gone", pid)
 		}
-		return errs.New(errs.Errno(err), "pcibar: read %s: %v", p, err)
+		return errs.Wrapf(err, "pcibar: read %s", p)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		v, ok := strings.CutPrefix(line, "Uid:")
@@ -419,7 +419,7 @@ func (h *hostMemory) Close() error {
 	err := unix.Munmap(h.b)
 	h.b = nil
 	if err != nil {
-		return errs.New(errs.Errno(err), "pcibar: munmap host memory")
+		return errs.Wrapf(err, "pcibar: munmap host memory")
 	}
 	return nil
 }
@@ -431,7 +431,7 @@ func (c *Connector) AllocHost(size int64) (connector.HostMemory, error) {
 	}
 	b, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "pcibar: host allocation of %d bytes", size)
+		return nil, errs.Wrapf(err, "pcibar: host allocation of %d bytes", size)
 	}
 	return &hostMemory{b: b}, nil
 }

@@ -32,7 +32,7 @@ func (v *barView) close() error {
 		return v.dev.Close() // unmaps v.m
 	}
 	if err := unix.Munmap(v.b); err != nil {
-		return errs.New(errs.Errno(err), "pcibar: munmap BAR")
+		return errs.Wrapf(err, "pcibar: munmap BAR")
 	}
 	return nil
 }
@@ -49,7 +49,7 @@ func (d *device) openView() (*barView, error) {
 	p := filepath.Join(SysfsPCI, d.pci, "resource"+strconv.Itoa(BAR))
 	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, errs.New(errs.Errno(err), "pcibar: open %s", p)
+		return nil, errs.Wrapf(err, "pcibar: open %s", p)
 	}
 	b, merr := unix.Mmap(fd, 0, int(d.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	unix.Close(fd)
@@ -58,7 +58,7 @@ func (d *device) openView() (*barView, error) {
 		return d.view, nil
 	}
 	if !kmod.Available(d.index) {
-		return nil, errs.New(errs.Errno(merr), "pcibar: mmap %s", p)
+		return nil, errs.Wrapf(merr, "pcibar: mmap %s", p)
 	}
 	kd, err := kmod.Open(d.index)
 	if err != nil {
@@ -67,9 +67,9 @@ func (d *device) openView() (*barView, error) {
 	m, err := kd.Map(kmod.EmuDevAddr(d.index, 0), d.size)
 	if err != nil {
 		kd.Close()
-		return nil, errs.New(errs.Errno(err), "pcibar: mmap %s: %v; module mapping: %v", p, merr, err)
+		return nil, errs.Wrapf(err, "pcibar: mmap %s (%v), then map it through the module", p, merr)
 	}
-	d.view = &barView{kind: ViewModule, resErr: errs.New(errs.Errno(merr), "pcibar: mmap %s", p), b: m.Bytes(), dev: kd, m: m}
+	d.view = &barView{kind: ViewModule, resErr: errs.Wrapf(merr, "pcibar: mmap %s", p), b: m.Bytes(), dev: kd, m: m}
 	return d.view, nil
 }
 

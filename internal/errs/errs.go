@@ -75,3 +75,12 @@ func Errno(err error) unix.Errno {
 	}
 	return unix.EIO
 }
+
+// Wrapf is Wrap with the operation (and its subject) formatted in one
+// string: "emu: map device memory", "pcibar: read /sys/...".
+func Wrapf(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	return &Error{Op: fmt.Sprintf(format, args...), Err: err}
+}

@@ -31,7 +31,7 @@ func ReadStatus(pid int) (Status, error) {
 	var st Status
 	b, err := os.ReadFile(Root + "/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return st, errs.New(errs.Errno(err), "procfs: status of %d", pid)
+		return st, errs.Wrapf(err, "procfs: status of %d", pid)
 	}
 	v, ok := Field(b, "Tgid:")
 	if st.Tgid, err = strconv.Atoi(string(v)); !ok || err != nil {
@@ -75,7 +75,7 @@ const Unlimited = math.MaxUint64
 func SoftLimit(pid int, name string) (uint64, error) {
 	b, err := os.ReadFile(Root + "/" + strconv.Itoa(pid) + "/limits")
 	if err != nil {
-		return 0, errs.New(errs.Errno(err), "procfs: limits of %d", pid)
+		return 0, errs.Wrapf(err, "procfs: limits of %d", pid)
 	}
 	for _, line := range bytes.Split(b, []byte("\n")) {
 		rest, ok := bytes.CutPrefix(line, []byte(name))
