@@ -451,7 +451,7 @@ func (s *ControlServer) holdExtents(c Caller, f *OpenFile, reqs []client.IOReq, 
 			held = append(held, b)
 		}
 		*idx = append(*idx, i)
-		*preqs = append(*preqs, phxfs.Request{Fd: f.Fd, Device: b.reg.Device(), Buf: b.reg.Addr(),
+		*preqs = append(*preqs, phxfs.Request{Fd: f.Fd, Device: b.reg.Device(), DevAddr: b.reg.Addr(),
 			BufOffset: int64(r.BufOffset), Len: int64(r.Length), FileOffset: int64(r.FileOffset)})
 	}
 	return held

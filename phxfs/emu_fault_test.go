@@ -49,8 +49,8 @@ func TestShrunkImportFailsWithEFAULT(t *testing.T) {
 		}
 		for _, write := range []bool{false, true} {
 			reqs := []Request{
-				{Fd: fd, Device: 0, Buf: r.Addr(), Len: emu.PageSize},
-				{Fd: fd, Device: 0, Buf: r.Addr(), BufOffset: 3 * emu.PageSize, Len: emu.PageSize, FileOffset: 2 * emu.PageSize},
+				{Fd: fd, Device: 0, DevAddr: r.Addr(), Len: emu.PageSize},
+				{Fd: fd, Device: 0, DevAddr: r.Addr(), BufOffset: 3 * emu.PageSize, Len: emu.PageSize, FileOffset: 2 * emu.PageSize},
 			}
 			batch := l.ReadBatch
 			if write {

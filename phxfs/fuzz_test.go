@@ -31,11 +31,10 @@ func FuzzRequestValidation(f *testing.F) {
 		buf := m.Addr() + uint64(bufDelta)
 		device := int(dev) % 2
 		fillDevice(t, c, m, 0, make([]byte, size))
-		reqs := []Request{{Fd: fd, Device: device, Buf: buf, BufOffset: bufOff, Len: n, FileOffset: fileOff}}
+		// A negative device means host memory at HostAddr, left 0: never
+		// let the fuzzer name a host address.
+		reqs := []Request{{Fd: fd, Device: device, DevAddr: buf, BufOffset: bufOff, Len: n, FileOffset: fileOff}}
 		before := l.Stats().Requests
-		if device < 0 {
-			reqs[0].Buf = 0 // never let the fuzzer name a host address
-		}
 		if _, err := l.ReadBatch(reqs); err != nil {
 			t.Fatal(err)
 		}

@@ -10,10 +10,12 @@ import (
 // Request is one transfer between a file and a buffer.
 type Request struct {
 	Fd int
-	// Device >= 0: Buf lies inside a registration on that device (a device
-	// address); < 0: Buf is a plain host address the caller keeps alive.
+	// Device >= 0: the buffer is device memory at DevAddr, inside a
+	// registration on that device. Device < 0: the buffer is plain host
+	// memory at HostAddr, which the caller keeps alive.
 	Device     int
-	Buf        uint64
+	DevAddr    uint64
+	HostAddr   uintptr
 	BufOffset  int64
 	Len        int64
 	FileOffset int64
@@ -35,7 +37,12 @@ func (l *Lib) Write(fd, dev int, buf uint64, bufOff, n, fileOff int64) (int64, e
 }
 
 func (l *Lib) single(write bool, fd, dev int, buf uint64, bufOff, n, fileOff int64) (int64, error) {
-	reqs := []Request{{Fd: fd, Device: dev, Buf: buf, BufOffset: bufOff, Len: n, FileOffset: fileOff}}
+	reqs := []Request{{Fd: fd, Device: dev, BufOffset: bufOff, Len: n, FileOffset: fileOff}}
+	if dev < 0 {
+		reqs[0].HostAddr = uintptr(buf)
+	} else {
+		reqs[0].DevAddr = buf
+	}
 	p, err := l.prepare(write, reqs)
 	if err != nil {
 		return 0, err

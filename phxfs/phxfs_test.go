@@ -62,7 +62,7 @@ func blockedRead(t *testing.T, l *Lib, dev int, addr uint64, n int64) (b *Batch,
 	var once sync.Once
 	feed = func() { once.Do(func() { close(gate) }) }
 	t.Cleanup(feed)
-	b, err := l.SubmitRead([]Request{{Fd: fd, Device: dev, Buf: addr, Len: n}})
+	b, err := l.SubmitRead([]Request{{Fd: fd, Device: dev, DevAddr: addr, Len: n}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestReadWriteSingle(t *testing.T) {
 func TestChunking(t *testing.T) {
 	s := setup{"sync", Host}
 	l, _ := newLib(t, s, 1, func(c *Config) { c.SplitSize = -1 })
-	reqs := []Request{{Fd: 0, Device: -1, Buf: 1 << 40, Len: 2*ChunkSize + 12345, FileOffset: 4096}}
+	reqs := []Request{{Fd: 0, Device: -1, HostAddr: 1 << 40, Len: 2*ChunkSize + 12345, FileOffset: 4096}}
 	p, err := l.prepare(false, reqs)
 	if err != nil {
 		t.Fatal(err)
@@ -317,14 +317,14 @@ func TestBatchMixedDevicesAndHostBuffers(t *testing.T) {
 		unreg := alloc(t, c, 0, 64<<10)
 		before := l.Stats()
 		reqs := []Request{
-			{Fd: fdA, Device: 0, Buf: m0.Addr(), BufOffset: 0, Len: 512 << 10, FileOffset: 1 * mib},
-			{Fd: fdB, Device: 1, Buf: m1.Addr(), BufOffset: 8, Len: 100000, FileOffset: 16}, // unaligned, buffered
-			{Fd: fdA, Device: -1, Buf: uint64(addrOf(host.Bytes())), Len: 256 << 10, FileOffset: 4096},
-			{Fd: fdA, Device: 0, Buf: unreg.Addr(), Len: 4096},                                                  // not registered
-			{Fd: fdA, Device: 1, Buf: m1.Addr(), BufOffset: 1*mib - 4096, Len: 8192},                            // past the end
-			{Fd: fdB, Device: 0, Buf: m0.Addr(), BufOffset: 768 << 10, Len: 64 << 10, FileOffset: 1*mib - 4096}, // short
-			{Fd: 12345, Device: 0, Buf: m0.Addr(), BufOffset: 512 << 10, Len: 4096},                             // bad fd
-			{Fd: fdB, Device: 0, Buf: m0.Addr(), Len: 0},                                                        // empty
+			{Fd: fdA, Device: 0, DevAddr: m0.Addr(), BufOffset: 0, Len: 512 << 10, FileOffset: 1 * mib},
+			{Fd: fdB, Device: 1, DevAddr: m1.Addr(), BufOffset: 8, Len: 100000, FileOffset: 16}, // unaligned, buffered
+			{Fd: fdA, Device: -1, HostAddr: addrOf(host.Bytes()), Len: 256 << 10, FileOffset: 4096},
+			{Fd: fdA, Device: 0, DevAddr: unreg.Addr(), Len: 4096},                                                  // not registered
+			{Fd: fdA, Device: 1, DevAddr: m1.Addr(), BufOffset: 1*mib - 4096, Len: 8192},                            // past the end
+			{Fd: fdB, Device: 0, DevAddr: m0.Addr(), BufOffset: 768 << 10, Len: 64 << 10, FileOffset: 1*mib - 4096}, // short
+			{Fd: 12345, Device: 0, DevAddr: m0.Addr(), BufOffset: 512 << 10, Len: 4096},                             // bad fd
+			{Fd: fdB, Device: 0, DevAddr: m0.Addr(), Len: 0},                                                        // empty
 		}
 		failed, err := l.ReadBatch(reqs)
 		if err != nil {
@@ -370,7 +370,7 @@ func TestCoalescing(t *testing.T) {
 			for kh := int64(0); kh < nkv; kh++ {
 				for _, v := range []int64{0, nkv} {
 					i := int64(b)*2*nkv + v + kh
-					reqs = append(reqs, Request{Fd: fd, Device: 0, Buf: m.Addr(), BufOffset: slot*2*nkv*head + (v+kh)*head, Len: head, FileOffset: i * head})
+					reqs = append(reqs, Request{Fd: fd, Device: 0, DevAddr: m.Addr(), BufOffset: slot*2*nkv*head + (v+kh)*head, Len: head, FileOffset: i * head})
 				}
 			}
 		}
@@ -392,8 +392,8 @@ func TestCoalescing(t *testing.T) {
 		}
 		// A merged run cut by the end of file gives each request its share.
 		short := []Request{
-			{Fd: fd, Device: 0, Buf: m.Addr(), Len: head, FileOffset: blocks*2*nkv*head - head},
-			{Fd: fd, Device: 0, Buf: m.Addr(), BufOffset: head, Len: head, FileOffset: blocks * 2 * nkv * head},
+			{Fd: fd, Device: 0, DevAddr: m.Addr(), Len: head, FileOffset: blocks*2*nkv*head - head},
+			{Fd: fd, Device: 0, DevAddr: m.Addr(), BufOffset: head, Len: head, FileOffset: blocks * 2 * nkv * head},
 		}
 		failed, err = l.ReadBatch(short)
 		if err != nil || failed != 1 || short[0].Result != head || short[1].Result != 0 {
@@ -425,8 +425,8 @@ func TestAsyncBatches(t *testing.T) {
 		// next is refused with EBUSY.
 		first, feed := blockedRead(t, l, 0, m.Addr(), 64<<10)
 		reqs := [][]Request{
-			{{Fd: fd, Device: 0, Buf: m.Addr(), BufOffset: 128 << 10, Len: 128 << 10, FileOffset: 0}},
-			{{Fd: fd, Device: 0, Buf: m.Addr(), BufOffset: 256 << 10, Len: 128 << 10, FileOffset: 128 << 10}},
+			{{Fd: fd, Device: 0, DevAddr: m.Addr(), BufOffset: 128 << 10, Len: 128 << 10, FileOffset: 0}},
+			{{Fd: fd, Device: 0, DevAddr: m.Addr(), BufOffset: 256 << 10, Len: 128 << 10, FileOffset: 128 << 10}},
 		}
 		var queued []*Batch
 		for _, r := range reqs {
@@ -436,7 +436,7 @@ func TestAsyncBatches(t *testing.T) {
 			}
 			queued = append(queued, b)
 		}
-		extra := []Request{{Fd: fd, Device: 0, Buf: m.Addr(), Len: 4096}}
+		extra := []Request{{Fd: fd, Device: 0, DevAddr: m.Addr(), Len: 4096}}
 		_, err = l.SubmitRead(extra)
 		wantErrno(t, err, unix.EBUSY)
 		if reqs[0][0].Result != 0 {
@@ -454,7 +454,7 @@ func TestAsyncBatches(t *testing.T) {
 		checkPattern(t, deviceBytes(t, c, m, 128<<10, 256<<10), 0)
 
 		// Destroy abandons a batch and waits for it to quiesce.
-		d, err := l.SubmitRead([]Request{{Fd: fd, Device: 0, Buf: m.Addr(), Len: 64 << 10}})
+		d, err := l.SubmitRead([]Request{{Fd: fd, Device: 0, DevAddr: m.Addr(), Len: 64 << 10}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -482,7 +482,7 @@ func TestAsyncWrites(t *testing.T) {
 		var reqs []Request
 		for i := int64(0); i < 16; i++ {
 			// Write the 128 KiB pieces of the buffer in reverse file order.
-			reqs = append(reqs, Request{Fd: fd, Device: 0, Buf: m.Addr(), BufOffset: i * 128 << 10, Len: 128 << 10, FileOffset: (15 - i) * 128 << 10})
+			reqs = append(reqs, Request{Fd: fd, Device: 0, DevAddr: m.Addr(), BufOffset: i * 128 << 10, Len: 128 << 10, FileOffset: (15 - i) * 128 << 10})
 		}
 		b, err := l.SubmitWrite(reqs)
 		if err != nil {
@@ -569,7 +569,7 @@ func TestLibCloseDrainsEverything(t *testing.T) {
 	if n, err := b.Wait(); n != 0 || err != nil {
 		t.Fatalf("%d, %v", n, err)
 	}
-	_, err := l.SubmitRead([]Request{{Fd: 0, Device: -1, Buf: 1, Len: 1}})
+	_, err := l.SubmitRead([]Request{{Fd: 0, Device: -1, HostAddr: 1, Len: 1}})
 	wantErrno(t, err, unix.EINVAL)
 	wantErrno(t, l.Close(), unix.EINVAL)
 }
@@ -588,7 +588,7 @@ func TestDevicesShareThePoolFairly(t *testing.T) {
 		register(t, l, m1)
 		var big []Request
 		for i := int64(0); i < 8192; i++ {
-			big = append(big, Request{Fd: fd, Device: 0, Buf: m0.Addr(), BufOffset: (i % 16) * 64 << 10, Len: 64 << 10, FileOffset: ((i * 7) % 64) * 64 << 10})
+			big = append(big, Request{Fd: fd, Device: 0, DevAddr: m0.Addr(), BufOffset: (i % 16) * 64 << 10, Len: 64 << 10, FileOffset: ((i * 7) % 64) * 64 << 10})
 		}
 		bigDone := make(chan struct{})
 		started := l.Stats().Ops
@@ -604,7 +604,7 @@ func TestDevicesShareThePoolFairly(t *testing.T) {
 		for l.Stats().Ops == started {
 			time.Sleep(time.Millisecond)
 		}
-		small := []Request{{Fd: fd, Device: 1, Buf: m1.Addr(), Len: 64 << 10, FileOffset: 128 << 10}}
+		small := []Request{{Fd: fd, Device: 1, DevAddr: m1.Addr(), Len: 64 << 10, FileOffset: 128 << 10}}
 		t1 := time.Now()
 		if n, err := l.ReadBatch(small); n != 0 || err != nil {
 			t.Fatalf("small batch: %d failed, %v", n, err)

@@ -99,20 +99,20 @@ func (l *Lib) resolve(p *plan) ([]target, error) {
 			continue
 		}
 		if rq.Device < 0 {
-			if rq.Buf == 0 {
+			if rq.HostAddr == 0 {
 				rq.Result = -int64(unix.EFAULT)
 				continue
 			}
-			targets = append(targets, target{i: i, host: uintptr(rq.Buf + uint64(rq.BufOffset))})
+			targets = append(targets, target{i: i, host: rq.HostAddr + uintptr(rq.BufOffset)})
 			continue
 		}
-		r, err := l.hold(rq.Device, rq.Buf, rq.BufOffset, rq.Len)
+		r, err := l.hold(rq.Device, rq.DevAddr, rq.BufOffset, rq.Len)
 		if err != nil {
 			rq.Result = -int64(unix.EFAULT)
 			continue
 		}
 		p.held = append(p.held, r)
-		targets = append(targets, r.target(i, rq.Buf+uint64(rq.BufOffset)))
+		targets = append(targets, r.target(i, rq.DevAddr+uint64(rq.BufOffset)))
 	}
 	return targets, nil
 }

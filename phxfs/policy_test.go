@@ -84,7 +84,7 @@ func readExtents(t *testing.T, l *Lib, fd int, m interface{ Addr() uint64 }, ext
 	t.Helper()
 	reqs := make([]Request, len(ext))
 	for i, e := range ext {
-		reqs[i] = Request{Fd: fd, Device: 0, Buf: m.Addr(), BufOffset: e.bufOff, Len: e.n, FileOffset: e.off}
+		reqs[i] = Request{Fd: fd, Device: 0, DevAddr: m.Addr(), BufOffset: e.bufOff, Len: e.n, FileOffset: e.off}
 	}
 	if n, err := l.ReadBatch(reqs); n != 0 || err != nil {
 		t.Fatalf("batch: %d failed, %v: %s", n, err, describe(reqs))

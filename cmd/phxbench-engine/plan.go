@@ -48,7 +48,7 @@ func newPlanner(pattern string, block, blocks int64, fds []int, buf uint64) (*pl
 // fill builds the next batch into reqs; len(reqs) must not exceed len(fds).
 func (p *planner) fill(reqs []phxfs.Request) {
 	for i := range reqs {
-		reqs[i] = phxfs.Request{Fd: p.fd(i), Device: 0, Buf: p.buf, BufOffset: p.slot(i, len(reqs)) * p.block,
+		reqs[i] = phxfs.Request{Fd: p.fd(i), Device: 0, DevAddr: p.buf, BufOffset: p.slot(i, len(reqs)) * p.block,
 			Len: p.block, FileOffset: p.nextBlock() * p.block}
 	}
 }

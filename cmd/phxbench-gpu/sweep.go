@@ -27,7 +27,7 @@ func plan(ts []tensor, fd int, start int64, mem connector.Memory) []phxfs.Reques
 	for _, t := range ts {
 		for o := t.Begin; o < t.End; o += chunk {
 			n := min(chunk, t.End-o)
-			rs = append(rs, phxfs.Request{Fd: fd, Device: 0, Buf: mem.Addr(), BufOffset: o, Len: n, FileOffset: start + o})
+			rs = append(rs, phxfs.Request{Fd: fd, Device: 0, DevAddr: mem.Addr(), BufOffset: o, Len: n, FileOffset: start + o})
 		}
 	}
 	return rs

@@ -221,7 +221,7 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 	for i := range ext {
 		fo := int64((i*7919)%(fileSize/eb)) * eb
 		ext[i] = client.Extent{Buffer: buf.ID, BufOffset: int64(i) * eb, Len: eb, FileOffset: fo}
-		reqs[i] = phxfs.Request{Fd: fd, Device: 0, Buf: md.Addr(), BufOffset: int64(i) * eb, Len: eb, FileOffset: fo}
+		reqs[i] = phxfs.Request{Fd: fd, Device: 0, DevAddr: md.Addr(), BufOffset: int64(i) * eb, Len: eb, FileOffset: fo}
 	}
 	br := &row{Name: "batch 1024 x 16 KiB", Bytes: nb * eb, Extents: nb}
 	for k := 0; k < reps; k++ {
