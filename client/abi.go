@@ -184,7 +184,7 @@ type Transport uint32
 
 const (
 	TransportUnknown Transport = 0
-	TransportDirect  Transport = 1
+	TransportKmod    Transport = 1
 	TransportHost    Transport = 2
 	TransportStaged  Transport = 3
 )
@@ -192,8 +192,8 @@ const (
 // TransportByName maps phxfs's transport names to codes.
 func TransportByName(name string) Transport {
 	switch name {
-	case "direct":
-		return TransportDirect
+	case "kmod":
+		return TransportKmod
 	case "host":
 		return TransportHost
 	case "staged":
@@ -204,8 +204,8 @@ func TransportByName(name string) Transport {
 
 func (t Transport) String() string {
 	switch t {
-	case TransportDirect:
-		return "direct"
+	case TransportKmod:
+		return "kmod"
 	case TransportHost:
 		return "host"
 	case TransportStaged:

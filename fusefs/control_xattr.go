@@ -155,7 +155,7 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 		kv("workers", in.Workers)
 		kv("bounce_size", in.BounceSize)
 	}
-	kv("read_policy", s.lib.DirectIOPolicy())
+	kv("read_policy", s.lib.ODirectPolicy())
 	kv("cachestat", s.lib.StagedStats().Cachestat)
 	known, active, why := s.passthrough()
 	switch {

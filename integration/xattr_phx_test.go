@@ -140,7 +140,7 @@ func TestXattrInfoDefaultMount(t *testing.T) {
 			}
 		}
 		for k, allowed := range map[string][]string{
-			"transport":   {"direct", "host", "staged"},
+			"transport":   {"kmod", "host", "staged"},
 			"vendor":      {"emu", "nvidia", "pcibar"},
 			"passthrough": {"active", "inactive"},
 		} {

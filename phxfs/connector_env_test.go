@@ -11,12 +11,12 @@ import (
 
 // PHX_TEST_CONNECTOR runs the suites on real device memory:
 //   - pcibar: the kernel-module VM test (the ivshmem BAR through the phxfs
-//     module: the direct transport);
+//     module: the kmod transport);
 //   - nvidia: the GPU machine (the staged transport).
 func init() {
 	switch os.Getenv("PHX_TEST_CONNECTOR") {
 	case "pcibar":
-		testTransports = func() []Transport { return []Transport{Direct} }
+		testTransports = func() []Transport { return []Transport{Kmod} }
 		newConnector = func(t testing.TB, s setup, devices int) connector.Connector {
 			c, err := pcibar.New(pcibar.Config{})
 			if err != nil {

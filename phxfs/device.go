@@ -50,12 +50,12 @@ func (l *Lib) OpenDevice(index int) error {
 	switch {
 	case l.cfg.NoKernelModule:
 		d.kerr = errs.New(unix.ENODEV, "the kernel module is ignored (Config.NoKernelModule)")
-	case l.cfg.Transport != "" && l.cfg.Transport != Direct:
+	case l.cfg.Transport != "" && l.cfg.Transport != Kmod:
 		d.kerr = errs.New(unix.ENODEV, "transport %s asked for", l.cfg.Transport)
 	default:
 		d.kdev, d.kerr = openKernelDevice(l.conn.Vendor(), d.info)
-		if d.kerr != nil && l.cfg.Transport == Direct {
-			return errs.Wrapf(d.kerr, "phxfs: direct transport asked for, but")
+		if d.kerr != nil && l.cfg.Transport == Kmod {
+			return errs.Wrapf(d.kerr, "phxfs: kmod transport asked for, but")
 		}
 	}
 	l.devices[index] = d
@@ -149,7 +149,7 @@ func (l *Lib) transportFor(d *device) (Transport, string, error) {
 func chooseTransport(c connector.Connector, info connector.DeviceInfo, module bool, kerr error) (Transport, string) {
 	switch {
 	case module:
-		return Direct, fmt.Sprintf("the phxfs kernel module serves %s device %d (%s): O_DIRECT reads land in device memory by DMA", c.Vendor(), info.Index, info.PCIAddress)
+		return Kmod, fmt.Sprintf("the phxfs kernel module serves %s device %d (%s): O_DIRECT reads land in device memory by DMA", c.Vendor(), info.Index, info.PCIAddress)
 	case c.HostAddressable():
 		return Host, fmt.Sprintf("%s device memory is host-addressable: reads land in it directly (no kernel module: %v)", c.Vendor(), kerr)
 	default:

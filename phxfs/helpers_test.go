@@ -57,8 +57,8 @@ func forEach(t *testing.T, fn func(t *testing.T, s setup)) {
 func newLib(t testing.TB, s setup, devices int, tweak ...func(*Config)) (*Lib, connector.Connector) {
 	c := newConnector(t, s, devices)
 	cfg := Config{Connector: c, Engine: s.engine, Workers: 3, QueueDepth: 64, BounceSize: 256 << 10, SplitSize: 512 << 10}
-	if s.transport == Direct {
-		cfg.Transport = Direct
+	if s.transport == Kmod {
+		cfg.Transport = Kmod
 	}
 	for _, f := range tweak {
 		f(&cfg)

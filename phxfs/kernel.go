@@ -13,7 +13,7 @@ import (
 	"phxmount/kmod"
 )
 
-// moduleDevice adapts kmod's device to the direct transport.
+// moduleDevice adapts kmod's device to the kmod transport.
 type moduleDevice struct{ d *kmod.Device }
 
 func (m moduleDevice) Map(addr uint64, size int64) (uintptr, func() error, error) {

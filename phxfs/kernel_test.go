@@ -65,7 +65,7 @@ func TestDirectTransportSeam(t *testing.T) {
 	m1 := alloc(t, c, 1, 1*mib)
 	r0 := register(t, l, m0)
 	r1 := register(t, l, m1)
-	if r0.Transport() != Direct || r1.Transport() != Host {
+	if r0.Transport() != Kmod || r1.Transport() != Host {
 		t.Fatalf("transports %s and %s, want direct (module) and host (no module device)", r0.Transport(), r1.Transport())
 	}
 	name := patternFile(t, 1*mib)

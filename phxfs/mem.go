@@ -148,7 +148,7 @@ func (l *Lib) newRegistration(d *device, addr uint64, size int64) (*Registration
 	}
 	r := &Registration{dev: d, addr: addr, size: size, transport: t, refs: 1}
 	switch t {
-	case Direct:
+	case Kmod:
 		if r.host, r.unmap, err = d.kdev.Map(addr, size); err != nil {
 			return nil, errs.Wrap("map through the kernel module", "", err)
 		}

@@ -25,9 +25,9 @@ const ChunkSize = 1 << 30
 type Transport string
 
 const (
-	// Direct: the phxfs kernel module maps device pages into a VMA and
+	// Kmod: the phxfs kernel module maps device pages into a VMA and
 	// O_DIRECT I/O lands there by DMA.
-	Direct Transport = "direct"
+	Kmod Transport = "kmod"
 	// Host: device memory is host-addressable; I/O lands there directly.
 	Host Transport = "host"
 	// Staged: I/O lands in pinned bounce buffers and the connector copies
@@ -58,9 +58,9 @@ type Config struct {
 	// 32; a worker reads half of them at once while the other half's copies
 	// run (0: PHX_STAGED_BUFFERS, else 2).
 	StagedBuffers int
-	// DirectIO is the staged transport's read policy (policy.go); DirectAuto
+	// ODirect is the staged transport's read policy (policy.go); ODirectAuto
 	// lets PHX_DIRECT_IO choose.
-	DirectIO DirectIO
+	ODirect ODirect
 	// RoundBytes bounds the bytes each worker gets in one round of a large
 	// batch (default 256 MiB; negative: one round; on an H200, 64 MiB rounds
 	// cost 5-15% of a hot staged load against one round). Smaller rounds let other
@@ -123,7 +123,7 @@ func New(cfg Config) (*Lib, error) {
 		return nil, err
 	}
 	cfg.StagedBuffers = sb
-	dio, err := directIOFrom(cfg.DirectIO)
+	dio, err := odirectFrom(cfg.ODirect)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ func New(cfg Config) (*Lib, error) {
 		cfg.SplitSize = 8 << 20
 	}
 	switch cfg.Transport {
-	case "", Direct, Host, Staged:
+	case "", Kmod, Host, Staged:
 	default:
 		return nil, errs.New(unix.EINVAL, "phxfs: unknown transport %q", cfg.Transport)
 	}

@@ -539,7 +539,7 @@ func TestTransportChoice(t *testing.T) {
 	_, err = New(Config{})
 	wantErrno(t, err, unix.EINVAL)
 
-	d, err := New(Config{Connector: c, Transport: Direct, Workers: 2})
+	d, err := New(Config{Connector: c, Transport: Kmod, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,50 +32,51 @@ import (
 // per file per batch (by reopening /proc/self/fd/N), only when a cold range
 // is found.
 //
-// The policy is Config.DirectIO (or PHX_DIRECT_IO=auto|never|always when
-// the config leaves it at auto), changeable with Lib.SetDirectIO; the
+// The O_DIRECT policy is Config.ODirect (or PHX_DIRECT_IO=auto|never|always when
+// the config leaves it at auto), changeable with Lib.SetODirect; the
 // counters are Lib.StagedStats.
 
-// DirectIO is the staged transport's read policy.
-type DirectIO int32
+// ODirect is the staged transport's O_DIRECT policy: when its reads go
+// around the page cache.
+type ODirect int32
 
 const (
-	// DirectAuto reads cold ranges with O_DIRECT and resident ones
+	// ODirectAuto reads cold ranges with O_DIRECT and resident ones
 	// buffered (the default).
-	DirectAuto DirectIO = iota
-	// DirectNever reads everything buffered.
-	DirectNever
-	// DirectAlways reads with O_DIRECT wherever the file allows it, cached
+	ODirectAuto ODirect = iota
+	// ODirectNever reads everything buffered.
+	ODirectNever
+	// ODirectAlways reads with O_DIRECT wherever the file allows it, cached
 	// or not (for tests and measurements).
-	DirectAlways
+	ODirectAlways
 )
 
-// EnvDirectIO names the environment variable read at start.
-const EnvDirectIO = "PHX_DIRECT_IO"
+// EnvODirect names the environment variable read at start.
+const EnvODirect = "PHX_DIRECT_IO"
 
-func (d DirectIO) String() string {
+func (d ODirect) String() string {
 	switch d {
-	case DirectAuto:
+	case ODirectAuto:
 		return "auto"
-	case DirectNever:
+	case ODirectNever:
 		return "never"
-	case DirectAlways:
+	case ODirectAlways:
 		return "always"
 	}
-	return "DirectIO(" + strconv.Itoa(int(d)) + ")"
+	return "ODirect(" + strconv.Itoa(int(d)) + ")"
 }
 
-// ParseDirectIO parses "auto" (or ""), "never" or "always".
-func ParseDirectIO(s string) (DirectIO, error) {
+// ParseODirect parses "auto" (or ""), "never" or "always".
+func ParseODirect(s string) (ODirect, error) {
 	switch s {
 	case "", "auto":
-		return DirectAuto, nil
+		return ODirectAuto, nil
 	case "never", "off":
-		return DirectNever, nil
+		return ODirectNever, nil
 	case "always", "on":
-		return DirectAlways, nil
+		return ODirectAlways, nil
 	}
-	return DirectAuto, errs.New(unix.EINVAL, "phxfs: direct I/O policy %q: want auto, never or always", s)
+	return ODirectAuto, errs.New(unix.EINVAL, "phxfs: direct I/O policy %q: want auto, never or always", s)
 }
 
 // EnvStagedBuffers names the environment variable New reads when
@@ -104,26 +105,26 @@ func stagedBuffersFrom(n int) (int, error) {
 	return n, nil
 }
 
-// directIOFrom resolves the read policy: the config's, or the environment's
+// odirectFrom resolves the read policy: the config's, or the environment's
 // where the config leaves the default.
-func directIOFrom(d DirectIO) (DirectIO, error) {
-	if d != DirectAuto {
+func odirectFrom(d ODirect) (ODirect, error) {
+	if d != ODirectAuto {
 		return d, nil
 	}
-	v := os.Getenv(EnvDirectIO)
-	d, err := ParseDirectIO(v)
+	v := os.Getenv(EnvODirect)
+	d, err := ParseODirect(v)
 	if err != nil {
-		return d, errs.New(unix.EINVAL, "phxfs: %s=%q: want auto, never or always", EnvDirectIO, v)
+		return d, errs.New(unix.EINVAL, "phxfs: %s=%q: want auto, never or always", EnvODirect, v)
 	}
 	return d, nil
 }
 
-// SetDirectIO changes the staged read policy and returns the previous one.
+// SetODirect changes the staged read policy and returns the previous one.
 // Batches already running keep the old one.
-func (l *Lib) SetDirectIO(d DirectIO) DirectIO { return DirectIO(l.directIO.Swap(int32(d))) }
+func (l *Lib) SetODirect(d ODirect) ODirect { return ODirect(l.directIO.Swap(int32(d))) }
 
-// DirectIOPolicy returns the staged read policy.
-func (l *Lib) DirectIOPolicy() DirectIO { return DirectIO(l.directIO.Load()) }
+// ODirectPolicy returns the staged read policy.
+func (l *Lib) ODirectPolicy() ODirect { return ODirect(l.directIO.Load()) }
 
 // StagedStats counts the staged transport's storage reads.
 type StagedStats struct {
@@ -192,7 +193,7 @@ func CheckEnv() error {
 	if _, err := stagedBuffersFrom(0); err != nil {
 		return err
 	}
-	_, err := directIOFrom(DirectAuto)
+	_, err := odirectFrom(ODirectAuto)
 	return err
 }
 
@@ -243,9 +244,9 @@ func resident(fd int, off, n int64) (res, ok bool) {
 // transfer widened to a 4 KiB alignment on both ends still fits.
 const dioSlack = 8 << 10
 
-// twin is the O_DIRECT descriptor of one file for one batch, opened on
+// odirectFile is the O_DIRECT descriptor of one file for one batch, opened on
 // first need.
-type twin struct {
+type odirectFile struct {
 	src  int // the request's descriptor
 	once sync.Once
 
@@ -256,26 +257,26 @@ type twin struct {
 	broken   atomic.Bool // an O_DIRECT read failed: read buffered from now on
 }
 
-// twins maps a batch's descriptors to their twins.
-type twins map[int]*twin
+// odirectFiles maps a batch's descriptors to their odirectFiles.
+type odirectFiles map[int]*odirectFile
 
-// newTwins prepares (without opening anything) a twin for every descriptor
-// of the plan's staged reads; nil when the policy is DirectNever.
-func newTwins(p *plan, mode DirectIO) twins {
-	if p.write || mode == DirectNever {
+// newODirectFiles prepares (without opening anything) an odirectFile for every descriptor
+// of the plan's staged reads; nil when the policy is ODirectNever.
+func newODirectFiles(p *plan, mode ODirect) odirectFiles {
+	if p.write || mode == ODirectNever {
 		return nil
 	}
-	t := twins{}
+	t := odirectFiles{}
 	for i := range p.xfers {
 		x := &p.xfers[i]
 		if x.staged && t[x.fd] == nil {
-			t[x.fd] = &twin{src: x.fd, fd: -1}
+			t[x.fd] = &odirectFile{src: x.fd, fd: -1}
 		}
 	}
 	return t
 }
 
-func (ts twins) close() {
+func (ts odirectFiles) close() {
 	for _, t := range ts {
 		if t.fd >= 0 {
 			unix.Close(t.fd)
@@ -283,9 +284,9 @@ func (ts twins) close() {
 	}
 }
 
-// open opens the twin: a regular file, not already O_DIRECT, on a file
+// open opens the odirectFile: a regular file, not already O_DIRECT, on a file
 // system that reports its O_DIRECT alignment and accepts O_DIRECT opens.
-func (t *twin) open() {
+func (t *odirectFile) open() {
 	fl, err := unix.FcntlInt(uintptr(t.src), unix.F_GETFL, 0)
 	if err != nil || fl&unix.O_DIRECT != 0 || fl&unix.O_ACCMODE == unix.O_WRONLY {
 		return
@@ -306,14 +307,14 @@ func (t *twin) open() {
 }
 
 // directSpan decides how xfer x is read. ok: read [start, start+span) from
-// the twin into a bounce buffer of capacity bytes at addr, x's bytes begin at
+// the odirectFile into a bounce buffer of capacity bytes at addr, x's bytes begin at
 // head inside it. Otherwise read x buffered.
-func (ts twins) directSpan(x *xfer, mode DirectIO, addr uintptr, capacity int64) (t *twin, start, head, span int64, ok bool) {
+func (ts odirectFiles) directSpan(x *xfer, mode ODirect, addr uintptr, capacity int64) (t *odirectFile, start, head, span int64, ok bool) {
 	t = ts[x.fd]
 	if t == nil || t.broken.Load() {
 		return nil, 0, 0, 0, false
 	}
-	if mode == DirectAuto {
+	if mode == ODirectAuto {
 		res, known := resident(x.fd, x.off, x.len)
 		if res || !known {
 			return nil, 0, 0, 0, false

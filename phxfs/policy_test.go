@@ -12,26 +12,26 @@ import (
 )
 
 func TestParseDirectIO(t *testing.T) {
-	for s, want := range map[string]DirectIO{"": DirectAuto, "auto": DirectAuto, "never": DirectNever, "off": DirectNever, "always": DirectAlways, "on": DirectAlways} {
-		got, err := ParseDirectIO(s)
+	for s, want := range map[string]ODirect{"": ODirectAuto, "auto": ODirectAuto, "never": ODirectNever, "off": ODirectNever, "always": ODirectAlways, "on": ODirectAlways} {
+		got, err := ParseODirect(s)
 		if err != nil || got != want {
-			t.Errorf("ParseDirectIO(%q) = %v, %v; want %v", s, got, err, want)
+			t.Errorf("ParseODirect(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
-	if _, err := ParseDirectIO("sometimes"); err == nil {
-		t.Error("ParseDirectIO(sometimes) succeeded")
+	if _, err := ParseODirect("sometimes"); err == nil {
+		t.Error("ParseODirect(sometimes) succeeded")
 	}
-	for _, d := range []DirectIO{DirectAuto, DirectNever, DirectAlways} {
-		if got, err := ParseDirectIO(d.String()); err != nil || got != d {
+	for _, d := range []ODirect{ODirectAuto, ODirectNever, ODirectAlways} {
+		if got, err := ParseODirect(d.String()); err != nil || got != d {
 			t.Errorf("round trip of %v: %v, %v", d, got, err)
 		}
 	}
 }
 
 // withDirectIO sets l's policy for one test.
-func withDirectIO(t *testing.T, l *Lib, d DirectIO) {
-	prev := l.SetDirectIO(d)
-	t.Cleanup(func() { l.SetDirectIO(prev) })
+func withDirectIO(t *testing.T, l *Lib, d ODirect) {
+	prev := l.SetODirect(d)
+	t.Cleanup(func() { l.SetODirect(prev) })
 }
 
 // cacheState is cachestat(2) over a whole file; it skips the test where the
@@ -122,7 +122,7 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 			}
 
 			t.Run("always", func(t *testing.T) {
-				withDirectIO(t, l, DirectAlways)
+				withDirectIO(t, l, ODirectAlways)
 				// From a cold file, so the check below does not depend on
 				// what the kernel keeps of a hot one meanwhile.
 				dropCache(t, name)
@@ -146,7 +146,7 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 				}
 			})
 			t.Run("never", func(t *testing.T) {
-				withDirectIO(t, l, DirectNever)
+				withDirectIO(t, l, ODirectNever)
 				s0 := l.StagedStats()
 				readExtents(t, l, fd, m, ext)
 				check()
@@ -155,7 +155,7 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 				}
 			})
 			t.Run("auto", func(t *testing.T) {
-				withDirectIO(t, l, DirectAuto)
+				withDirectIO(t, l, ODirectAuto)
 				// Hot (just written): everything buffered.
 				cacheState(t, name)
 				s0 := l.StagedStats()
@@ -184,10 +184,10 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 }
 
 // TestStagedDirectIOWithDirectFd: a descriptor opened O_DIRECT by the caller
-// gets no twin; aligned reads work as before.
+// gets no odirectFile; aligned reads work as before.
 func TestStagedDirectIOWithDirectFd(t *testing.T) {
 	l, c := newLib(t, setup{"io_uring", Staged}, 1)
-	withDirectIO(t, l, DirectAlways)
+	withDirectIO(t, l, ODirectAlways)
 	name := patternFile(t, 2*mib)
 	needDirectIO(t, name)
 	m := alloc(t, c, 0, 2*mib)
@@ -199,7 +199,7 @@ func TestStagedDirectIOWithDirectFd(t *testing.T) {
 	}
 	checkPattern(t, deviceBytes(t, c, m, 0, mib), 4096)
 	if s1 := l.StagedStats(); s1.DirectReads != s0.DirectReads {
-		t.Fatalf("an O_DIRECT descriptor got a twin: %+v -> %+v", s0, s1)
+		t.Fatalf("an O_DIRECT descriptor got a odirectFile: %+v -> %+v", s0, s1)
 	}
 }
 
@@ -212,14 +212,14 @@ func TestStagedBuffers(t *testing.T) {
 	for _, n := range []int{3, 4, 8, 16} {
 		// Groups of n/2 reads in flight, through the page cache and (at 8
 		// and 16) around it.
-		mode := DirectNever
+		mode := ODirectNever
 		if n >= 8 {
-			mode = DirectAlways
+			mode = ODirectAlways
 		}
 		for _, engine := range []string{"io_uring", "sync"} {
-			l, c := newLib(t, setup{engine, Staged}, 1, func(c *Config) { c.StagedBuffers, c.DirectIO = n, mode })
-			if l.cfg.StagedBuffers != n || l.DirectIOPolicy() != mode {
-				t.Fatalf("config gave %d buffers, policy %v", l.cfg.StagedBuffers, l.DirectIOPolicy())
+			l, c := newLib(t, setup{engine, Staged}, 1, func(c *Config) { c.StagedBuffers, c.ODirect = n, mode })
+			if l.cfg.StagedBuffers != n || l.ODirectPolicy() != mode {
+				t.Fatalf("config gave %d buffers, policy %v", l.cfg.StagedBuffers, l.ODirectPolicy())
 			}
 			name := patternFile(t, 3*mib)
 			m := alloc(t, c, 0, 4*mib)
@@ -229,7 +229,7 @@ func TestStagedBuffers(t *testing.T) {
 			if got, err := l.Read(fd, 0, m.Addr(), 64<<10, 3*mib-8192, 8192); err != nil || got != 3*mib-8192 {
 				t.Fatalf("%d buffers, %s: read %d, %v", n, engine, got, err)
 			}
-			if direct := l.StagedStats().DirectReads - before.DirectReads; (mode == DirectAlways) != (direct > 0) {
+			if direct := l.StagedStats().DirectReads - before.DirectReads; (mode == ODirectAlways) != (direct > 0) {
 				t.Fatalf("%d buffers, policy %v: %d O_DIRECT reads", n, mode, direct)
 			}
 			checkPattern(t, deviceBytes(t, c, m, 64<<10, 3*mib-8192), 8192)
@@ -259,7 +259,7 @@ func TestStagedBuffers(t *testing.T) {
 	if n, err := stagedBuffersFrom(0); n != 4 || err != nil {
 		t.Fatalf("%s=4 gave %d, %v", EnvStagedBuffers, n, err)
 	}
-	t.Setenv(EnvDirectIO, "sometimes")
+	t.Setenv(EnvODirect, "sometimes")
 	if _, err := New(Config{Connector: newConnector(t, setup{"sync", Staged}, 1)}); err == nil {
 		t.Fatal("New accepted PHX_DIRECT_IO=sometimes")
 	}

@@ -71,8 +71,8 @@ func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, []connector.Stream, er
 // engine in one go and its staged ones through its bounce pipeline.
 func (l *Lib) runStriped(p *plan) {
 	workers := l.pool.Workers()
-	mode := l.DirectIOPolicy()
-	tw := newTwins(p, mode)
+	mode := l.ODirectPolicy()
+	tw := newODirectFiles(p, mode)
 	defer tw.close()
 	err := l.pool.Each(func(w int, eng ioengine.Engine) {
 		var host []ioengine.Op
@@ -117,7 +117,7 @@ func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 // flight together (one engine run) while the copies of the other half run,
 // so a worker keeps half its buffers' worth of storage reads queued. Each
 // read goes through the page cache or around it as policy.go decides.
-func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw twins, mode DirectIO) {
+func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw odirectFiles, mode ODirect) {
 	var pending []int // xfer whose copy is in flight from each bounce buffer, -1 none
 	var streams []connector.Stream
 	settle := func(slot int) {
@@ -135,13 +135,13 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 		}
 	}
 	type read struct {
-		x      *xfer
-		i      int
-		slot   int
-		twin   *twin
-		head   int64
-		span   int64
-		direct bool
+		x           *xfer
+		i           int
+		slot        int
+		odirectFile *odirectFile
+		head        int64
+		span        int64
+		direct      bool
 	}
 	var group []read
 	var ops []ioengine.Op
@@ -174,7 +174,7 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 			buf := sw.bounce[slot].Bytes()
 			r := read{x: y, i: idx[k], slot: slot}
 			if t, start, head, span, ok := tw.directSpan(y, mode, addrOf(buf), int64(len(buf))); ok {
-				r.twin, r.head, r.span, r.direct = t, head, span, true
+				r.odirectFile, r.head, r.span, r.direct = t, head, span, true
 				ops = append(ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf), Len: span, Off: start})
 			} else {
 				ops = append(ops, ioengine.Op{Fd: y.fd, Addr: addrOf(buf), Len: y.len, Off: y.off})
@@ -197,7 +197,7 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw
 				// Failed or short (the file shrank, the file system changed
 				// its mind): redo it buffered, and stop trying on an error.
 				if got < 0 {
-					r.twin.broken.Store(true)
+					r.odirectFile.broken.Store(true)
 				}
 				l.stagedStats.fallback(r.x.off, r.span, got)
 				data, got = l.readBuffered(eng, r.x, buf)

@@ -113,7 +113,7 @@ type bench struct {
 	engine  string            // the next load's engine,
 	buffers int               // bounce buffers per worker,
 	round   int64             // round per worker (MiB)
-	policy  phxfs.DirectIO    // and O_DIRECT policy
+	policy  phxfs.ODirect     // and O_DIRECT policy
 	last    phxfs.StagedStats // of the last load's library
 }
 

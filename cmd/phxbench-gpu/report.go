@@ -44,7 +44,7 @@ func newReport(file string, dataLen int64, threads int) (*report, error) {
 		return nil, err
 	}
 	return &report{File: file, FileBytes: st.Size(), DataBytes: dataLen, Threads: threads, Chosen: map[string]int64{},
-		Env: map[string]string{"GOMAXPROCS": strconv.Itoa(runtime.GOMAXPROCS(0)), "direct_io": os.Getenv(phxfs.EnvDirectIO)}}, nil
+		Env: map[string]string{"GOMAXPROCS": strconv.Itoa(runtime.GOMAXPROCS(0)), "direct_io": os.Getenv(phxfs.EnvODirect)}}, nil
 }
 
 // newResult is the measurement of bytes moved in d.

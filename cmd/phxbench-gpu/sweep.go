@@ -39,7 +39,7 @@ func plan(ts []tensor, fd int, start int64, mem connector.Memory) []phxfs.Reques
 // exist before timing.
 func (b *bench) load(w int, bs int64, warm bool) (time.Duration, error) {
 	l, err := phxfs.New(phxfs.Config{Connector: b.conn, Engine: b.engine, Workers: w, BounceSize: bs, Transport: phxfs.Staged,
-		RoundBytes: b.round * mib, StagedBuffers: b.buffers, DirectIO: b.policy})
+		RoundBytes: b.round * mib, StagedBuffers: b.buffers, ODirect: b.policy})
 	if err != nil {
 		return 0, err
 	}
@@ -126,7 +126,7 @@ func parseMiB(s string) (int64, error) {
 // daemon's shape.
 func (b *bench) sweep() error {
 	b.reqs = plan(b.ts, b.fd, b.start, b.mem)
-	b.engine, b.buffers, b.round, b.policy = "io_uring", 2, 64, phxfs.DirectAuto
+	b.engine, b.buffers, b.round, b.policy = "io_uring", 2, 64, phxfs.ODirectAuto
 	if !warmRegister(b.conn, b.mem, b.size) {
 		return fmt.Errorf("cannot register the buffer")
 	}
@@ -201,7 +201,7 @@ func (b *bench) hotLoad() error {
 // coldLoads loads the file cold under each O_DIRECT policy, checking the
 // bytes, and reports the last load's staged counters.
 func (b *bench) coldLoads() error {
-	for _, mode := range []phxfs.DirectIO{phxfs.DirectAuto, phxfs.DirectNever} {
+	for _, mode := range []phxfs.ODirect{phxfs.ODirectAuto, phxfs.ODirectNever} {
 		b.policy = mode
 		if err := zero(b.conn, b.mem); err != nil {
 			return err

@@ -1,7 +1,7 @@
 // Package pcibar is a connector whose device memory is a PCI BAR standing
 // in for GPU memory: the shared-memory BAR (BAR 2) of QEMU's ivshmem-plain
 // device, as the phxfs kernel module's emu backend drives it. It exists to
-// test the "direct" transport for real in a VM (module/test/run-vm.sh).
+// test the "kmod" transport for real in a VM (module/test/run-vm.sh).
 //
 // Device addresses are the emu backend's: byte off of device n's BAR is
 // kmod.EmuDevAddr(n, off). The memory is not host-addressable (Resolve

@@ -196,7 +196,7 @@ func TestShippedRules(t *testing.T) {
 		{Skip{"unit", "phxmount/fusefs", "TestHelperExporter", "helper process for TestControlOwnerDeath (runs only when re-executed)"}, true},
 		{Skip{"integration", "phxmount/integration", "TestIoctlHelperChild", "helper process for the ioctl/fault tests (runs only when re-executed)"}, true},
 		{Skip{"unit", "phxmount/kmod", "TestModuleErrors", "phxfs module not loaded (runs in the module-test VM)"}, true},
-		{Skip{"module", "module-vm", "TestRegMemRules/io_uring/direct", "needs 2 pcibar devices, this machine has 1"}, true},
+		{Skip{"module", "module-vm", "TestRegMemRules/io_uring/kmod", "needs 2 pcibar devices, this machine has 1"}, true},
 		{Skip{"module", "module-vm", "TestStagedBuffers", "PHX_TEST_CONNECTOR=pcibar runs no staged transport"}, true},
 		{Skip{"module", "module-vm", "TestShrunkImportFailsWithEFAULT", "needs the emu connector"}, true},
 		{Skip{"unit", "phxmount/phxfs", "TestShrunkImportFailsWithEFAULT", "needs the emu connector"}, false},
@@ -211,7 +211,7 @@ func TestShippedRules(t *testing.T) {
 		{Skip{"unit", "phxmount/ioengine", "TestRing", "io_uring unavailable here: operation not permitted"}, false},
 		{Skip{"python", "test_mount_emu.EmuMountTest", "test_load_one_batch", "SKIP: no /dev/fuse"}, false},
 		{Skip{"python", "test_abi.GoldenFreshTest", "test_golden_file_matches_the_go_encoder", "SKIP: set PHX_GOLDEN_GO=1 to regenerate with Go; go test ./python/tests/goldengen checks it"}, false},
-		{Skip{"module", "module-vm", "TestRegMemRules/io_uring/direct", "needs 2 pcibar devices, this machine has 0"}, false},
+		{Skip{"module", "module-vm", "TestRegMemRules/io_uring/kmod", "needs 2 pcibar devices, this machine has 0"}, false},
 	} {
 		if got := expectedBy(rules, c.s) != nil; got != c.want {
 			t.Errorf("%s %s %q: expected = %v, want %v", c.s.Tier, c.s.name(), c.s.Reason, got, c.want)

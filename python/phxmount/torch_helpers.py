@@ -96,7 +96,7 @@ def available(path: Union[str, os.PathLike], device: int = 0) -> Availability:
     if a.cuda_error:
         a.reason = f"the mount serves NVIDIA GPUs but this process has no CUDA driver: {a.cuda_error}"
         return a
-    how = {"direct": "GPU-direct DMA through the phxfs kernel module",
+    how = {"kmod": "GPU-direct DMA through the phxfs kernel module",
            "staged": "pinned host bounce buffers and host-to-device copies (no kernel module: not GPU-direct)",
            "host": "host-addressable device memory"}.get(info.transport_name, info.transport_name)
     a.ok = True

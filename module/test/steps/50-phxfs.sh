@@ -1,6 +1,6 @@
-# The phxfs library's suites on the real module: the direct transport.
+# The phxfs library's suites on the real module: the kmod transport.
 # (Staged-only tests, such as TestStagedDirectIOPolicy, skip themselves
-# with a message: pcibar runs the direct transport only.)
+# with a message: pcibar runs the kmod transport only.)
 if [ ! -x /t/phxfs.test ]; then
 	echo "no phxfs tests yet"
 	exit 0

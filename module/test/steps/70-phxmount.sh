@@ -20,9 +20,9 @@ echo "$out" | grep -q '^ok.*/dev/fuse' || die "doctor: /dev/fuse not ok"
 ok "phxmount doctor: /dev/fuse ok"
 echo "$out" | grep -q '^ok.*phxfs kernel module' || die "doctor: phxfs module not ok"
 ok "phxmount doctor: phxfs kernel module ok"
-echo "$out" | grep -q '^->.*transport.*direct (--vendor pcibar)' ||
-	die "doctor: no 'direct (--vendor pcibar)' transport line"
-ok "phxmount doctor: --vendor pcibar gets the direct transport"
+echo "$out" | grep -q '^->.*transport.*kmod (--vendor pcibar)' ||
+	die "doctor: no 'kmod (--vendor pcibar)' transport line"
+ok "phxmount doctor: --vendor pcibar gets the kmod transport"
 
 sys=/sys/class/phxfs/phxfs_dev0
 attrs() { echo "registrations $(cat $sys/registrations), mapped_bytes $(cat $sys/mapped_bytes)"; }
@@ -71,8 +71,8 @@ if grep -q " fuse" /proc/mounts; then
 	die "a FUSE mount is left"
 fi
 ok "nothing left mounted"
-grep -q 'transport direct' $LOG || die "the daemon did not log the registration's transport"
-ok "the daemon logged the registration with transport direct"
+grep -q 'transport kmod' $LOG || die "the daemon did not log the registration's transport"
+ok "the daemon logged the registration with transport kmod"
 if grep -E 'level=(error|fatal|panic)' $LOG; then
 	die "the daemon logged errors"
 fi

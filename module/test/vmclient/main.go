@@ -149,7 +149,7 @@ func run(mnt, file string) error {
 	}
 	bar := devs[0].MemoryBytes
 
-	// INFO on the mount root and on the file: the direct transport.
+	// INFO on the mount root and on the file: the kmod transport.
 	root, err := client.Open(mnt)
 	if err != nil {
 		return err
@@ -159,11 +159,11 @@ func run(mnt, file string) error {
 	if err != nil {
 		return fmt.Errorf("INFO on %s: %w", mnt, err)
 	}
-	if info.Transport != client.TransportDirect || info.Vendor != pcibar.Vendor || info.PCIAddress != devs[0].PCIAddress {
+	if info.Transport != client.TransportKmod || info.Vendor != pcibar.Vendor || info.PCIAddress != devs[0].PCIAddress {
 		return fmt.Errorf("INFO on %s: transport %s, vendor %q, PCI %q; want direct, pcibar, %s",
 			mnt, info.Transport, info.Vendor, info.PCIAddress, devs[0].PCIAddress)
 	}
-	ok("INFO on the mount root: transport direct, vendor pcibar, device %s (%s), engine %s",
+	ok("INFO on the mount root: transport kmod, vendor pcibar, device %s (%s), engine %s",
 		info.PCIAddress, info.DeviceName, info.Engine)
 	f, err := client.OpenFile(file, unix.O_RDONLY|unix.O_DIRECT)
 	if err != nil {
@@ -174,11 +174,11 @@ func run(mnt, file string) error {
 	if err != nil {
 		return fmt.Errorf("INFO on %s: %w", file, err)
 	}
-	if info.Transport != client.TransportDirect || info.DIOOffsetAlign == 0 || info.DIOOffsetAlign > 4096 {
+	if info.Transport != client.TransportKmod || info.DIOOffsetAlign == 0 || info.DIOOffsetAlign > 4096 {
 		return fmt.Errorf("INFO on %s: transport %s, dio_offset_align %d; want direct and a block size",
 			file, info.Transport, info.DIOOffsetAlign)
 	}
-	ok("INFO on %s: transport direct, O_DIRECT alignment %d/%d", filepath.Base(file), info.DIOMemAlign, info.DIOOffsetAlign)
+	ok("INFO on %s: transport kmod, O_DIRECT alignment %d/%d", filepath.Base(file), info.DIOMemAlign, info.DIOOffsetAlign)
 
 	// The BAR range: skip the first half of the BAR, where vmcheck left
 	// ranges for the host to check (pcibar allocation is per process).
@@ -217,7 +217,7 @@ func run(mnt, file string) error {
 	if err != nil {
 		return fmt.Errorf("REGISTER: %w", err)
 	}
-	if buf.Transport != client.TransportDirect {
+	if buf.Transport != client.TransportKmod {
 		return fmt.Errorf("REGISTER: transport %s, want direct", buf.Transport)
 	}
 	n1, mapped1, err := regs()
@@ -228,7 +228,7 @@ func run(mnt, file string) error {
 		return fmt.Errorf("module after REGISTER: registrations %d -> %d, mapped_bytes %d -> %d; want +1, +%d",
 			n0, n1, mapped0, mapped1, bufSize)
 	}
-	ok("REGISTER through the mount: buffer %d, transport direct; the daemon mapped it through phxfs_dev0 (registrations %d, mapped_bytes +%d)",
+	ok("REGISTER through the mount: buffer %d, transport kmod; the daemon mapped it through phxfs_dev0 (registrations %d, mapped_bytes +%d)",
 		buf.ID, n1, bufSize)
 
 	if err := readOne(v, f, buf); err != nil {
