@@ -95,6 +95,22 @@ type Cmd struct {
 	Size int
 }
 
+// cmdNames names the commands by number.
+var cmdNames = map[uint32]string{
+	NrRegister: "REGISTER", NrDeregister: "DEREGISTER", NrRead: "READ", NrWrite: "WRITE",
+	NrBatchRead: "BATCH_READ", NrBatchWrite: "BATCH_WRITE", NrInfo: "INFO",
+}
+
+// String names the command ("BATCH_READ"), or says what it is not.
+func (c Cmd) String() string {
+	if c.Type == Type {
+		if n, ok := cmdNames[c.Nr]; ok {
+			return n
+		}
+	}
+	return fmt.Sprintf("ioctl(type %#x, nr %#x)", c.Type, c.Nr)
+}
+
 // ParseCmd splits an ioctl command number.
 func ParseCmd(cmd uint32) Cmd {
 	return Cmd{Dir: cmd >> 30, Type: (cmd >> 8) & 0xff, Nr: cmd & 0xff, Size: int((cmd >> 16) & 0x3fff)}

@@ -251,3 +251,13 @@ func TestClassFor(t *testing.T) {
 		}
 	}
 }
+
+func TestCmdString(t *testing.T) {
+	for cmd, want := range map[uint32]string{CmdRegister: "REGISTER", CmdDeregister: "DEREGISTER", CmdRead: "READ",
+		CmdWrite: "WRITE", CmdInfo: "INFO", CmdBatch(false, 16): "BATCH_READ", CmdBatch(true, 409): "BATCH_WRITE",
+		0x8008ae01: "ioctl(type 0xae, nr 0x1)", Type<<8 | 0x7f: "ioctl(type 0xe5, nr 0x7f)"} {
+		if got := ParseCmd(cmd).String(); got != want {
+			t.Errorf("%#x: %q, want %q", cmd, got, want)
+		}
+	}
+}

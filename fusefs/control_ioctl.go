@@ -1,0 +1,260 @@
+package fusefs
+
+import (
+	"context"
+	"slices"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"phxmount/client"
+	"phxmount/internal/errs"
+	"phxmount/phxfs"
+)
+
+// The ioctls: decode and check (serve, checkMode), then the extents
+// (move: a write is made the caller's write(2), control_write.go), their
+// buffers (holdExtents) and the library's batch path (transfer).
+
+// Ioctl implements Control.
+func (s *ControlServer) Ioctl(ctx context.Context, c Caller, f *OpenFile, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	ours, err := client.Known(cmd)
+	if !ours {
+		return 0, unix.ENOTTY
+	}
+	s.stats.calls.Add(1)
+	e := unix.Errno(0)
+	if err == nil {
+		e = s.serve(c, f, cmd, in, out)
+	} else {
+		e = unix.EINVAL
+	}
+	if e != 0 {
+		s.stats.rejected.Add(1)
+		if s.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
+			s.log.WithFields(logrus.Fields{"cmd": client.ParseCmd(cmd).String(), "pid": c.Tgid, "file": f.Name}).Debugf("ioctl refused: %v", e)
+		}
+	}
+	return 0, e
+}
+
+func (s *ControlServer) serve(c Caller, f *OpenFile, cmd uint32, in, out []byte) unix.Errno {
+	nr := client.ParseCmd(cmd).Nr
+	if len(in) != client.ParseCmd(cmd).Size {
+		return unix.EINVAL
+	}
+	wantOut := nr != client.NrDeregister
+	if wantOut && len(out) != len(in) {
+		return unix.EINVAL
+	}
+	switch nr {
+	case client.NrRegister:
+		req, err := client.DecodeRegister(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		resp, e := s.register(c, f, req)
+		if e != 0 {
+			return e
+		}
+		client.EncodeRegisterResp(out, req, resp)
+		return 0
+	case client.NrDeregister:
+		id, err := client.DecodeDeregister(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		return s.deregister(c, id)
+	case client.NrRead, client.NrWrite:
+		write := nr == client.NrWrite
+		req, err := client.DecodeIO(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		if e := s.checkMode(f, write); e != 0 {
+			return e
+		}
+		res := s.move(c, f, write, []client.IOReq{req}, make([]unix.Errno, 1))
+		if res[0] < 0 {
+			return unix.Errno(-res[0])
+		}
+		client.EncodeIOResp(out, req, res[0])
+		return 0
+	case client.NrBatchRead, client.NrBatchWrite:
+		write := nr == client.NrBatchWrite
+		reqs, bad, err := client.DecodeBatch(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		if e := s.checkMode(f, write); e != 0 {
+			return e
+		}
+		refuse := make([]unix.Errno, len(reqs))
+		for i := range bad {
+			if bad[i] != nil {
+				refuse[i] = unix.EINVAL
+			}
+		}
+		res := s.move(c, f, write, reqs, refuse)
+		client.EncodeBatchResp(out, in, res)
+		return 0
+	case client.NrInfo:
+		dev, err := client.DecodeInfoReq(in)
+		if err != nil {
+			return unix.EINVAL
+		}
+		info, e := s.info(int(dev), f.Fd)
+		if e != 0 {
+			return e
+		}
+		client.EncodeInfo(out, info)
+		return 0
+	}
+	return unix.ENOTTY
+}
+
+// checkMode refuses, before any I/O, what the open mode forbids.
+func (s *ControlServer) checkMode(f *OpenFile, write bool) unix.Errno {
+	acc := f.Flags & unix.O_ACCMODE
+	switch {
+	case f.Flags&unix.O_DIRECTORY != 0:
+		return unix.EISDIR
+	case write && s.cfg.ReadOnly:
+		return unix.EROFS
+	case write && acc == unix.O_RDONLY:
+		return unix.EBADF
+	case write && f.Flags&unix.O_APPEND != 0:
+		return unix.EINVAL
+	case !write && acc == unix.O_WRONLY:
+		return unix.EBADF
+	}
+	return 0
+}
+
+// move serves the extents of one READ, WRITE or batch; refuse holds the
+// extents already refused (their errno). A write is made to look like the
+// caller's write(2) (control_write.go). Results: bytes or -errno.
+func (s *ControlServer) move(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno) []int64 {
+	res := s.moveExtents(c, f, write, reqs, refuse)
+	var failed uint64
+	for i := range res {
+		if res[i] < 0 || uint64(res[i]) != reqs[i].Length {
+			failed++
+		}
+	}
+	s.stats.extents.Add(uint64(len(reqs)))
+	s.stats.failedExtents.Add(failed)
+	return res
+}
+
+func (s *ControlServer) moveExtents(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno) []int64 {
+	if !write {
+		return s.transfer(c, f, false, reqs, refuse)
+	}
+	// The file size limit cuts a copy of the extents: the reply and the
+	// counters judge the results against the lengths asked for.
+	reqs = append([]client.IOReq(nil), reqs...)
+	if limitWrite(c, reqs, refuse) {
+		signalFileSize(c)
+	}
+	if e := removePrivs(c, f.Fd); e != 0 {
+		res := make([]int64, len(reqs))
+		for i := range res {
+			res[i] = -int64(e)
+		}
+		return res
+	}
+	res := s.transfer(c, f, true, reqs, refuse)
+	if lo, hi := writtenSpan(reqs, res); hi > lo && f.Changed != nil {
+		f.Changed(int64(lo), int64(hi-lo))
+	}
+	return res
+}
+
+// transfer checks every extent against its registration and the caller,
+// then moves the bytes of those that pass. Results: bytes or -errno.
+func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno) []int64 {
+	res := make([]int64, len(reqs))
+	preqs := make([]phxfs.Request, 0, len(reqs))
+	idx := make([]int, 0, len(reqs))
+
+	held := s.holdExtents(c, f, reqs, refuse, res, &preqs, &idx)
+	defer func() {
+		for _, b := range held {
+			b.reg.Release()
+		}
+	}()
+
+	// One extent or many, the library's batch path: it resolves each
+	// request against its registration, coalesces and runs them.
+	if len(preqs) > 0 {
+		var err error
+		if write {
+			_, err = s.lib.WriteBatch(preqs)
+		} else {
+			_, err = s.lib.ReadBatch(preqs)
+		}
+		if err != nil {
+			for i := range preqs {
+				preqs[i].Result = -int64(errs.Errno(err))
+			}
+		}
+		s.noteFallback()
+	}
+
+	var moved uint64
+	for k, i := range idx {
+		res[i] = preqs[k].Result
+		if res[i] > 0 {
+			moved += uint64(res[i])
+		}
+	}
+	if write {
+		s.stats.bytesWritten.Add(moved)
+	} else {
+		s.stats.bytesRead.Add(moved)
+	}
+	return res
+}
+
+// holdExtents checks every extent that is not refused yet against its
+// buffer and the caller (res gets -errno), holds the registration of each
+// buffer named (once; the caller releases them) and appends a library
+// request for each extent that passed, with its index.
+func (s *ControlServer) holdExtents(c Caller, f *OpenFile, reqs []client.IOReq, refuse []unix.Errno, res []int64, preqs *[]phxfs.Request, idx *[]int) []*buffer {
+	var held []*buffer
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, r := range reqs {
+		if refuse[i] != 0 {
+			res[i] = -int64(refuse[i])
+			continue
+		}
+		b := s.bufs[r.ID]
+		switch {
+		case b == nil:
+			res[i] = -int64(unix.ENOENT)
+			continue
+		case !b.ownedBy(c):
+			res[i] = -int64(unix.EPERM)
+			continue
+		case r.BufOffset > uint64(b.reg.Size()) || r.Length > uint64(b.reg.Size())-r.BufOffset:
+			res[i] = -int64(unix.EFAULT)
+			continue
+		}
+		if !slices.Contains(held, b) {
+			// Under s.mu, where release unlinks the buffer: a buffer found
+			// here is not closing yet, so this hold cannot fail.
+			if b.reg.Hold() != nil {
+				res[i] = -int64(unix.ENOENT)
+				continue
+			}
+			held = append(held, b)
+		}
+		*idx = append(*idx, i)
+		*preqs = append(*preqs, phxfs.Request{Fd: f.Fd, Device: b.reg.Device(), DevAddr: b.reg.Addr(),
+			BufOffset: int64(r.BufOffset), Len: int64(r.Length), FileOffset: int64(r.FileOffset)})
+	}
+	return held
+}
