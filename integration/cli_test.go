@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,6 +115,36 @@ func TestDoctor(t *testing.T) {
 	for _, want := range []string{"/dev/fuse", "FUSE passthrough", "io_uring", "phxfs kernel module", "libcuda", "transport"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestWait: phxmount wait, the one readiness check, is 0 on a ready
+// phxmount mount, 1 (saying why) on a directory that is not one or another
+// file system's mount point, 2 on a bad command line.
+func TestWait(t *testing.T) {
+	d := startDaemon(t)
+	bin := phxmountBin(t)
+	code := func(args ...string) (int, string) {
+		out, err := exec.Command(bin, append([]string{"wait"}, args...)...).CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), string(out)
+		}
+		return 0, string(out)
+	}
+	if c, out := code(d.Mnt); c != 0 {
+		t.Errorf("wait on the mount: %d %s", c, out)
+	}
+	if c, out := code("--timeout", "0.2", d.Backing); c != 1 || !strings.Contains(out, "not a mount point") {
+		t.Errorf("wait on a plain directory: %d %s", c, out)
+	}
+	if c, out := code("--timeout", "0.2", "/proc"); c != 1 || !strings.Contains(out, "not fuse.phxmount") {
+		t.Errorf("wait on /proc: %d %s", c, out)
+	}
+	for _, bad := range [][]string{nil, {"--timeout", "x", d.Mnt}, {d.Mnt, d.Mnt}} {
+		if c, out := code(bad...); c != 2 {
+			t.Errorf("wait %v: %d %s, want 2", bad, c, out)
 		}
 	}
 }

@@ -14,8 +14,8 @@ package integration
 //	startDaemon(t, opts...) *daemon     the same, returning the daemon (for signal and
 //	                                    crash tests): d.Backing, d.Mnt, d.Cmd, d.Stderr(),
 //	                                    d.Signal(sig), d.WaitExit(timeout), d.Mounted(),
-//	                                    d.WaitLog(substring, timeout); it returns after the
-//	                                    daemon's "mounted; passthrough ..." log line
+//	                                    d.WaitLog(substring, timeout); it returns once
+//	                                    `phxmount wait` says the mount is ready
 //	mountInProcess(t, fusefs.Options, opts...) (backing, mnt string, fsys *fusefs.FS)
 //	                                    the overlay served by the test process itself
 //	                                    (a Control test double can be plugged in)
@@ -33,7 +33,6 @@ package integration
 // per test run with -ldflags=-checklinkname=0 into a temporary directory.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -50,6 +49,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"phxmount/fusefs"
+	"phxmount/internal/procfs"
 )
 
 // requireMountEnv skips the test unless it can mount FUSE file systems.
@@ -274,23 +274,23 @@ func startDaemon(t testing.TB, opts ...mountOption) *daemon {
 		close(d.exited)
 	}()
 	t.Cleanup(func() { d.stop(t) })
-	deadline := time.Now().Add(15 * time.Second)
-	for !isMounted(c.mountpoint) {
-		select {
-		case <-d.exited:
-			t.Fatalf("phxmount %s exited before mounting (%v):\n%s", strings.Join(args, " "), d.exitErr, d.Stderr())
-		default:
+	// phxmount wait, the one readiness check; the daemon may die first.
+	ready := make(chan []byte, 1)
+	go func() {
+		out, _ := exec.Command(bin, "wait", "--timeout", "15", c.mountpoint).CombinedOutput()
+		ready <- out
+	}()
+	select {
+	case out := <-ready:
+		if len(out) > 0 {
+			t.Fatalf("phxmount %s: %s\n%s", strings.Join(args, " "), out, d.Stderr())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("phxmount %s: no mount after 15 s:\n%s", strings.Join(args, " "), d.Stderr())
-		}
-		time.Sleep(20 * time.Millisecond)
+	case <-d.exited:
+		t.Fatalf("phxmount %s exited before mounting (%v):\n%s", strings.Join(args, " "), d.exitErr, d.Stderr())
 	}
-	// The log line comes after the passthrough probe: wait for it so that
-	// tests see the final state.
-	if !d.WaitLog("mounted;", 10*time.Second) {
-		t.Logf("phxmount mounted but logged no \"mounted;\" line:\n%s", d.Stderr())
-	}
+	// The daemon logs "mounted;" before it answers as ready; the pipe to
+	// this process may still carry it.
+	d.WaitLog("mounted;", 5*time.Second)
 	return d
 }
 
@@ -361,25 +361,8 @@ func mountInProcess(t testing.TB, o fusefs.Options, opts ...mountOption) (backin
 
 // isMounted says whether dir is a FUSE mount point (per mountinfo).
 func isMounted(dir string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		// ... mountpoint is field 4; the fs type follows the " - " separator.
-		if len(fields) < 5 || fields[4] != dir {
-			continue
-		}
-		for i, fl := range fields {
-			if fl == "-" && i+1 < len(fields) && strings.HasPrefix(fields[i+1], "fuse") {
-				return true
-			}
-		}
-	}
-	return false
+	m, ok := procfs.MountAt(dir)
+	return ok && strings.HasPrefix(m.FSType, "fuse")
 }
 
 // runCmd runs a command with a timeout and returns its combined output,

@@ -35,8 +35,7 @@ trap cleanup EXIT
 
 "$BIN/phxmount" ${PHXMOUNT_ARGS:-} "$backing" "$mnt" 2>"$log" &
 pid=$!
-for _ in $(seq 100); do grep -q "mounted;" "$log" 2>/dev/null && break; sleep 0.1; done
-grep -q "mounted;" "$log" || { echo "bench-mount: phxmount did not mount:" >&2; cat "$log" >&2; exit 1; }
+"$BIN/phxmount" wait --timeout 15 "$mnt" || { echo "bench-mount: phxmount did not mount:" >&2; cat "$log" >&2; exit 1; }
 state=$(grep -o 'passthrough [a-z]*: [^"]*' "$log" | head -1)
 echo "phxmount: $state"
 echo "kernel $(uname -r), $(nproc) cores; backing $backing ($(df --output=fstype "$backing" | tail -1))"

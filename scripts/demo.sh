@@ -57,8 +57,7 @@ printf '$ %s\n' "$BIN/phxmount --vendor emu ${PHXMOUNT_ARGS:-} $backing $mnt &"
 # shellcheck disable=SC2086
 "$BIN/phxmount" --vendor emu ${PHXMOUNT_ARGS:-} "$backing" "$mnt" 2>"$log" &
 pid=$!
-for _ in $(seq 100); do grep -q "mounted;" "$log" 2>/dev/null && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-grep -q "mounted;" "$log" || { echo "demo: phxmount did not mount" >&2; exit 1; }
+"$BIN/phxmount" wait --timeout 15 "$mnt" || { echo "demo: phxmount did not mount:" >&2; cat "$log" >&2; exit 1; }
 sed -e 's/^time="[^"]*" //' "$log"
 vendor=$(getfattr --absolute-names --only-values -n user.phx.info "$mnt" | sed -n 's/^vendor=//p')
 [ "$vendor" = emu ] || { echo "demo: the mount uses vendor '$vendor', not the emulated device (PHXMOUNT_ARGS=${PHXMOUNT_ARGS:-})" >&2; exit 1; }

@@ -10,20 +10,19 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"phxmount/client"
 	"phxmount/connector/emu"
+	"phxmount/internal/procfs"
 	"phxmount/phxfs"
 )
 
@@ -55,22 +54,8 @@ func main() {
 // backingOf finds the source of a FUSE mount (phxmount's fsname defaults
 // to the backing directory).
 func backingOf(mnt string) (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fl := strings.Fields(sc.Text())
-		if len(fl) < 10 || fl[4] != mnt {
-			continue
-		}
-		for i, x := range fl {
-			if x == "-" && i+2 < len(fl) {
-				return fl[i+2], nil
-			}
-		}
+	if m, ok := procfs.MountAt(mnt); ok {
+		return m.Source, nil
 	}
 	return "", fmt.Errorf("%s is not a mountpoint (give -backing)", mnt)
 }

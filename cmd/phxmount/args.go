@@ -38,9 +38,13 @@ type config struct {
 
 const usage = `usage: phxmount [options] BACKING MOUNTPOINT
        phxmount doctor
+       phxmount wait [--timeout SECONDS] MOUNTPOINT
 
 Mounts an overlay of the directory BACKING on MOUNTPOINT and serves it in
-the foreground until SIGINT or SIGTERM (or an unmount).
+the foreground until SIGINT or SIGTERM (or an unmount). "wait" returns
+once MOUNTPOINT is a phxmount mount that serves requests (exit 1 when it
+is not by the timeout, default 30 s): start phxmount in the background,
+then wait for it.
 
   -o OPT[,OPT...]       FUSE mount options:
                           ro, rw, allow_other, default_permissions (on by

@@ -4,13 +4,11 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 
 	"phxmount/connector/nvidia"
 	"phxmount/fusefs"
+	"phxmount/internal/procfs"
 	"phxmount/phxfs"
 )
 
@@ -44,6 +43,9 @@ func run(args []string) int {
 	if len(args) > 0 && args[0] == "doctor" {
 		lvl := logrus.WarnLevel
 		return doctor(newLogger(lvl), args[1:])
+	}
+	if len(args) > 0 && args[0] == "wait" {
+		return waitCmd(args[1:])
 	}
 	c, err := parseArgs(args)
 	if err != nil {
@@ -74,11 +76,6 @@ func run(args []string) int {
 	if err != nil {
 		return fail(1, "%v", err)
 	}
-	// The control exists before the overlay: tell it how to report the
-	// overlay's passthrough state (INFO and user.phx.info).
-	if s, ok := ctl.(interface{ SetPassthrough(func() (bool, string)) }); ok {
-		s.SetPassthrough(fsys.PassthroughActive)
-	}
 	active, why := fsys.PassthroughActive()
 	pt := "inactive"
 	if active {
@@ -92,6 +89,12 @@ func run(args []string) int {
 		"allow_other": c.fs.AllowOther,
 		"control":     ctl != nil,
 	}).Infof("mounted; passthrough %s: %s", pt, why)
+	// The control exists before the overlay: tell it how to report the
+	// overlay's passthrough state (INFO and user.phx.info). From here on
+	// the mount answers as ready (phxmount wait), after the line above.
+	if s, ok := ctl.(interface{ SetPassthrough(func() (bool, string)) }); ok {
+		s.SetPassthrough(fsys.PassthroughActive)
+	}
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -174,42 +177,13 @@ func pathErr(err error) error {
 // isMountPoint says whether dir is the mount point of some mount in this
 // namespace (per /proc/self/mountinfo, so bind mounts count too).
 func isMountPoint(dir string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
+	if _, err := procfs.Mounts(); err != nil {
 		var st, pst unix.Stat_t
 		if unix.Stat(dir, &st) != nil || unix.Stat(filepath.Dir(dir), &pst) != nil {
 			return false
 		}
 		return st.Dev != pst.Dev
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescapeMount(fields[4]) == dir {
-			return true
-		}
-	}
-	return false
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%3o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	_, ok := procfs.MountAt(dir)
+	return ok
 }

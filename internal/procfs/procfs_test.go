@@ -62,3 +62,20 @@ func TestParseFixtures(t *testing.T) {
 		t.Errorf("a status without CapEff was accepted")
 	}
 }
+
+func TestParseMountinfo(t *testing.T) {
+	m, ok := parseMountinfo(`36 25 0:32 / /mnt/a\040b rw,nosuid shared:1 master:2 - fuse.phxmount /data/x\134y rw,user_id=0`)
+	if !ok || m.MountPoint != "/mnt/a b" || m.FSType != "fuse.phxmount" || m.Source != `/data/x\y` {
+		t.Errorf("%+v %v", m, ok)
+	}
+	if _, ok := parseMountinfo("36 25 0:32 / /mnt"); ok {
+		t.Errorf("a line without the separator parsed")
+	}
+	ms, err := Mounts()
+	if err != nil || len(ms) == 0 {
+		t.Fatalf("Mounts: %d, %v", len(ms), err)
+	}
+	if root, ok := MountAt("/"); !ok || root.FSType == "" {
+		t.Errorf("MountAt(/) = %+v, %v", root, ok)
+	}
+}

@@ -44,15 +44,13 @@ class Mount:
         env = dict(os.environ, PHXMOUNT_EMU_STAGED="1" if staged else "0")
         self.p = subprocess.Popen([PHXMOUNT, "--vendor", "emu", "--workers", "3", backing, self.mnt],
                                   stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        for _ in range(100):
-            self.log.seek(0)
-            if "mounted;" in self.log.read():
-                return
-            if self.p.poll() is not None:
-                break
-            time.sleep(0.1)
+        # phxmount wait: the one readiness check (it returns once the mount
+        # serves requests).
+        if subprocess.run([PHXMOUNT, "wait", "--timeout", "15", self.mnt]).returncode == 0:
+            return
         self.close()
-        raise RuntimeError("phxmount did not mount")
+        self.log.seek(0)
+        raise RuntimeError("phxmount did not mount:\n" + self.log.read())
 
     def close(self):
         if os.path.ismount(self.mnt):
