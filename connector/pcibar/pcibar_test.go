@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"phxmount/connector"
+	"phxmount/internal/procfs"
 	"phxmount/kmod"
 )
 
@@ -316,13 +317,13 @@ func fakeProc(t *testing.T, pid int, uids string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	status := "Name:\tclient\nTgid:\t" + strconv.Itoa(pid) + "\nUid:\t" + uids + "\nGid:\t0\t0\t0\t0\n"
+	status := "Name:\tclient\nTgid:\t" + strconv.Itoa(pid) + "\nUid:\t" + uids + "\nGid:\t0\t0\t0\t0\nCapEff:\t0\n"
 	if err := os.WriteFile(filepath.Join(dir, "status"), []byte(status), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	old := procRoot
-	procRoot = root
-	t.Cleanup(func() { procRoot = old })
+	old := procfs.Root
+	procfs.Root = root
+	t.Cleanup(func() { procfs.Root = old })
 }
 
 // naming returns h claiming to be exported by pid: what any process can

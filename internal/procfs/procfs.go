@@ -24,6 +24,7 @@ type Status struct {
 	Tgid   int
 	Groups []int
 	CapEff uint64 // effective capabilities, bit n = capability n
+	EUID   int    // effective uid; -1 when the file has no Uid line
 }
 
 // ReadStatus reads /proc/<pid>/status (pid may be a thread id).
@@ -47,6 +48,14 @@ func ReadStatus(pid int) (Status, error) {
 	v, ok = Field(b, "CapEff:")
 	if st.CapEff, err = strconv.ParseUint(string(v), 16, 64); !ok || err != nil {
 		return st, errs.New(unix.EIO, "procfs: status of %d: no CapEff", pid)
+	}
+	st.EUID = -1
+	if v, ok := Field(b, "Uid:"); ok {
+		if f := bytes.Fields(v); len(f) >= 2 { // real, effective, saved, filesystem
+			if n, err := strconv.Atoi(string(f[1])); err == nil {
+				st.EUID = n
+			}
+		}
 	}
 	return st, nil
 }

@@ -45,10 +45,10 @@ func TestParseFixtures(t *testing.T) {
 	Root = dir
 	defer func() { Root = old }()
 	os.MkdirAll(filepath.Join(dir, "7"), 0755)
-	os.WriteFile(filepath.Join(dir, "7", "status"), []byte("Name:\tx\nTgid:\t5\nGroups:\t4 24 1000 \nCapEff:\t0000000000000010\n"), 0644)
+	os.WriteFile(filepath.Join(dir, "7", "status"), []byte("Name:\tx\nTgid:\t5\nUid:\t1000\t0\t0\t0\nGroups:\t4 24 1000 \nCapEff:\t0000000000000010\n"), 0644)
 	os.WriteFile(filepath.Join(dir, "7", "limits"), []byte("Limit                     Soft Limit           Hard Limit           Units\nMax file size             unlimited            unlimited            bytes\nMax files                 9                    9\n"), 0644)
 	st, err := ReadStatus(7)
-	if err != nil || st.Tgid != 5 || len(st.Groups) != 3 || st.Groups[2] != 1000 || st.CapEff != 1<<4 {
+	if err != nil || st.Tgid != 5 || len(st.Groups) != 3 || st.Groups[2] != 1000 || st.CapEff != 1<<4 || st.EUID != 0 {
 		t.Errorf("ReadStatus = %+v, %v", st, err)
 	}
 	if n, err := SoftLimit(7, "Max file size"); err != nil || n != Unlimited {
