@@ -60,22 +60,61 @@ type FS struct {
 // RLIMIT_NOFILE. Call Unmount (or unmount the mountpoint) and
 // Wait to end it.
 func Mount(backing, mountpoint string, o Options) (*FS, error) {
+	f, st, err := newFS(backing, mountpoint, o)
+	if err != nil {
+		return nil, err
+	}
+	mo := f.mountOptions()
+	fo := &fs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    timeout(o.EntryTimeout, DefaultEntryTimeout),
+		AttrTimeout:     timeout(o.AttrTimeout, DefaultAttrTimeout),
+		NegativeTimeout: timeout(o.NegativeTimeout, DefaultNegativeTimeout),
+		NullPermissions: true,
+		RootStableAttr:  &fs.StableAttr{Ino: st.Ino},
+		Logger:          logAdapter(f.log),
+	}
+	raw := fs.NewNodeFS(f.root, fo)
+	server, err := fuse.NewServer(&rawFS{RawFileSystem: raw, fsys: f}, mountpoint, &fo.MountOptions)
+	if err != nil {
+		unix.Close(f.root.fd)
+		return nil, errs.Wrapf(err, "mount %s on %s", f.backing, mountpoint)
+	}
+	f.server = server
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		_ = server.Unmount()
+		return nil, errs.Wrapf(err, "mount %s on %s", f.backing, mountpoint)
+	}
+	f.probePassthrough()
+	if o.Passthrough == PassthroughOn {
+		if ok, why := f.PassthroughActive(); !ok {
+			_ = f.Unmount()
+			f.Wait()
+			return nil, errs.New(unix.EOPNOTSUPP, "--passthrough on: passthrough unavailable: %s", why)
+		}
+	}
+	return f, nil
+}
+
+// newFS opens the backing directory and makes the overlay around it.
+func newFS(backing, mountpoint string, o Options) (*FS, *unix.Stat_t, error) {
 	log := o.Log
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
 	abs, err := filepath.Abs(backing)
 	if err != nil {
-		return nil, errs.New(unix.EINVAL, "backing directory %q", backing)
+		return nil, nil, errs.New(unix.EINVAL, "backing directory %q", backing)
 	}
 	rootFd, err := unix.Open(abs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, errs.Wrapf(err, "backing directory %s", abs)
+		return nil, nil, errs.Wrapf(err, "backing directory %s", abs)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(rootFd, &st); err != nil {
 		unix.Close(rootFd)
-		return nil, errs.Wrapf(err, "stat backing directory %s", abs)
+		return nil, nil, errs.Wrapf(err, "stat backing directory %s", abs)
 	}
 	raiseNoFile(log)
 	// The kernel applies the caller's umask before it sends a create; the
@@ -99,7 +138,12 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		f.ptReason = "disabled by --passthrough off"
 	}
 	f.root = &node{fsys: f, fd: rootFd}
+	return f, &st, nil
+}
 
+// mountOptions are go-fuse's options for the overlay's Options.
+func (f *FS) mountOptions() fuse.MountOptions {
+	o := f.opts
 	mo := fuse.MountOptions{
 		AllowOther:    o.AllowOther,
 		MaxWrite:      o.MaxWrite,
@@ -118,6 +162,7 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		// Symlink targets change only through the mount or the backing
 		// directory; cache them like attributes.
 		EnableSymlinkCaching: false,
+		Logger:               logAdapter(f.log),
 	}
 	if mo.MaxWrite == 0 {
 		mo.MaxWrite = 1 << 20 // clamped by go-fuse to the kernel's limit
@@ -126,7 +171,7 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		mo.MaxBackground = 64
 	}
 	if mo.FsName == "" {
-		mo.FsName = abs
+		mo.FsName = f.backing
 	}
 	if !o.NoDefaultPermissions {
 		mo.Options = append(mo.Options, "default_permissions")
@@ -135,38 +180,7 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		mo.Options = append(mo.Options, "ro")
 	}
 	mo.Options = append(mo.Options, o.ExtraMountOptions...)
-	mo.Logger = logAdapter(log)
-
-	fo := &fs.Options{
-		MountOptions:    mo,
-		EntryTimeout:    timeout(o.EntryTimeout, DefaultEntryTimeout),
-		AttrTimeout:     timeout(o.AttrTimeout, DefaultAttrTimeout),
-		NegativeTimeout: timeout(o.NegativeTimeout, DefaultNegativeTimeout),
-		NullPermissions: true,
-		RootStableAttr:  &fs.StableAttr{Ino: st.Ino},
-		Logger:          logAdapter(log),
-	}
-	raw := fs.NewNodeFS(f.root, fo)
-	server, err := fuse.NewServer(&rawFS{RawFileSystem: raw, fsys: f}, mountpoint, &fo.MountOptions)
-	if err != nil {
-		unix.Close(rootFd)
-		return nil, errs.Wrapf(err, "mount %s on %s", abs, mountpoint)
-	}
-	f.server = server
-	go server.Serve()
-	if err := server.WaitMount(); err != nil {
-		_ = server.Unmount()
-		return nil, errs.Wrapf(err, "mount %s on %s", abs, mountpoint)
-	}
-	f.probePassthrough()
-	if o.Passthrough == PassthroughOn {
-		if ok, why := f.PassthroughActive(); !ok {
-			_ = f.Unmount()
-			f.Wait()
-			return nil, errs.New(unix.EOPNOTSUPP, "--passthrough on: passthrough unavailable: %s", why)
-		}
-	}
-	return f, nil
+	return mo
 }
 
 // Server is the go-fuse server (for tests and tools).

@@ -1,6 +1,7 @@
 package phxfs
 
 import (
+	"slices"
 	"unsafe"
 
 	"phxmount/connector"
@@ -117,108 +118,142 @@ func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 // flight together (one engine run) while the copies of the other half run,
 // so a worker keeps half its buffers' worth of storage reads queued. Each
 // read goes through the page cache or around it as policy.go decides.
-func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, tw odirectFiles, mode ODirect) {
-	var pending []int // xfer whose copy is in flight from each bounce buffer, -1 none
-	var streams []connector.Stream
-	settle := func(slot int) {
-		if pending[slot] < 0 {
-			return
-		}
-		if err := streams[slot].Synchronize(); err != nil {
-			xfers[pending[slot]].result = -int64(errs.Errno(err))
-		}
-		pending[slot] = -1
-	}
-	settleAll := func() {
-		for slot := range pending {
-			settle(slot)
-		}
-	}
-	type read struct {
-		x           *xfer
-		i           int
-		slot        int
-		odirectFile *odirectFile
-		head        int64
-		span        int64
-		direct      bool
-	}
-	var group []read
-	var ops []ioengine.Op
-	half := 0
+func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, odf odirectFiles, mode ODirect) {
+	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, odf: odf, mode: mode}
 	for k := 0; k < len(idx); {
-		x := &xfers[idx[k]]
-		sw, s, err := l.stagedWorkerFor(w, x.dev)
-		if err != nil {
-			x.result = -int64(errs.Errno(err))
-			k++
-			continue
-		}
-		if streams != nil && &streams[0] != &s[0] {
-			settleAll() // another device: let the previous device's copies finish
-		}
-		if pending == nil {
-			pending = make([]int, len(s))
-			for i := range pending {
-				pending[i] = -1
-			}
-		}
-		streams = s
-		g := max(len(s)/2, 1)
-		// The next group: up to g xfers of this device, into this half.
-		group, ops = group[:0], ops[:0]
-		for ; k < len(idx) && len(group) < g && xfers[idx[k]].dev == x.dev; k++ {
-			y := &xfers[idx[k]]
-			slot := (half*g + len(group)) % len(s)
-			settle(slot)
-			buf := sw.bounce[slot].Bytes()
-			r := read{x: y, i: idx[k], slot: slot}
-			if t, start, head, span, ok := tw.directSpan(y, mode, addrOf(buf), int64(len(buf))); ok {
-				r.odirectFile, r.head, r.span, r.direct = t, head, span, true
-				ops = append(ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf), Len: span, Off: start})
-			} else {
-				ops = append(ops, ioengine.Op{Fd: y.fd, Addr: addrOf(buf), Len: y.len, Off: y.off})
-			}
-			group = append(group, r)
-		}
-		half ^= 1
-		runErr := eng.Run(ops)
-		for n, r := range group {
-			buf := sw.bounce[r.slot].Bytes()
-			data, got := buf, ops[n].Result
-			switch {
-			case runErr != nil:
-				got = -int64(errs.Errno(runErr))
-			case r.direct && got == r.span:
-				l.stagedStats.directReads.Add(1)
-				l.stagedStats.directBytes.Add(r.x.len)
-				data, got = buf[r.head:], r.x.len
-			case r.direct:
-				// Failed or short (the file shrank, the file system changed
-				// its mind): redo it buffered, and stop trying on an error.
-				if got < 0 {
-					r.odirectFile.broken.Store(true)
-				}
-				l.stagedStats.fallback(r.x.off, r.span, got)
-				data, got = l.readBuffered(eng, r.x, buf)
-			case got > 0:
-				l.stagedStats.bufferedReads.Add(1)
-				l.stagedStats.bufferedBytes.Add(got)
-			}
-			r.x.result = got
-			if got <= 0 {
-				continue
-			}
-			if err := s[r.slot].CopyToDevice(r.x.devAddr, data[:got]); err != nil {
-				r.x.result = -int64(errs.Errno(err))
-				continue
-			}
-			pending[r.slot] = r.i
-		}
+		k = r.group(idx, k)
 	}
-	if pending != nil {
-		settleAll()
+	r.settleAll()
+}
+
+// stagedReader is one worker's staged read of a plan's share.
+type stagedReader struct {
+	l     *Lib
+	w     int
+	eng   ioengine.Engine
+	xfers []xfer
+	odf   odirectFiles
+	mode  ODirect
+
+	sw      *stagedWorker
+	streams []connector.Stream
+	pending []int // xfer whose copy is in flight from each bounce buffer, -1 none
+	half    int
+	reads   []stagedRead
+	ops     []ioengine.Op
+}
+
+// stagedRead is one read of a group: the xfer, its bounce buffer, and how
+// it is read.
+type stagedRead struct {
+	x      *xfer
+	i      int
+	slot   int
+	odf    *odirectFile // O_DIRECT: the descriptor, and x's bytes at head of span
+	head   int64
+	span   int64
+	direct bool
+}
+
+// settle waits for the copy in flight from a bounce buffer.
+func (r *stagedReader) settle(slot int) {
+	if r.pending[slot] < 0 {
+		return
 	}
+	if err := r.streams[slot].Synchronize(); err != nil {
+		r.xfers[r.pending[slot]].result = -int64(errs.Errno(err))
+	}
+	r.pending[slot] = -1
+}
+
+func (r *stagedReader) settleAll() {
+	for slot := range r.pending {
+		r.settle(slot)
+	}
+}
+
+// group reads the next group from idx[k]: up to half the bounce buffers'
+// worth of xfers of one device, at once, then copies each to the device.
+// It returns where the next group starts.
+func (r *stagedReader) group(idx []int, k int) int {
+	x := &r.xfers[idx[k]]
+	sw, s, err := r.l.stagedWorkerFor(r.w, x.dev)
+	if err != nil {
+		x.result = -int64(errs.Errno(err))
+		return k + 1
+	}
+	if r.streams != nil && &r.streams[0] != &s[0] {
+		r.settleAll() // another device: let the previous device's copies finish
+	}
+	if r.pending == nil {
+		r.pending = slices.Repeat([]int{-1}, len(s))
+	}
+	r.sw, r.streams = sw, s
+	k = r.plan(idx, k, x.dev)
+	r.half ^= 1
+	runErr := r.eng.Run(r.ops)
+	for n, rd := range r.reads {
+		r.land(rd, r.ops[n].Result, runErr)
+	}
+	return k
+}
+
+// plan lays out the group's reads into this half's bounce buffers.
+func (r *stagedReader) plan(idx []int, k, dev int) int {
+	g := max(len(r.streams)/2, 1)
+	r.reads, r.ops = r.reads[:0], r.ops[:0]
+	for ; k < len(idx) && len(r.reads) < g && r.xfers[idx[k]].dev == dev; k++ {
+		y := &r.xfers[idx[k]]
+		slot := (r.half*g + len(r.reads)) % len(r.streams)
+		r.settle(slot)
+		buf := r.sw.bounce[slot].Bytes()
+		rd := stagedRead{x: y, i: idx[k], slot: slot}
+		if t, start, head, span, ok := r.odf.directSpan(y, r.mode, addrOf(buf), int64(len(buf))); ok {
+			rd.odf, rd.head, rd.span, rd.direct = t, head, span, true
+			r.ops = append(r.ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf), Len: span, Off: start})
+		} else {
+			r.ops = append(r.ops, ioengine.Op{Fd: y.fd, Addr: addrOf(buf), Len: y.len, Off: y.off})
+		}
+		r.reads = append(r.reads, rd)
+	}
+	return k
+}
+
+// land takes a read's result (got bytes, or the run's error), redoes a
+// failed or short O_DIRECT read through the page cache, and starts the copy
+// of the bytes to the device.
+func (r *stagedReader) land(rd stagedRead, got int64, runErr error) {
+	l := r.l
+	buf := r.sw.bounce[rd.slot].Bytes()
+	data := buf
+	switch {
+	case runErr != nil:
+		got = -int64(errs.Errno(runErr))
+	case rd.direct && got == rd.span:
+		l.stagedStats.directReads.Add(1)
+		l.stagedStats.directBytes.Add(rd.x.len)
+		data, got = buf[rd.head:], rd.x.len
+	case rd.direct:
+		// Failed or short (the file shrank, the file system changed its
+		// mind): redo it buffered, and stop trying on an error.
+		if got < 0 {
+			rd.odf.broken.Store(true)
+		}
+		l.stagedStats.fallback(rd.x.off, rd.span, got)
+		data, got = l.readBuffered(r.eng, rd.x, buf)
+	case got > 0:
+		l.stagedStats.bufferedReads.Add(1)
+		l.stagedStats.bufferedBytes.Add(got)
+	}
+	rd.x.result = got
+	if got <= 0 {
+		return
+	}
+	if err := r.streams[rd.slot].CopyToDevice(rd.x.devAddr, data[:got]); err != nil {
+		rd.x.result = -int64(errs.Errno(err))
+		return
+	}
+	r.pending[rd.slot] = rd.i
 }
 
 // readBuffered reads x through the page cache into buf.

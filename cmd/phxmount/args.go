@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,126 +79,121 @@ func badf(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
+// flagOpt is a command-line option: a switch (set gets "" or the inline
+// "=value" of --flag=value) or one that takes a value.
+type flagOpt struct {
+	names     []string
+	takeValue bool
+	set       func(c *config, v string) error
+}
+
+// flagTable is the command line's options, defined once.
+var flagTable = []flagOpt{
+	{[]string{"-f", "--foreground"}, false, func(*config, string) error { return nil }},
+	{[]string{"-d", "--debug"}, false, func(c *config, _ string) error { c.fs.Debug = true; return nil }},
+	{[]string{"-o"}, true, (*config).mountOptions},
+	{[]string{"--passthrough"}, true, func(c *config, v string) error {
+		m, ok := map[string]fusefs.PassthroughMode{"auto": fusefs.PassthroughAuto, "on": fusefs.PassthroughOn, "off": fusefs.PassthroughOff}[v]
+		if !ok {
+			return badf("--passthrough %q: want auto, on or off", v)
+		}
+		c.fs.Passthrough = m
+		return nil
+	}},
+	{[]string{"--vendor"}, true, oneOf("--vendor", func(c *config) *string { return &c.vendor }, "auto", "nvidia", "emu", "pcibar")},
+	{[]string{"--engine"}, true, oneOf("--engine", func(c *config) *string { return &c.engine }, "auto", "io_uring", "sync")},
+	{[]string{"--workers"}, true, func(c *config, v string) (err error) {
+		c.workers, err = intIn("--workers", v, 0, 4096)
+		return err
+	}},
+	{[]string{"--emu-staged"}, false, func(c *config, v string) error {
+		if v == "" {
+			c.emuStaged = true
+			return nil
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return badf("--emu-staged=%q: want true or false", v)
+		}
+		c.emuStaged = b
+		return nil
+	}},
+	{[]string{"--emu-devices"}, true, func(c *config, v string) (err error) {
+		c.emuDevices, err = intIn("--emu-devices", v, 1, 64)
+		return err
+	}},
+	{[]string{"--log-level"}, true, func(c *config, v string) error {
+		l, err := logrus.ParseLevel(v)
+		if err != nil {
+			return badf("--log-level %q: want panic, fatal, error, warn, info, debug or trace", v)
+		}
+		c.logLevel = l
+		return nil
+	}},
+}
+
+// oneOf sets a string option to one of the allowed values.
+func oneOf(name string, field func(*config) *string, allowed ...string) func(*config, string) error {
+	return func(c *config, v string) error {
+		if !slices.Contains(allowed, v) {
+			return badf("%s %q: want %s", name, v, strings.Join(allowed, ", "))
+		}
+		*field(c) = v
+		return nil
+	}
+}
+
+// intIn parses a number from lo to hi.
+func intIn(name, v string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, badf("%s %q: want a number from %d to %d", name, v, lo, hi)
+	}
+	return n, nil
+}
+
+func lookupFlag(name string) (flagOpt, bool) {
+	for _, f := range flagTable {
+		if slices.Contains(f.names, name) {
+			return f, true
+		}
+	}
+	return flagOpt{}, false
+}
+
 func parseArgs(args []string) (*config, error) {
 	c := &config{vendor: "auto", engine: "auto", logLevel: logrus.InfoLevel}
 	var pos []string
-	value := func(i *int, name string, inline string, hasInline bool) (string, error) {
-		if hasInline {
-			return inline, nil
-		}
-		if *i+1 >= len(args) {
-			return "", badf("option %s needs a value", name)
-		}
-		*i++
-		return args[*i], nil
-	}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
-		if a == "--" {
+		switch {
+		case a == "--":
 			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if !strings.HasPrefix(a, "-") || a == "-" {
+			i = len(args)
+			continue
+		case !strings.HasPrefix(a, "-") || a == "-":
 			pos = append(pos, a)
 			continue
+		case a == "-h" || a == "--help" || a == "-help":
+			return nil, &usageError{msg: "help"}
 		}
 		name, inline, hasInline := strings.Cut(a, "=")
 		if strings.HasPrefix(a, "-o") && a != "-o" && !strings.HasPrefix(a, "--") {
-			name, inline, hasInline = "-o", a[2:], true
+			name, inline, hasInline = "-o", a[2:], true // -oro,allow_other
 		}
-		switch name {
-		case "-h", "--help", "-help":
-			return nil, &usageError{msg: "help"}
-		case "-f", "--foreground":
-		case "-d", "--debug":
-			c.fs.Debug = true
-		case "-o":
-			v, err := value(&i, name, inline, hasInline)
-			if err != nil {
-				return nil, err
-			}
-			if err := c.mountOptions(v); err != nil {
-				return nil, err
-			}
-		case "--passthrough":
-			v, err := value(&i, name, inline, hasInline)
-			if err != nil {
-				return nil, err
-			}
-			switch v {
-			case "auto":
-				c.fs.Passthrough = fusefs.PassthroughAuto
-			case "on":
-				c.fs.Passthrough = fusefs.PassthroughOn
-			case "off":
-				c.fs.Passthrough = fusefs.PassthroughOff
-			default:
-				return nil, badf("--passthrough %q: want auto, on or off", v)
-			}
-		case "--vendor":
-			v, err := value(&i, name, inline, hasInline)
-			if err != nil {
-				return nil, err
-			}
-			switch v {
-			case "auto", "nvidia", "emu", "pcibar":
-				c.vendor = v
-			default:
-				return nil, badf("--vendor %q: want auto, nvidia, emu or pcibar", v)
-			}
-		case "--engine":
-			v, err := value(&i, name, inline, hasInline)
-			if err != nil {
-				return nil, err
-			}
-			switch v {
-			case "auto", "io_uring", "sync":
-				c.engine = v
-			default:
-				return nil, badf("--engine %q: want auto, io_uring or sync", v)
-			}
-		case "--workers":
-			v, err := value(&i, name, inline, hasInline)
-			if err != nil {
-				return nil, err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 || n > 4096 {
-				return nil, badf("--workers %q: want a number from 0 to 4096", v)
-			}
-			c.workers = n
-		case "--emu-staged":
-			if hasInline {
-				b, err := strconv.ParseBool(inline)
-				if err != nil {
-					return nil, badf("--emu-staged=%q: want true or false", inline)
-				}
-				c.emuStaged = b
-			} else {
-				c.emuStaged = true
-			}
-		case "--emu-devices":
-			v, err := value(&i, name, inline, hasInline)
-			if err != nil {
-				return nil, err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > 64 {
-				return nil, badf("--emu-devices %q: want a number from 1 to 64", v)
-			}
-			c.emuDevices = n
-		case "--log-level":
-			v, err := value(&i, name, inline, hasInline)
-			if err != nil {
-				return nil, err
-			}
-			l, err := logrus.ParseLevel(v)
-			if err != nil {
-				return nil, badf("--log-level %q: want panic, fatal, error, warn, info, debug or trace", v)
-			}
-			c.logLevel = l
-		default:
+		f, ok := lookupFlag(name)
+		if !ok {
 			return nil, badf("unknown option %s (see phxmount --help)", name)
+		}
+		if f.takeValue && !hasInline {
+			if i+1 >= len(args) {
+				return nil, badf("option %s needs a value", name)
+			}
+			i++
+			inline = args[i]
+		}
+		if err := f.set(c, inline); err != nil {
+			return nil, err
 		}
 	}
 	switch len(pos) {
@@ -211,15 +207,82 @@ func parseArgs(args []string) (*config, error) {
 	return c, nil
 }
 
-func seconds(name, v string) (time.Duration, error) {
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || f < 0 || f > 1e6 {
-		return 0, badf("-o %s=%s: want seconds (a number >= 0)", name, v)
+// mountOpt is one -o option: what it sets from its value ("" for a flag).
+type mountOpt struct {
+	takeValue bool
+	set       func(c *config, opt, v string) error
+}
+
+// mountTable is the -o options, defined once.
+var mountTable = map[string]mountOpt{
+	"ro":                      {false, func(c *config, _, _ string) error { c.fs.ReadOnly = true; return nil }},
+	"rw":                      {false, func(c *config, _, _ string) error { c.fs.ReadOnly = false; return nil }},
+	"allow_other":             {false, func(c *config, _, _ string) error { c.fs.AllowOther = true; return nil }},
+	"default_permissions":     {false, func(c *config, _, _ string) error { c.fs.NoDefaultPermissions = false; return nil }},
+	"nodefault_permissions":   {false, func(c *config, _, _ string) error { c.fs.NoDefaultPermissions = true; return nil }},
+	"debug":                   {false, func(c *config, _, _ string) error { c.fs.Debug = true; return nil }},
+	"entry_timeout":           {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.EntryTimeout })},
+	"attr_timeout":            {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.AttrTimeout })},
+	"negative_timeout":        {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.NegativeTimeout })},
+	"max_write":               {true, numOpt(func(c *config) *int { return &c.fs.MaxWrite }, 1<<62)},
+	"max_readahead":           {true, numOpt(func(c *config) *int { return &c.fs.MaxReadAhead }, 1<<62)},
+	"max_background":          {true, numOpt(func(c *config) *int { return &c.fs.MaxBackground }, 65535)},
+	"max_buffers_per_process": {true, numOpt(func(c *config) *int { return &c.limits.perProcess }, 1<<31)},
+	"max_buffers":             {true, numOpt(func(c *config) *int { return &c.limits.buffers }, 1<<31)},
+	"max_registered_bytes": {true, func(c *config, opt, v string) (err error) {
+		c.limits.bytes, err = byteSize(opt, v)
+		return err
+	}},
+	"fsname": {true, func(c *config, opt, v string) error {
+		if v == "" || strings.ContainsAny(v, ", ") {
+			return badf("-o %s: want fsname=NAME", opt)
+		}
+		c.fs.FsName = v
+		return nil
+	}},
+	// The backing file system keeps the times: atime and noatime change
+	// nothing here.
+	"atime":   {false, func(*config, string, string) error { return nil }},
+	"noatime": {false, func(*config, string, string) error { return nil }},
+}
+
+func init() {
+	for _, k := range []string{"dev", "nodev", "suid", "nosuid", "exec", "noexec"} {
+		mountTable[k] = mountOpt{false, func(c *config, _, _ string) error {
+			c.fs.ExtraMountOptions = append(c.fs.ExtraMountOptions, k)
+			return nil
+		}}
 	}
-	if f == 0 {
-		return -1, nil // disabled (Options: negative means 0)
+}
+
+func timeoutOpt(field func(*config) *time.Duration) func(*config, string, string) error {
+	return func(c *config, opt, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 1e6 {
+			return badf("-o %s: want seconds (a number >= 0)", opt)
+		}
+		d := time.Duration(f * float64(time.Second))
+		if f == 0 {
+			d = -1 // disabled (Options: negative means 0)
+		}
+		*field(c) = d
+		return nil
 	}
-	return time.Duration(f * float64(time.Second)), nil
+}
+
+func numOpt(field func(*config) *int, most int) func(*config, string, string) error {
+	return func(c *config, opt, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			k, _, _ := strings.Cut(opt, "=")
+			return badf("-o %s: want %s=N", opt, k)
+		}
+		if n > most {
+			return badf("-o %s: at most %d", opt, most)
+		}
+		*field(c) = n
+		return nil
+	}
 }
 
 func (c *config) mountOptions(list string) error {
@@ -228,85 +291,16 @@ func (c *config) mountOptions(list string) error {
 			continue
 		}
 		k, v, hasV := strings.Cut(o, "=")
-		flag := func() error {
-			if hasV {
-				return badf("-o %s takes no value", k)
-			}
-			return nil
-		}
-		num := func() (int, error) {
-			n, err := strconv.Atoi(v)
-			if !hasV || err != nil || n < 0 {
-				return 0, badf("-o %s: want %s=N", o, k)
-			}
-			return n, nil
-		}
-		var err error
-		switch k {
-		case "ro":
-			c.fs.ReadOnly = true
-			err = flag()
-		case "rw":
-			c.fs.ReadOnly = false
-			err = flag()
-		case "allow_other":
-			c.fs.AllowOther = true
-			err = flag()
-		case "default_permissions":
-			c.fs.NoDefaultPermissions = false
-			err = flag()
-		case "nodefault_permissions":
-			c.fs.NoDefaultPermissions = true
-			err = flag()
-		case "debug":
-			c.fs.Debug = true
-			err = flag()
-		case "entry_timeout", "attr_timeout", "negative_timeout":
-			if !hasV {
-				return badf("-o %s: want %s=SECONDS", o, k)
-			}
-			d, e := seconds(k, v)
-			if e != nil {
-				return e
-			}
-			switch k {
-			case "entry_timeout":
-				c.fs.EntryTimeout = d
-			case "attr_timeout":
-				c.fs.AttrTimeout = d
-			default:
-				c.fs.NegativeTimeout = d
-			}
-		case "max_write":
-			c.fs.MaxWrite, err = num()
-		case "max_readahead":
-			c.fs.MaxReadAhead, err = num()
-		case "max_background":
-			c.fs.MaxBackground, err = num()
-			if err == nil && c.fs.MaxBackground > 65535 {
-				err = badf("-o %s: at most 65535", o)
-			}
-		case "max_buffers_per_process":
-			c.limits.perProcess, err = num()
-		case "max_buffers":
-			c.limits.buffers, err = num()
-		case "max_registered_bytes":
-			c.limits.bytes, err = byteSize(o, v)
-		case "fsname":
-			if !hasV || v == "" || strings.ContainsAny(v, ", ") {
-				return badf("-o %s: want fsname=NAME", o)
-			}
-			c.fs.FsName = v
-		case "dev", "nodev", "suid", "nosuid", "exec", "noexec":
-			c.fs.ExtraMountOptions = append(c.fs.ExtraMountOptions, k)
-			err = flag()
-		case "atime", "noatime":
-			// The backing file system keeps the times.
-			err = flag()
-		default:
+		m, ok := mountTable[k]
+		switch {
+		case !ok:
 			return badf("unknown mount option -o %s", o)
+		case m.takeValue && !hasV:
+			return badf("-o %s: want %s=VALUE", o, k)
+		case !m.takeValue && hasV:
+			return badf("-o %s takes no value", k)
 		}
-		if err != nil {
+		if err := m.set(c, o, v); err != nil {
 			return err
 		}
 	}

@@ -21,6 +21,26 @@ import (
 	"phxmount/phxfs"
 )
 
+// finding is one line of doctor's report: a check that passed or not, or
+// a note (the transport a registration would get).
+type finding struct {
+	What   string
+	OK     bool
+	Detail string
+	Note   bool
+}
+
+func (f finding) String() string {
+	mark := "ok  "
+	switch {
+	case f.Note:
+		mark = "->  "
+	case !f.OK:
+		mark = "no  "
+	}
+	return fmt.Sprintf("%s %-22s %s", mark, f.What, f.Detail)
+}
+
 // doctor reports what this machine offers, without mounting anything the
 // user can see (the passthrough probe mounts a throwaway overlay of an
 // empty temporary directory and unmounts it).
@@ -28,101 +48,126 @@ func doctor(log *logrus.Entry, args []string) int {
 	if len(args) > 0 {
 		return fail(2, "doctor takes no arguments")
 	}
-	out := os.Stdout
-	line := func(ok bool, what, detail string) {
-		mark := "ok  "
-		if !ok {
-			mark = "no  "
+	fuse := checkFuse()
+	var all []finding
+	all = append(all, fuse)
+	all = append(all, checkPassthrough(log, fuse.OK)...)
+	all = append(all, checkIOUring(), checkCachestat(), checkEnvironment())
+	mod, modOK := checkModule()
+	cuda, gpus := checkCUDA()
+	all = append(all, mod, cuda)
+	all = append(all, transportNotes(gpus, modOK)...)
+	for _, f := range all {
+		fmt.Println(f)
+	}
+	return 0
+}
+
+func checkFuse() finding {
+	f := finding{What: "/dev/fuse"}
+	st, err := os.Stat("/dev/fuse")
+	switch {
+	case err != nil:
+		f.Detail = err.Error()
+	case st.Mode()&os.ModeCharDevice == 0:
+		f.Detail = "not a character device"
+	default:
+		fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			f.Detail = "cannot open: " + err.Error()
+			break
 		}
-		fmt.Fprintf(out, "%s %-22s %s\n", mark, what, detail)
-	}
-	note := func(what, detail string) { fmt.Fprintf(out, "->   %-22s %s\n", what, detail) }
-
-	// FUSE.
-	fuseOK := false
-	if st, err := os.Stat("/dev/fuse"); err != nil {
-		line(false, "/dev/fuse", err.Error())
-	} else if st.Mode()&os.ModeCharDevice == 0 {
-		line(false, "/dev/fuse", "not a character device")
-	} else if fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
-		line(false, "/dev/fuse", "cannot open: "+err.Error())
-	} else {
 		unix.Close(fd)
-		fuseOK = true
-		line(true, "/dev/fuse", "present and openable")
+		f.OK, f.Detail = true, "present and openable"
 	}
+	return f
+}
 
-	// Passthrough.
+// checkPassthrough: the kernel, the capability, and a probe mount.
+func checkPassthrough(log *logrus.Entry, fuseOK bool) []finding {
 	rel := kernelRelease()
 	maj, min := kernelVersion(rel)
 	kernelOK := maj > 6 || (maj == 6 && min >= 9)
 	capOK := hasCapSysAdmin()
-	line(kernelOK, "kernel", fmt.Sprintf("%s (FUSE passthrough needs >= 6.9)", rel))
-	line(capOK, "CAP_SYS_ADMIN", map[bool]string{true: "held (needed to register passthrough files)", false: "missing: passthrough and direct mounts need it"}[capOK])
+	out := []finding{
+		{What: "kernel", OK: kernelOK, Detail: fmt.Sprintf("%s (FUSE passthrough needs >= 6.9)", rel)},
+		{What: "CAP_SYS_ADMIN", OK: capOK, Detail: map[bool]string{true: "held (needed to register passthrough files)", false: "missing: passthrough and direct mounts need it"}[capOK]},
+	}
+	pt := finding{What: "FUSE passthrough"}
 	switch {
 	case !fuseOK:
-		line(false, "FUSE passthrough", "no /dev/fuse to probe with")
+		pt.Detail = "no /dev/fuse to probe with"
 	case !capOK:
-		line(false, "FUSE passthrough", "not without CAP_SYS_ADMIN")
+		pt.Detail = "not without CAP_SYS_ADMIN"
 	default:
-		ok, why := probeMount(log)
-		line(ok, "FUSE passthrough", why)
+		pt.OK, pt.Detail = probeMount(log)
 	}
+	return append(out, pt)
+}
 
-	// io_uring.
-	if e, err := ioengine.New(ioengine.KindIOUring, 8); err != nil {
-		line(false, "io_uring", err.Error()+" (the sync engine will be used)")
-	} else {
-		e.Close()
-		line(true, "io_uring", "a ring can be created (engine io_uring)")
+func checkIOUring() finding {
+	e, err := ioengine.New(ioengine.KindIOUring, 8)
+	if err != nil {
+		return finding{What: "io_uring", Detail: err.Error() + " (the sync engine will be used)"}
 	}
+	e.Close()
+	return finding{What: "io_uring", OK: true, Detail: "a ring can be created (engine io_uring)"}
+}
 
+func checkCachestat() finding {
 	cs := phxfs.CachestatSupported()
-	line(cs, "cachestat", map[bool]string{true: "the staged transport reads cold ranges with O_DIRECT, cached ones from the page cache",
-		false: "missing (Linux >= 6.5): every staged read goes through the page cache"}[cs])
+	return finding{What: "cachestat", OK: cs, Detail: map[bool]string{true: "the staged transport reads cold ranges with O_DIRECT, cached ones from the page cache",
+		false: "missing (Linux >= 6.5): every staged read goes through the page cache"}[cs]}
+}
 
-	// Settings from the environment: a bad one stops the mount.
-	envErr := phxfs.CheckEnv()
-	if _, err := nvidia.ParseSyncMode(os.Getenv(nvidia.EnvSync)); err != nil && envErr == nil {
-		envErr = err
+// checkEnvironment: a bad tuning variable stops the mount.
+func checkEnvironment() finding {
+	err := phxfs.CheckEnv()
+	if _, serr := nvidia.ParseSyncMode(os.Getenv(nvidia.EnvSync)); serr != nil && err == nil {
+		err = serr
 	}
-	if envErr != nil {
-		line(false, "environment", envErr.Error())
-	} else {
-		line(true, "environment", "PHX_ENGINE, PHX_STAGED_BUFFERS, PHX_DIRECT_IO, PHX_CUDA_SYNC valid or unset")
+	if err != nil {
+		return finding{What: "environment", Detail: err.Error()}
 	}
+	return finding{What: "environment", OK: true, Detail: "PHX_ENGINE, PHX_STAGED_BUFFERS, PHX_DIRECT_IO, PHX_CUDA_SYNC valid or unset"}
+}
 
-	// Kernel module.
+// checkModule reports the phxfs kernel module; ok: its devices exist.
+func checkModule() (finding, bool) {
 	devs, _ := filepath.Glob("/dev/phxfs_dev*")
 	_, modErr := os.Stat("/sys/module/phxfs")
+	f := finding{What: "phxfs kernel module", OK: len(devs) > 0}
 	switch {
 	case modErr == nil && len(devs) > 0:
-		line(true, "phxfs kernel module", "loaded; devices "+strings.Join(devs, " "))
+		f.Detail = "loaded; devices " + strings.Join(devs, " ")
 	case modErr == nil:
-		line(false, "phxfs kernel module", "loaded but no /dev/phxfs_dev* device")
+		f.Detail = "loaded but no /dev/phxfs_dev* device"
 	case len(devs) > 0:
-		line(true, "phxfs kernel module", "devices "+strings.Join(devs, " "))
+		f.Detail = "devices " + strings.Join(devs, " ")
 	default:
-		line(false, "phxfs kernel module", "not loaded (no /dev/phxfs_dev*)")
+		f.Detail = "not loaded (no /dev/phxfs_dev*)"
 	}
+	return f, f.OK
+}
 
-	// libcuda and its GPUs.
-	gpus := 0
-	if c, err := nvidia.Open(); err != nil {
-		line(false, "libcuda", err.Error())
-	} else {
-		ds, _ := c.Devices()
-		gpus = len(ds)
-		var names []string
-		for _, d := range ds {
-			names = append(names, fmt.Sprintf("%d: %s (%s, %d MiB)", d.Index, d.Name, d.PCIAddress, d.MemoryBytes>>20))
-		}
-		c.Close()
-		line(true, "libcuda", fmt.Sprintf("%d GPU(s): %s", gpus, strings.Join(names, "; ")))
+// checkCUDA reports libcuda and its GPUs.
+func checkCUDA() (finding, int) {
+	c, err := nvidia.Open()
+	if err != nil {
+		return finding{What: "libcuda", Detail: err.Error()}, 0
 	}
+	defer c.Close()
+	ds, _ := c.Devices()
+	var names []string
+	for _, d := range ds {
+		names = append(names, fmt.Sprintf("%d: %s (%s, %d MiB)", d.Index, d.Name, d.PCIAddress, d.MemoryBytes>>20))
+	}
+	return finding{What: "libcuda", OK: true, Detail: fmt.Sprintf("%d GPU(s): %s", len(ds), strings.Join(names, "; "))}, len(ds)
+}
 
-	// Transport a registration would get: the vendor --vendor auto picks,
-	// and the VM's BAR stand-in where the module's emu backend is loaded.
+// transportNotes: the transport a registration would get for the vendor
+// --vendor auto picks, and the VM's BAR stand-in where the module is.
+func transportNotes(gpus int, module bool) []finding {
 	var conns []connector.Connector
 	if gpus > 0 {
 		if c, err := nvidia.Open(); err == nil {
@@ -131,17 +176,18 @@ func doctor(log *logrus.Entry, args []string) int {
 	} else if c, err := emu.New(emu.Config{}); err == nil {
 		conns = append(conns, c)
 	}
-	if len(devs) > 0 {
+	if module {
 		if c, err := pcibar.New(pcibar.Config{}); err == nil {
 			conns = append(conns, c)
 		}
 	}
+	var out []finding
 	for _, c := range conns {
 		t, why := phxfs.TransportFor(c, 0)
-		note("transport", fmt.Sprintf("%s (--vendor %s): %s", t, c.Vendor(), why))
+		out = append(out, finding{What: "transport", Note: true, Detail: fmt.Sprintf("%s (--vendor %s): %s", t, c.Vendor(), why)})
 		c.Close()
 	}
-	return 0
+	return out
 }
 
 // probeMount mounts a throwaway overlay and asks it whether passthrough
