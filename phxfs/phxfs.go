@@ -1,9 +1,3 @@
-// Package phxfs is the Go libphoenix: devices, buffer registrations, single
-// and batch I/O between files and device memory, over an ioengine worker
-// pool and a vendor connector. It follows the libphoenix reference
-// (open/close reference counts and drain, 64 KiB registrations with
-// exact-duplicate reference counts, 1 GiB chunking, the batch API with its
-// bounded FIFO) and adds request coalescing and the staged transport.
 package phxfs
 
 import (

@@ -1,0 +1,71 @@
+// Package phxfs is the Go libphoenix: it moves bytes between files and
+// device (GPU) memory without a host "phony buffer" where the machine
+// allows it, and through pinned bounce buffers where it does not. It sits
+// between the FUSE daemon's control protocol (package fusefs) and two
+// lower layers: an I/O engine and worker pool (package ioengine: io_uring,
+// or pread/pwrite) and a vendor connector (package connector: nvidia, emu,
+// pcibar), plus the phxfs kernel module where it is loaded (package kmod).
+//
+// # A read, from the ioctl to device memory
+//
+// fusefs decodes a READ or BATCH_READ ioctl, checks every extent against
+// the caller's buffer, holds that buffer's Registration and hands the
+// extents to ReadBatch as Requests. From there:
+//
+//  1. Registration (mem.go). Device memory is registered once (RegMem, or
+//     Import for memory another process exported): a Registration is the
+//     one object for it, with one life. It knows its transport and, for
+//     the kmod and host transports, the host address where I/O lands.
+//     Transfers hold it; the deregistration that drops its last reference
+//     waits for the holds to drain (users.go), then unmaps it.
+//  2. Plan (plan.go). prepare resolves each Request (resolve: check it,
+//     hold its registration, find where its bytes go; a request whose
+//     buffer does not resolve gets -EFAULT and never reaches the engine),
+//     orders them by file and offset, and cuts them into engine transfers:
+//     requests that follow on in both the file and the buffer merge into
+//     one (KV-cache blocks read head by head), and a transfer is at most
+//     ChunkSize (1 GiB), the bounce buffer (staged) or Config.SplitSize.
+//  3. Transfer (io.go). execute runs the plan in rounds on the worker pool,
+//     so other batches (other devices, other clients) interleave with a
+//     large one; finish turns transfer results into request results and
+//     releases the holds.
+//  4. Transport. Each registration's transport decides how the bytes of a
+//     transfer reach device memory:
+//     - kmod (kernel.go): the phxfs kernel module maps the device memory
+//     into a VMA backed by device pages; an O_DIRECT read into it is DMA
+//     from storage into device memory.
+//     - host: the memory is host-addressable (the emu connector); the
+//     engine reads straight into it.
+//     - staged (staged.go, policy.go): each worker reads into pinned bounce
+//     buffers, half of them at once, while the connector's copy engine
+//     moves the other half to the device. Ranges the page cache holds are
+//     read through it, cold ones with O_DIRECT (the ODirect policy), so a
+//     load never evicts the cache.
+//     The device's transport is the fastest the machine offers (kmod, then
+//     host, then staged); Device and TransportFor say which, and why.
+//
+// Writes run the same way in the other direction.
+//
+// # The libphoenix reference, rule by rule
+//
+// The reference (../shared/seeds/000_56bce1c89dd9b457.txt) lives here:
+//   - open and close reference-count a device; the last close drains the
+//     device's I/O, then unmaps every registration; an open racing it gets
+//     EBUSY: OpenDevice, CloseDevice (device.go).
+//   - regmem and deregmem take non-zero multiples of the 64 KiB device
+//     page; an exact duplicate adds a reference, any other overlap is
+//     EINVAL; the last deregister drains the registration's I/O: RegMem,
+//     DeregMem, Registration.Close (mem.go).
+//   - read and write resolve a buffer anywhere inside a registration
+//     (device >= 0) or take a host address (device < 0), hold the
+//     registration for the transfer and cut it at 1 GiB: Read, Write
+//     (io.go), resolve and cut (plan.go).
+//   - the batch API: per-request results, 0 or the number of failures, a
+//     submission-level error only when nothing ran; asynchronous submit,
+//     wait and destroy over a bounded FIFO (EBUSY when full); an empty
+//     batch is valid: ReadBatch, WriteBatch, SubmitRead, SubmitWrite,
+//     Batch.Wait, Batch.Destroy (batch.go).
+//   - the engine (io_uring with QD 1024 per worker, sync fallback per
+//     worker, its name) and the worker pool: package ioengine;
+//     Lib.EngineName and Lib.EngineFallback report them.
+package phxfs
