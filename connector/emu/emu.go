@@ -245,7 +245,7 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 	// The size is checked here only: the client may shrink the memfd at any
 	// time after. Nothing below depends on it (MAP_POPULATE does not fail on
 	// pages past the end), and the copy engine, the only CPU access to the
-	// memory, turns the resulting faults into EFAULT (copyGuarded).
+	// memory, turns the resulting faults into EFAULT (faultsafe.Copy).
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || st.Ino != hino || st.Size < size {
 		unix.Close(fd)

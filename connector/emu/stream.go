@@ -4,12 +4,13 @@ import (
 	"sync"
 
 	"phxmount/connector"
+	"phxmount/internal/faultsafe"
 )
 
 // stream is the emulated copy engine: a goroutine that performs copies in
 // order, so that copies overlap the caller's storage reads as a GPU's DMA
 // engine would. Its copies are the only CPU accesses the daemon makes to an
-// imported buffer, and each is guarded (copyGuarded): the client can make
+// imported buffer, and each is guarded (faultsafe.Copy): the client can make
 // its pages fault at any time.
 type stream struct {
 	c   *Connector
@@ -63,7 +64,7 @@ func (s *stream) CopyToDevice(dst uint64, src []byte) error {
 	if err != nil {
 		return err
 	}
-	s.enqueue(func() error { return copyGuarded(d, d, src) })
+	s.enqueue(func() error { return faultsafe.Copy("emu: device memory (the buffer shrank?)", d, d, src) })
 	return nil
 }
 
@@ -73,7 +74,7 @@ func (s *stream) CopyFromDevice(dst []byte, src uint64) error {
 	if err != nil {
 		return err
 	}
-	s.enqueue(func() error { return copyGuarded(d, dst, d) })
+	s.enqueue(func() error { return faultsafe.Copy("emu: device memory (the buffer shrank?)", d, dst, d) })
 	return nil
 }
 

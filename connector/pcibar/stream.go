@@ -9,6 +9,7 @@ import (
 
 	"phxmount/connector"
 	"phxmount/internal/errs"
+	"phxmount/internal/faultsafe"
 	"phxmount/kmod"
 )
 
@@ -139,7 +140,7 @@ func (s *Stream) record(err error) error {
 func (s *Stream) CopyToDevice(dst uint64, src []byte) error {
 	off, err := s.dev.barOffset(dst, int64(len(src)))
 	if err == nil {
-		err = copyGuarded(s.view.b, s.view.b[off:], src)
+		err = faultsafe.Copy("pcibar: BAR mapping", s.view.b, s.view.b[off:], src)
 	}
 	return s.record(err)
 }
@@ -148,7 +149,7 @@ func (s *Stream) CopyToDevice(dst uint64, src []byte) error {
 func (s *Stream) CopyFromDevice(dst []byte, src uint64) error {
 	off, err := s.dev.barOffset(src, int64(len(dst)))
 	if err == nil {
-		err = copyGuarded(s.view.b, dst, s.view.b[off:off+int64(len(dst))])
+		err = faultsafe.Copy("pcibar: BAR mapping", s.view.b, dst, s.view.b[off:off+int64(len(dst))])
 	}
 	return s.record(err)
 }
