@@ -167,33 +167,14 @@ const (
 	VendorPCIBar Vendor = 3
 )
 
+// vendorNames is the vendors' names, by code.
+var vendorNames = [...]string{VendorAny: "any", VendorEmu: "emu", VendorNvidia: "nvidia", VendorPCIBar: "pcibar"}
+
 // VendorByName maps a connector's vendor name to its code (VendorAny for
 // names the ABI does not know).
-func VendorByName(name string) Vendor {
-	switch name {
-	case "emu":
-		return VendorEmu
-	case "nvidia":
-		return VendorNvidia
-	case "pcibar":
-		return VendorPCIBar
-	}
-	return VendorAny
-}
+func VendorByName(name string) Vendor { return Vendor(codeOf(vendorNames[:], name)) }
 
-func (v Vendor) String() string {
-	switch v {
-	case VendorAny:
-		return "any"
-	case VendorEmu:
-		return "emu"
-	case VendorNvidia:
-		return "nvidia"
-	case VendorPCIBar:
-		return "pcibar"
-	}
-	return fmt.Sprintf("vendor(%d)", uint32(v))
-}
+func (v Vendor) String() string { return nameOf(vendorNames[:], uint32(v), "vendor") }
 
 // Transport is the path bytes take between storage and device memory.
 type Transport uint32
@@ -205,31 +186,32 @@ const (
 	TransportStaged  Transport = 3
 )
 
+// transportNames is the transports' names, by code.
+var transportNames = [...]string{TransportUnknown: "unknown", TransportKmod: "kmod", TransportHost: "host", TransportStaged: "staged"}
+
 // TransportByName maps phxfs's transport names to codes.
 func TransportByName(name string) Transport {
-	switch name {
-	case "kmod":
-		return TransportKmod
-	case "host":
-		return TransportHost
-	case "staged":
-		return TransportStaged
-	}
-	return TransportUnknown
+	return Transport(codeOf(transportNames[:], name))
 }
 
-func (t Transport) String() string {
-	switch t {
-	case TransportKmod:
-		return "kmod"
-	case TransportHost:
-		return "host"
-	case TransportStaged:
-		return "staged"
-	case TransportUnknown:
-		return "unknown"
+func (t Transport) String() string { return nameOf(transportNames[:], uint32(t), "transport") }
+
+// codeOf is the index of name in names, 0 when it is not there.
+func codeOf(names []string, name string) uint32 {
+	for i, n := range names {
+		if n == name && i > 0 {
+			return uint32(i)
+		}
 	}
-	return fmt.Sprintf("transport(%d)", uint32(t))
+	return 0
+}
+
+// nameOf is names[code], or kind(code) past the table.
+func nameOf(names []string, code uint32, kind string) string {
+	if int(code) < len(names) {
+		return names[code]
+	}
+	return fmt.Sprintf("%s(%d)", kind, code)
 }
 
 // Token is a registration's capability: whoever holds it can load files
