@@ -39,79 +39,107 @@ func (s *ControlServer) Ioctl(ctx context.Context, c Caller, f *OpenFile, cmd ui
 	return 0, e
 }
 
+// request is one decoded ioctl: who sent it, on what, and its payloads.
+type request struct {
+	c       Caller
+	f       *OpenFile
+	nr      uint32
+	in, out []byte
+}
+
+// handlers serve the commands, by number: decode, act, encode.
+var handlers = map[uint32]func(s *ControlServer, r request) unix.Errno{
+	client.NrRegister:   (*ControlServer).serveRegister,
+	client.NrDeregister: (*ControlServer).serveDeregister,
+	client.NrRead:       (*ControlServer).serveSingle,
+	client.NrWrite:      (*ControlServer).serveSingle,
+	client.NrBatchRead:  (*ControlServer).serveBatch,
+	client.NrBatchWrite: (*ControlServer).serveBatch,
+	client.NrInfo:       (*ControlServer).serveInfo,
+}
+
 func (s *ControlServer) serve(c Caller, f *OpenFile, cmd uint32, in, out []byte) unix.Errno {
-	nr := client.ParseCmd(cmd).Nr
-	if len(in) != client.ParseCmd(cmd).Size {
+	pc := client.ParseCmd(cmd)
+	h := handlers[pc.Nr]
+	switch {
+	case h == nil:
+		return unix.ENOTTY
+	case len(in) != pc.Size:
+		return unix.EINVAL
+	case pc.Nr != client.NrDeregister && len(out) != len(in):
 		return unix.EINVAL
 	}
-	wantOut := nr != client.NrDeregister
-	if wantOut && len(out) != len(in) {
+	return h(s, request{c, f, pc.Nr, in, out})
+}
+
+func (s *ControlServer) serveRegister(r request) unix.Errno {
+	req, err := client.DecodeRegister(r.in)
+	if err != nil {
 		return unix.EINVAL
 	}
-	switch nr {
-	case client.NrRegister:
-		req, err := client.DecodeRegister(in)
-		if err != nil {
-			return unix.EINVAL
-		}
-		resp, e := s.register(c, f, req)
-		if e != 0 {
-			return e
-		}
-		client.EncodeRegisterResp(out, req, resp)
-		return 0
-	case client.NrDeregister:
-		id, err := client.DecodeDeregister(in)
-		if err != nil {
-			return unix.EINVAL
-		}
-		return s.deregister(c, id)
-	case client.NrRead, client.NrWrite:
-		write := nr == client.NrWrite
-		req, err := client.DecodeIO(in)
-		if err != nil {
-			return unix.EINVAL
-		}
-		if e := s.checkMode(f, write); e != 0 {
-			return e
-		}
-		res := s.move(c, f, write, []client.IOReq{req}, make([]unix.Errno, 1))
-		if res[0] < 0 {
-			return unix.Errno(-res[0])
-		}
-		client.EncodeIOResp(out, req, res[0])
-		return 0
-	case client.NrBatchRead, client.NrBatchWrite:
-		write := nr == client.NrBatchWrite
-		reqs, bad, err := client.DecodeBatch(in)
-		if err != nil {
-			return unix.EINVAL
-		}
-		if e := s.checkMode(f, write); e != 0 {
-			return e
-		}
-		refuse := make([]unix.Errno, len(reqs))
-		for i := range bad {
-			if bad[i] != nil {
-				refuse[i] = unix.EINVAL
-			}
-		}
-		res := s.move(c, f, write, reqs, refuse)
-		client.EncodeBatchResp(out, in, res)
-		return 0
-	case client.NrInfo:
-		dev, err := client.DecodeInfoReq(in)
-		if err != nil {
-			return unix.EINVAL
-		}
-		info, e := s.info(int(dev), f.Fd)
-		if e != 0 {
-			return e
-		}
-		client.EncodeInfo(out, info)
-		return 0
+	resp, e := s.register(r.c, r.f, req)
+	if e == 0 {
+		client.EncodeRegisterResp(r.out, req, resp)
 	}
-	return unix.ENOTTY
+	return e
+}
+
+func (s *ControlServer) serveDeregister(r request) unix.Errno {
+	id, err := client.DecodeDeregister(r.in)
+	if err != nil {
+		return unix.EINVAL
+	}
+	return s.deregister(r.c, id)
+}
+
+// serveSingle is READ and WRITE: one extent, its result or its errno.
+func (s *ControlServer) serveSingle(r request) unix.Errno {
+	write := r.nr == client.NrWrite
+	req, err := client.DecodeIO(r.in)
+	if err != nil {
+		return unix.EINVAL
+	}
+	if e := s.checkMode(r.f, write); e != 0 {
+		return e
+	}
+	res := s.move(r.c, r.f, write, []client.IOReq{req}, make([]unix.Errno, 1))
+	if res[0] < 0 {
+		return unix.Errno(-res[0])
+	}
+	client.EncodeIOResp(r.out, req, res[0])
+	return 0
+}
+
+// serveBatch is BATCH_READ and BATCH_WRITE: a result per extent.
+func (s *ControlServer) serveBatch(r request) unix.Errno {
+	write := r.nr == client.NrBatchWrite
+	reqs, bad, err := client.DecodeBatch(r.in)
+	if err != nil {
+		return unix.EINVAL
+	}
+	if e := s.checkMode(r.f, write); e != 0 {
+		return e
+	}
+	refuse := make([]unix.Errno, len(reqs))
+	for i := range bad {
+		if bad[i] != nil {
+			refuse[i] = unix.EINVAL
+		}
+	}
+	client.EncodeBatchResp(r.out, r.in, s.move(r.c, r.f, write, reqs, refuse))
+	return 0
+}
+
+func (s *ControlServer) serveInfo(r request) unix.Errno {
+	dev, err := client.DecodeInfoReq(r.in)
+	if err != nil {
+		return unix.EINVAL
+	}
+	info, e := s.info(int(dev), r.f.Fd)
+	if e == 0 {
+		client.EncodeInfo(r.out, info)
+	}
+	return e
 }
 
 // checkMode refuses, before any I/O, what the open mode forbids.

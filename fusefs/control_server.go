@@ -10,6 +10,7 @@ import (
 
 	"phxmount/client"
 	"phxmount/connector"
+	"phxmount/internal/defaults"
 	"phxmount/internal/errs"
 	"phxmount/phxfs"
 )
@@ -89,15 +90,9 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 	if cfg.Lib == nil {
 		return nil, errs.New(unix.EINVAL, "control: no phxfs library")
 	}
-	if cfg.MaxBuffersPerProcess <= 0 {
-		cfg.MaxBuffersPerProcess = 4096
-	}
-	if cfg.MaxBuffers <= 0 {
-		cfg.MaxBuffers = 65536
-	}
-	if cfg.MaxRegisteredBytes <= 0 {
-		cfg.MaxRegisteredBytes = 16 << 40
-	}
+	defaults.Set(&cfg.MaxBuffersPerProcess, 4096)
+	defaults.Set(&cfg.MaxBuffers, 65536)
+	defaults.Set(&cfg.MaxRegisteredBytes, 16<<40)
 	log := cfg.Log
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())

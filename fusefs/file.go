@@ -28,16 +28,17 @@ type file struct {
 // ptFile is a file offered to the kernel for passthrough.
 type ptFile struct{ *file }
 
-var (
-	_ fs.FileReader          = (*file)(nil)
-	_ fs.FileWriter          = (*file)(nil)
-	_ fs.FileFlusher         = (*file)(nil)
-	_ fs.FileFsyncer         = (*file)(nil)
-	_ fs.FileReleaser        = (*file)(nil)
-	_ fs.FileLseeker         = (*file)(nil)
-	_ fs.FileAllocater       = (*file)(nil)
-	_ fs.FilePassthroughFder = (*ptFile)(nil)
-)
+// The go-fuse file interfaces a file serves (and a ptFile, passthrough).
+var _ interface {
+	fs.FileReader
+	fs.FileWriter
+	fs.FileFlusher
+	fs.FileFsyncer
+	fs.FileReleaser
+	fs.FileLseeker
+	fs.FileAllocater
+	fs.FilePassthroughFder
+} = (*ptFile)(nil)
 
 func asFile(f fs.FileHandle) *file {
 	switch h := f.(type) {

@@ -148,39 +148,38 @@ func (n *node) OnForget() {
 // The reply-building requests settle their hand-outs once go-fuse has
 // registered what they return; FORGET takes lookups back first.
 
-func (r *rawFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) (st fuse.Status) {
-	defer func() { r.fsys.settle(cancel, st) }()
-	return r.RawFileSystem.Lookup(cancel, h, name, out)
+// settled settles a request's hand-outs and passes its status on.
+func (r *rawFS) settled(cancel <-chan struct{}, st fuse.Status) fuse.Status {
+	r.fsys.settle(cancel, st)
+	return st
 }
 
-func (r *rawFS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) (st fuse.Status) {
-	defer func() { r.fsys.settle(cancel, st) }()
-	return r.RawFileSystem.Mkdir(cancel, in, name, out)
+func (r *rawFS) Lookup(c <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	return r.settled(c, r.RawFileSystem.Lookup(c, h, name, out))
 }
 
-func (r *rawFS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) (st fuse.Status) {
-	defer func() { r.fsys.settle(cancel, st) }()
-	return r.RawFileSystem.Mknod(cancel, in, name, out)
+func (r *rawFS) Mkdir(c <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
+	return r.settled(c, r.RawFileSystem.Mkdir(c, in, name, out))
 }
 
-func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) (st fuse.Status) {
-	defer func() { r.fsys.settle(cancel, st) }()
-	return r.RawFileSystem.Create(cancel, in, name, out)
+func (r *rawFS) Mknod(c <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
+	return r.settled(c, r.RawFileSystem.Mknod(c, in, name, out))
 }
 
-func (r *rawFS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) (st fuse.Status) {
-	defer func() { r.fsys.settle(cancel, st) }()
-	return r.RawFileSystem.Symlink(cancel, h, target, name, out)
+func (r *rawFS) Create(c <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	return r.settled(c, r.RawFileSystem.Create(c, in, name, out))
 }
 
-func (r *rawFS) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) (st fuse.Status) {
-	defer func() { r.fsys.settle(cancel, st) }()
-	return r.RawFileSystem.Link(cancel, in, name, out)
+func (r *rawFS) Symlink(c <-chan struct{}, h *fuse.InHeader, target, name string, out *fuse.EntryOut) fuse.Status {
+	return r.settled(c, r.RawFileSystem.Symlink(c, h, target, name, out))
 }
 
-func (r *rawFS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) (st fuse.Status) {
-	defer func() { r.fsys.settle(cancel, st) }()
-	return r.RawFileSystem.ReadDirPlus(cancel, in, out)
+func (r *rawFS) Link(c <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.EntryOut) fuse.Status {
+	return r.settled(c, r.RawFileSystem.Link(c, in, name, out))
+}
+
+func (r *rawFS) ReadDirPlus(c <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return r.settled(c, r.RawFileSystem.ReadDirPlus(c, in, out))
 }
 
 func (r *rawFS) Forget(nodeid, nlookup uint64) {

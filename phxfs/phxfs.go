@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"phxmount/connector"
+	"phxmount/internal/defaults"
 	"phxmount/internal/errs"
 	"phxmount/ioengine"
 )
@@ -97,18 +98,10 @@ func New(cfg Config) (*Lib, error) {
 	if cfg.Engine == "" {
 		cfg.Engine = ioengine.KindFromEnv()
 	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = min(max(runtime.NumCPU(), 2), 16)
-	}
-	if cfg.QueueDepth <= 0 {
-		cfg.QueueDepth = 1024
-	}
-	if cfg.MaxQueuedBatches <= 0 {
-		cfg.MaxQueuedBatches = 16
-	}
-	if cfg.BounceSize <= 0 {
-		cfg.BounceSize = 2 << 20
-	}
+	defaults.Set(&cfg.Workers, min(max(runtime.NumCPU(), 2), 16))
+	defaults.Set(&cfg.QueueDepth, 1024)
+	defaults.Set(&cfg.MaxQueuedBatches, 16)
+	defaults.Set(&cfg.BounceSize, 2<<20)
 	if cfg.BounceSize%4096 != 0 {
 		return nil, errs.New(unix.EINVAL, "phxfs: bounce size %d is not a multiple of 4096", cfg.BounceSize)
 	}
