@@ -21,12 +21,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"phxmount/client"
+	"phxmount/connector"
 	"phxmount/connector/emu"
 	"phxmount/internal/procfs"
 	"phxmount/phxfs"
 )
 
-const fileSize = 256 << 20
+const (
+	fileSize = 256 << 20
+	bufSize  = 64 << 20
+)
 
 type row struct {
 	Name        string    `json:"name"`
@@ -36,6 +40,32 @@ type row struct {
 	DirectNs    []float64 `json:"direct_ns_per_op"`
 	Ratio       float64   `json:"ratio_ioctl_over_direct_throughput"`
 	AddedPerExt float64   `json:"added_ns_per_extent,omitempty"`
+}
+
+// bench holds both read paths over the same backing file: the mount's
+// ioctls (f, buf) and the in-process library (lib, md, fd).
+type bench struct {
+	reps   int
+	budget time.Duration
+
+	info client.Info
+	f    *client.File
+	buf  client.Buffer
+
+	lib *phxfs.Lib
+	md  connector.Memory
+	fd  int
+
+	// closers run in reverse on close, as the defers they replace did.
+	closers []func()
+}
+
+func (b *bench) onClose(fn func()) { b.closers = append(b.closers, fn) }
+
+func (b *bench) close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
 }
 
 func main() {
@@ -82,7 +112,57 @@ func measure(budget time.Duration, op func(i int) error) (float64, error) {
 	return float64(time.Since(start).Nanoseconds()) / float64(n), nil
 }
 
+// measurePair measures the ioctl op then the library op, reps times each,
+// into r.
+func (b *bench) measurePair(r *row, ioctl, direct func(i int) error) error {
+	for k := 0; k < b.reps; k++ {
+		ns, err := measure(b.budget, ioctl)
+		if err != nil {
+			return err
+		}
+		r.IoctlNs = append(r.IoctlNs, ns)
+		ns, err = measure(b.budget, direct)
+		if err != nil {
+			return err
+		}
+		r.DirectNs = append(r.DirectNs, ns)
+	}
+	return nil
+}
+
 func run(mnt, backing string, reps int, raw string, budget time.Duration) error {
+	b := &bench{reps: reps, budget: budget}
+	defer b.close()
+	if err := b.setup(mnt, backing); err != nil {
+		return err
+	}
+	fmt.Printf("ioctl path vs phxfs in-process library: vendor %s, transport %s, engine %s, %d workers, page-cached %d MiB file\n",
+		b.info.Vendor, b.info.Transport, b.info.Engine, b.info.Workers, fileSize>>20)
+	rows, err := b.sizeRows()
+	if err != nil {
+		return err
+	}
+	br, err := b.batchRow()
+	if err != nil {
+		return err
+	}
+	rows = append(rows, br)
+	rtRead, rtInfo, err := b.roundTrip()
+	if err != nil {
+		return err
+	}
+	printTable(rows)
+	fmt.Printf("single ioctl round trip: %.1f us (zero-length READ), %.1f us (INFO, 512 bytes each way)\n", median(rtRead)/1e3, median(rtInfo)/1e3)
+	fmt.Printf("batch: %.2f us added per extent over the phxfs in-process library (target <= 2 us)\n", br.AddedPerExt/1e3)
+	if raw == "" {
+		return nil
+	}
+	return b.writeRaw(raw, rows, rtRead, rtInfo)
+}
+
+// setup finds the backing directory, writes the test file there and opens
+// both read paths on it, the page cache warm.
+func (b *bench) setup(mnt, backing string) error {
 	if mnt == "" {
 		return fmt.Errorf("-mount is required")
 	}
@@ -95,51 +175,71 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 	}
 	name := fmt.Sprintf("phxbench-ioctl-%d.dat", os.Getpid())
 	bpath := filepath.Join(backing, name)
+	if err := writeTestFile(bpath); err != nil {
+		return err
+	}
+	b.onClose(func() { os.Remove(bpath) })
+	conn, err := b.openIoctl(mnt, filepath.Join(mnt, name))
+	if err != nil {
+		return err
+	}
+	if err := b.openLibrary(conn, bpath); err != nil {
+		return err
+	}
+	// Warm the page cache for both.
+	_, err = b.lib.Read(b.fd, 0, b.md.Addr(), 0, bufSize, 0)
+	return err
+}
+
+func writeTestFile(path string) error {
 	data := make([]byte, fileSize)
 	for i := range data {
 		data[i] = byte(i*131 + i>>12)
 	}
-	if err := os.WriteFile(bpath, data, 0644); err != nil {
-		return err
-	}
-	defer os.Remove(bpath)
-	data = nil
+	return os.WriteFile(path, data, 0644)
+}
 
-	// The ioctl path.
-	f, err := client.Open(filepath.Join(mnt, name))
+// openIoctl opens the file through the mount and registers an emulated
+// device buffer with it; the connector it returns matches the mount's
+// transport.
+func (b *bench) openIoctl(mnt, path string) (*emu.Connector, error) {
+	f, err := client.Open(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer f.Close()
-	info, err := f.Info()
-	if err != nil {
-		return fmt.Errorf("INFO: %v (is %s a phxmount mount?)", err, mnt)
+	b.f = f
+	b.onClose(func() { f.Close() })
+	if b.info, err = f.Info(); err != nil {
+		return nil, fmt.Errorf("INFO: %v (is %s a phxmount mount?)", err, mnt)
 	}
-	staged := info.Transport == client.TransportStaged
+	staged := b.info.Transport == client.TransportStaged
 	conn, err := emu.New(emu.Config{Staged: staged})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	const bufSize = 64 << 20
 	mi, err := conn.Alloc(0, bufSize)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer mi.Close()
+	b.onClose(func() { mi.Close() })
 	h, _ := mi.Export()
-	buf, err := f.Register(client.VendorByName(info.Vendor), 0, h, bufSize)
-	if err != nil {
-		return fmt.Errorf("REGISTER: %v", err)
+	if b.buf, err = f.Register(client.VendorByName(b.info.Vendor), 0, h, bufSize); err != nil {
+		return nil, fmt.Errorf("REGISTER: %v", err)
 	}
-	defer f.Deregister(buf)
+	b.onClose(func() { f.Deregister(b.buf) })
+	return conn, nil
+}
 
-	// The in-process library path: phxfs in this process, same engine and
-	// workers.
+// openLibrary sets up phxfs in this process with the mount's engine and
+// workers, device memory registered, and the backing file open.
+func (b *bench) openLibrary(conn *emu.Connector, bpath string) error {
+	info := b.info
 	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: info.Engine, Workers: int(info.Workers), BounceSize: int64(info.BounceSize)})
 	if err != nil {
 		return err
 	}
-	defer lib.Close()
+	b.lib = lib
+	b.onClose(func() { lib.Close() })
 	if err := lib.OpenDevice(0); err != nil {
 		return err
 	}
@@ -147,109 +247,101 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 	if err != nil {
 		return err
 	}
-	defer md.Close()
+	b.md = md
+	b.onClose(func() { md.Close() })
 	reg, err := lib.RegMem(0, md.Addr(), bufSize)
 	if err != nil {
 		return err
 	}
-	defer lib.DeregMem(0, reg.Addr(), reg.Size())
+	b.onClose(func() { lib.DeregMem(0, reg.Addr(), reg.Size()) })
 	fd, err := unix.Open(bpath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
-	defer unix.Close(fd)
-	// Warm the page cache for both.
-	if _, err := lib.Read(fd, 0, md.Addr(), 0, bufSize, 0); err != nil {
-		return err
-	}
+	b.fd = fd
+	b.onClose(func() { unix.Close(fd) })
+	return nil
+}
 
-	fmt.Printf("ioctl path vs phxfs in-process library: vendor %s, transport %s, engine %s, %d workers, page-cached %d MiB file\n",
-		info.Vendor, info.Transport, info.Engine, info.Workers, fileSize>>20)
+// sizeRows reads single extents of each size through both paths.
+func (b *bench) sizeRows() ([]*row, error) {
 	var rows []*row
 	for _, sz := range []int64{4 << 10, 64 << 10, 1 << 20, 64 << 20} {
 		r := &row{Name: sizeName(sz) + " read", Bytes: sz, Extents: 1}
 		span := int64(fileSize) - sz
 		slots := max(span/sz, 1)
-		for k := 0; k < reps; k++ {
-			ns, err := measure(budget, func(i int) error {
-				off := (int64(i) % slots) * sz
-				n, err := f.Read(buf, 0, sz, off)
-				if err == nil && n != sz {
-					err = fmt.Errorf("short ioctl read %d", n)
-				}
-				return err
-			})
-			if err != nil {
-				return err
+		err := b.measurePair(r, func(i int) error {
+			off := (int64(i) % slots) * sz
+			n, err := b.f.Read(b.buf, 0, sz, off)
+			if err == nil && n != sz {
+				err = fmt.Errorf("short ioctl read %d", n)
 			}
-			r.IoctlNs = append(r.IoctlNs, ns)
-			ns, err = measure(budget, func(i int) error {
-				off := (int64(i) % slots) * sz
-				n, err := lib.Read(fd, 0, md.Addr(), 0, sz, off)
-				if err == nil && n != sz {
-					err = fmt.Errorf("short in-process library read %d", n)
-				}
-				return err
-			})
-			if err != nil {
-				return err
+			return err
+		}, func(i int) error {
+			off := (int64(i) % slots) * sz
+			n, err := b.lib.Read(b.fd, 0, b.md.Addr(), 0, sz, off)
+			if err == nil && n != sz {
+				err = fmt.Errorf("short in-process library read %d", n)
 			}
-			r.DirectNs = append(r.DirectNs, ns)
+			return err
+		})
+		if err != nil {
+			return nil, err
 		}
 		rows = append(rows, r)
 	}
-	// The batch: 1,024 x 16 KiB at scattered file offsets, contiguous in
-	// the buffer.
+	return rows, nil
+}
+
+// batchRow reads 1,024 x 16 KiB at scattered file offsets, contiguous in
+// the buffer, through both paths.
+func (b *bench) batchRow() (*row, error) {
 	const nb, eb = 1024, 16 << 10
 	ext := make([]client.Extent, nb)
 	reqs := make([]phxfs.Request, nb)
 	for i := range ext {
 		fo := int64((i*7919)%(fileSize/eb)) * eb
-		ext[i] = client.Extent{Buffer: buf.ID, BufOffset: int64(i) * eb, Len: eb, FileOffset: fo}
-		reqs[i] = phxfs.Request{Fd: fd, Device: 0, DevAddr: md.Addr(), BufOffset: int64(i) * eb, Len: eb, FileOffset: fo}
+		ext[i] = client.Extent{Buffer: b.buf.ID, BufOffset: int64(i) * eb, Len: eb, FileOffset: fo}
+		reqs[i] = phxfs.Request{Fd: b.fd, Device: 0, DevAddr: b.md.Addr(), BufOffset: int64(i) * eb, Len: eb, FileOffset: fo}
 	}
 	br := &row{Name: "batch 1024 x 16 KiB", Bytes: nb * eb, Extents: nb}
-	for k := 0; k < reps; k++ {
-		ns, err := measure(budget, func(int) error {
-			failed, err := f.ReadBatch(ext)
-			if err == nil && failed != 0 {
-				err = fmt.Errorf("%d extents failed", failed)
-			}
-			return err
-		})
-		if err != nil {
-			return err
+	err := b.measurePair(br, func(int) error {
+		failed, err := b.f.ReadBatch(ext)
+		if err == nil && failed != 0 {
+			err = fmt.Errorf("%d extents failed", failed)
 		}
-		br.IoctlNs = append(br.IoctlNs, ns)
-		ns, err = measure(budget, func(int) error {
-			failed, err := lib.ReadBatch(reqs)
-			if err == nil && failed != 0 {
-				err = fmt.Errorf("%d requests failed", failed)
-			}
-			return err
-		})
-		if err != nil {
-			return err
+		return err
+	}, func(int) error {
+		failed, err := b.lib.ReadBatch(reqs)
+		if err == nil && failed != 0 {
+			err = fmt.Errorf("%d requests failed", failed)
 		}
-		br.DirectNs = append(br.DirectNs, ns)
-	}
-	rows = append(rows, br)
-	// The round trip of one ioctl: a zero-length READ (checked, no I/O)
-	// and INFO.
-	var rtRead, rtInfo []float64
-	for k := 0; k < reps; k++ {
-		ns, err := measure(budget, func(int) error { _, err := f.Read(buf, 0, 0, 0); return err })
+		return err
+	})
+	return br, err
+}
+
+// roundTrip times one ioctl: a zero-length READ (checked, no I/O) and
+// INFO.
+func (b *bench) roundTrip() (rtRead, rtInfo []float64, err error) {
+	for k := 0; k < b.reps; k++ {
+		ns, err := measure(b.budget, func(int) error { _, err := b.f.Read(b.buf, 0, 0, 0); return err })
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		rtRead = append(rtRead, ns)
-		ns, err = measure(budget, func(int) error { _, err := f.Info(); return err })
+		ns, err = measure(b.budget, func(int) error { _, err := b.f.Info(); return err })
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		rtInfo = append(rtInfo, ns)
 	}
+	return rtRead, rtInfo, nil
+}
 
+// printTable prints the rows' medians and fills in their ratios (and added
+// time per extent, for batches) for the JSON.
+func printTable(rows []*row) {
 	fmt.Printf("%-22s %14s %24s %12s %12s\n", "", "ioctl GB/s", "in-process library GB/s", "ratio", "target")
 	for _, r := range rows {
 		io, d := median(r.IoctlNs), median(r.DirectNs)
@@ -264,19 +356,19 @@ func run(mnt, backing string, reps int, raw string, budget time.Duration) error 
 		}
 		fmt.Printf("%-22s %14.2f %24.2f %11.2fx %12s\n", r.Name, float64(r.Bytes)/io, float64(r.Bytes)/d, r.Ratio, target)
 	}
-	fmt.Printf("single ioctl round trip: %.1f us (zero-length READ), %.1f us (INFO, 512 bytes each way)\n", median(rtRead)/1e3, median(rtInfo)/1e3)
-	fmt.Printf("batch: %.2f us added per extent over the phxfs in-process library (target <= 2 us)\n", br.AddedPerExt/1e3)
-	if raw != "" {
-		out := map[string]any{
-			"vendor": info.Vendor, "transport": info.Transport.String(), "engine": info.Engine, "workers": info.Workers,
-			"reps": reps, "rows": rows, "round_trip_read_ns": rtRead, "round_trip_info_ns": rtInfo,
-		}
-		b, _ := json.MarshalIndent(out, "", "  ")
-		if err := os.WriteFile(raw, b, 0644); err != nil {
-			return err
-		}
-		fmt.Printf("raw numbers: %s\n", raw)
+}
+
+func (b *bench) writeRaw(raw string, rows []*row, rtRead, rtInfo []float64) error {
+	info := b.info
+	out := map[string]any{
+		"vendor": info.Vendor, "transport": info.Transport.String(), "engine": info.Engine, "workers": info.Workers,
+		"reps": b.reps, "rows": rows, "round_trip_read_ns": rtRead, "round_trip_info_ns": rtInfo,
 	}
+	js, _ := json.MarshalIndent(out, "", "  ")
+	if err := os.WriteFile(raw, js, 0644); err != nil {
+		return err
+	}
+	fmt.Printf("raw numbers: %s\n", raw)
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"phxmount/client"
+	"phxmount/connector"
 	"phxmount/connector/emu"
 )
 
@@ -185,6 +186,26 @@ func checkVendor(info client.Info) error {
 
 func gbps(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
 
+// safetensors is a parsed file: where its tensor data starts and ends,
+// and its tensors in file order.
+type safetensors struct {
+	dataStart, dataLen int64
+	names              []string
+	ts                 map[string]tensor
+}
+
+// device is the emulated device buffer registered with the mount.
+type device struct {
+	info client.Info
+	m    connector.Memory
+	mem  []byte
+	buf  client.Buffer
+}
+
+// Each path runs `rounds` times; the best round counts (the first one
+// also pays for faulting in fresh memory).
+const rounds = 3
+
 func load(path string) error {
 	if path == "" {
 		return errors.New("load: -file is required")
@@ -198,23 +219,10 @@ func load(path string) error {
 	if err != nil {
 		return fmt.Errorf("%s: not a safetensors file: %v", path, err)
 	}
-	dataLen := ts[names[len(names)-1]].DataOffsets[1]
-
-	// Path 1: a plain read of the file through the mount (what any loader
-	// does), into host memory.
-	// Each path runs `rounds` times; the best round counts (the first one
-	// also pays for faulting in fresh memory).
-	const rounds = 3
-	plain := make([]byte, dataStart+dataLen)
-	var plainT time.Duration
-	for r := 0; r < rounds; r++ {
-		t0 := time.Now()
-		if _, err := pf.ReadAt(plain, 0); err != nil && err != io.EOF {
-			return fmt.Errorf("plain read: %v", err)
-		}
-		if d := time.Since(t0); r == 0 || d < plainT {
-			plainT = d
-		}
+	st := safetensors{dataStart: dataStart, dataLen: ts[names[len(names)-1]].DataOffsets[1], names: names, ts: ts}
+	plain, plainT, err := plainRead(pf, st)
+	if err != nil {
+		return err
 	}
 
 	// Path 2: the ioctl path, into an emulated device buffer.
@@ -223,39 +231,90 @@ func load(path string) error {
 		return err
 	}
 	defer f.Close()
-	info, err := f.Info()
-	if err != nil {
-		return fmt.Errorf("INFO ioctl (is %s on a phxmount mount?): %v", path, err)
+	dev, err := registerDevice(f, path, st.dataLen)
+	if dev.m != nil {
+		defer dev.m.Close()
 	}
-	if err := checkVendor(info); err != nil {
+	if err != nil {
 		return err
+	}
+	ext := st.extents(dev.buf.ID)
+	ioctlT, err := batchLoad(f, ext, dev.mem)
+	if err != nil {
+		return err
+	}
+	ioctls := (len(ext) + client.BatchClasses[len(client.BatchClasses)-1] - 1) / client.BatchClasses[len(client.BatchClasses)-1]
+	if err := verify(st, dev.mem, plain); err != nil {
+		return err
+	}
+	fmt.Printf("plain read through the mount : %8.1f MiB in %7.1f ms = %5.2f GB/s (into host memory, best of %d)\n", float64(len(plain))/(1<<20), plainT.Seconds()*1e3, gbps(int64(len(plain)), plainT), rounds)
+	fmt.Printf("ioctl batch load             : %8.1f MiB in %7.1f ms = %5.2f GB/s (%d tensors in %d ioctl(s), into %s device memory, transport %s, best of %d)\n",
+		float64(st.dataLen)/(1<<20), ioctlT.Seconds()*1e3, gbps(st.dataLen, ioctlT), len(st.names), ioctls, dev.info.Vendor, dev.buf.Transport, rounds)
+	return deregister(f, dev.buf)
+}
+
+// plainRead is path 1: a plain read of the file through the mount (what
+// any loader does), into host memory.
+func plainRead(pf *os.File, st safetensors) ([]byte, time.Duration, error) {
+	plain := make([]byte, st.dataStart+st.dataLen)
+	var plainT time.Duration
+	for r := 0; r < rounds; r++ {
+		t0 := time.Now()
+		if _, err := pf.ReadAt(plain, 0); err != nil && err != io.EOF {
+			return nil, 0, fmt.Errorf("plain read: %v", err)
+		}
+		if d := time.Since(t0); r == 0 || d < plainT {
+			plainT = d
+		}
+	}
+	return plain, plainT, nil
+}
+
+// registerDevice allocates an emulated device buffer of dataLen rounded up
+// to the mount's page size and registers it. Once dev.m is set the caller
+// closes it, error or not.
+func registerDevice(f *client.File, path string, dataLen int64) (dev device, err error) {
+	if dev.info, err = f.Info(); err != nil {
+		return dev, fmt.Errorf("INFO ioctl (is %s on a phxmount mount?): %v", path, err)
+	}
+	info := dev.info
+	if err := checkVendor(info); err != nil {
+		return dev, err
 	}
 	conn, err := emu.New(emu.Config{Staged: info.Transport == client.TransportStaged})
 	if err != nil {
-		return err
+		return dev, err
 	}
 	page := int64(info.PageSize)
 	size := (dataLen + page - 1) / page * page
-	m, err := conn.Alloc(0, size)
+	if dev.m, err = conn.Alloc(0, size); err != nil {
+		return dev, err
+	}
+	dev.mem = dev.m.(*emu.Memory).Bytes()
+	h, err := dev.m.Export()
 	if err != nil {
-		return err
+		return dev, err
 	}
-	defer m.Close()
-	mem := m.(*emu.Memory).Bytes()
-	h, err := m.Export()
-	if err != nil {
-		return err
+	if dev.buf, err = f.Register(client.VendorEmu, 0, h, size); err != nil {
+		return dev, fmt.Errorf("REGISTER: %v", err)
 	}
-	buf, err := f.Register(client.VendorEmu, 0, h, size)
-	if err != nil {
-		return fmt.Errorf("REGISTER: %v", err)
+	fmt.Printf("registered a %d MiB %s device buffer: id %d, transport %s (engine %s)\n", size>>20, info.Vendor, dev.buf.ID, dev.buf.Transport, info.Engine)
+	return dev, nil
+}
+
+// extents loads every tensor to its data offset in buffer id.
+func (st safetensors) extents(id uint64) []client.Extent {
+	ext := make([]client.Extent, len(st.names))
+	for i, n := range st.names {
+		t := st.ts[n]
+		ext[i] = client.Extent{Buffer: id, BufOffset: t.DataOffsets[0], Len: t.DataOffsets[1] - t.DataOffsets[0], FileOffset: st.dataStart + t.DataOffsets[0]}
 	}
-	fmt.Printf("registered a %d MiB %s device buffer: id %d, transport %s (engine %s)\n", size>>20, info.Vendor, buf.ID, buf.Transport, info.Engine)
-	ext := make([]client.Extent, len(names))
-	for i, n := range names {
-		t := ts[n]
-		ext[i] = client.Extent{Buffer: buf.ID, BufOffset: t.DataOffsets[0], Len: t.DataOffsets[1] - t.DataOffsets[0], FileOffset: dataStart + t.DataOffsets[0]}
-	}
+	return ext
+}
+
+// batchLoad reads ext in one batch `rounds` times, mem filled with 0xA5
+// before each so that verify sees what landed.
+func batchLoad(f *client.File, ext []client.Extent, mem []byte) (time.Duration, error) {
 	var ioctlT time.Duration
 	for r := 0; r < rounds; r++ {
 		for i := range mem {
@@ -265,17 +324,21 @@ func load(path string) error {
 		failed, err := f.ReadBatch(ext)
 		d := time.Since(t0)
 		if err != nil || failed != 0 {
-			return fmt.Errorf("batch load: %d of %d tensors failed: %v", failed, len(ext), err)
+			return 0, fmt.Errorf("batch load: %d of %d tensors failed: %v", failed, len(ext), err)
 		}
 		if r == 0 || d < ioctlT {
 			ioctlT = d
 		}
 	}
-	ioctls := (len(ext) + client.BatchClasses[len(client.BatchClasses)-1] - 1) / client.BatchClasses[len(client.BatchClasses)-1]
+	return ioctlT, nil
+}
 
-	// Verify every tensor against the plain read.
-	for i, n := range names {
-		t := ts[n]
+// verify checks every tensor in the device buffer against the plain read,
+// and that nothing landed past the last one.
+func verify(st safetensors, mem, plain []byte) error {
+	dataStart, dataLen := st.dataStart, st.dataLen
+	for i, n := range st.names {
+		t := st.ts[n]
 		got := mem[t.DataOffsets[0]:t.DataOffsets[1]]
 		want := plain[dataStart+t.DataOffsets[0] : dataStart+t.DataOffsets[1]]
 		if string(got) != string(want) {
@@ -289,10 +352,12 @@ func load(path string) error {
 	}
 	dsum := sha256.Sum256(mem[:dataLen])
 	psum := sha256.Sum256(plain[dataStart:])
-	fmt.Printf("verified: %d tensors, %d bytes identical (sha256 of tensor data: device %x, plain %x)\n", len(names), dataLen, dsum[:8], psum[:8])
-	fmt.Printf("plain read through the mount : %8.1f MiB in %7.1f ms = %5.2f GB/s (into host memory, best of %d)\n", float64(len(plain))/(1<<20), plainT.Seconds()*1e3, gbps(int64(len(plain)), plainT), rounds)
-	fmt.Printf("ioctl batch load             : %8.1f MiB in %7.1f ms = %5.2f GB/s (%d tensors in %d ioctl(s), into %s device memory, transport %s, best of %d)\n",
-		float64(dataLen)/(1<<20), ioctlT.Seconds()*1e3, gbps(dataLen, ioctlT), len(names), ioctls, info.Vendor, buf.Transport, rounds)
+	fmt.Printf("verified: %d tensors, %d bytes identical (sha256 of tensor data: device %x, plain %x)\n", len(st.names), dataLen, dsum[:8], psum[:8])
+	return nil
+}
+
+// deregister drops the buffer and prints the daemon's counters after it.
+func deregister(f *client.File, buf client.Buffer) error {
 	if err := f.Deregister(buf); err != nil {
 		return fmt.Errorf("DEREGISTER: %v", err)
 	}

@@ -48,80 +48,90 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	switch args[0] {
 	case "go", "python":
-		tier := fs.String("tier", "", "the tier's name (unit, integration, python, module)")
-		out := fs.String("out", "", "file to write the skip records to")
-		quiet := fs.Bool("q", false, "print only the skips, not the run")
-		if fs.Parse(args[1:]) != nil || *tier == "" || fs.NArg() != 0 {
-			fmt.Fprintln(stderr, "testsummary: want -tier and no arguments")
-			return 2
-		}
-		w := stdout
-		if *quiet {
-			w = io.Discard
-		}
-		parse := summarizeGo
-		if args[0] == "python" {
-			parse = summarizePython
-		}
-		skips, failed, err := parse(stdin, w, *tier)
-		if err != nil {
-			fmt.Fprintf(stderr, "testsummary: reading the %s run: %v\n", *tier, err)
-			return 1
-		}
-		printTier(stdout, *tier, skips)
-		if *out != "" {
-			if err := writeRecords(*out, skips); err != nil {
-				fmt.Fprintf(stderr, "testsummary: %v\n", err)
-				return 1
-			}
-		}
-		if failed {
-			fmt.Fprintf(stdout, "%s: FAIL\n", *tier)
-			return 1
-		}
-		return 0
+		return runSummarize(fs, args, stdin, stdout, stderr)
 	case "check":
-		strict := fs.Bool("strict", false, "exit 1 when a skip is unexpected or a records file is missing")
-		allow := fs.String("allow", "", "the allow-list (default: "+allowedSkipsName+", as built in)")
-		if fs.Parse(args[1:]) != nil {
-			return 2
+		return runCheck(fs, args, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "testsummary: unknown command %q\n", args[0])
+	return 2
+}
+
+// runSummarize is `testsummary go|python`.
+func runSummarize(fs *flag.FlagSet, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	tier := fs.String("tier", "", "the tier's name (unit, integration, python, module)")
+	out := fs.String("out", "", "file to write the skip records to")
+	quiet := fs.Bool("q", false, "print only the skips, not the run")
+	if fs.Parse(args[1:]) != nil || *tier == "" || fs.NArg() != 0 {
+		fmt.Fprintln(stderr, "testsummary: want -tier and no arguments")
+		return 2
+	}
+	w := stdout
+	if *quiet {
+		w = io.Discard
+	}
+	parse := summarizeGo
+	if args[0] == "python" {
+		parse = summarizePython
+	}
+	skips, failed, err := parse(stdin, w, *tier)
+	if err != nil {
+		fmt.Fprintf(stderr, "testsummary: reading the %s run: %v\n", *tier, err)
+		return 1
+	}
+	printTier(stdout, *tier, skips)
+	if *out != "" {
+		if err := writeRecords(*out, skips); err != nil {
+			fmt.Fprintf(stderr, "testsummary: %v\n", err)
+			return 1
 		}
-		name, data := allowedSkipsName, allowedSkips
-		if *allow != "" {
-			b, err := os.ReadFile(*allow)
-			if err != nil {
-				fmt.Fprintf(stderr, "testsummary: %v\n", err)
-				return 1
-			}
-			name, data = *allow, b
-		}
-		rules, err := parseRules(name, data)
+	}
+	if failed {
+		fmt.Fprintf(stdout, "%s: FAIL\n", *tier)
+		return 1
+	}
+	return 0
+}
+
+// runCheck is `testsummary check`.
+func runCheck(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) int {
+	strict := fs.Bool("strict", false, "exit 1 when a skip is unexpected or a records file is missing")
+	allow := fs.String("allow", "", "the allow-list (default: "+allowedSkipsName+", as built in)")
+	if fs.Parse(args[1:]) != nil {
+		return 2
+	}
+	name, data := allowedSkipsName, allowedSkips
+	if *allow != "" {
+		b, err := os.ReadFile(*allow)
 		if err != nil {
 			fmt.Fprintf(stderr, "testsummary: %v\n", err)
 			return 1
 		}
-		var skips []Skip
-		var missing []string
-		for _, f := range fs.Args() {
-			s, err := readRecords(f)
-			if errors.Is(err, os.ErrNotExist) {
-				missing = append(missing, f)
-				continue
-			}
-			if err != nil {
-				fmt.Fprintf(stderr, "testsummary: %v\n", err)
-				return 1
-			}
-			skips = append(skips, s...)
+		name, data = *allow, b
+	}
+	rules, err := parseRules(name, data)
+	if err != nil {
+		fmt.Fprintf(stderr, "testsummary: %v\n", err)
+		return 1
+	}
+	var skips []Skip
+	var missing []string
+	for _, f := range fs.Args() {
+		s, err := readRecords(f)
+		if errors.Is(err, os.ErrNotExist) {
+			missing = append(missing, f)
+			continue
 		}
-		bad := report(stdout, name, rules, skips, missing, *strict)
-		if *strict && bad {
+		if err != nil {
+			fmt.Fprintf(stderr, "testsummary: %v\n", err)
 			return 1
 		}
-		return 0
+		skips = append(skips, s...)
 	}
-	fmt.Fprintf(stderr, "testsummary: unknown command %q\n", args[0])
-	return 2
+	bad := report(stdout, name, rules, skips, missing, *strict)
+	if *strict && bad {
+		return 1
+	}
+	return 0
 }
 
 // writeRecords writes skips to path, one JSON object a line (an empty file

@@ -155,30 +155,17 @@ func run(mnt, file string) error {
 		return err
 	}
 	defer root.Close()
-	info, err := root.Info()
-	if err != nil {
-		return fmt.Errorf("INFO on %s: %w", mnt, err)
+	if err := checkRootInfo(root, mnt, devs[0].PCIAddress); err != nil {
+		return err
 	}
-	if info.Transport != client.TransportKmod || info.Vendor != pcibar.Vendor || info.PCIAddress != devs[0].PCIAddress {
-		return fmt.Errorf("INFO on %s: transport %s, vendor %q, PCI %q; want direct, pcibar, %s",
-			mnt, info.Transport, info.Vendor, info.PCIAddress, devs[0].PCIAddress)
-	}
-	ok("INFO on the mount root: transport kmod, vendor pcibar, device %s (%s), engine %s",
-		info.PCIAddress, info.DeviceName, info.Engine)
 	f, err := client.OpenFile(file, unix.O_RDONLY|unix.O_DIRECT)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	info, err = f.Info()
-	if err != nil {
-		return fmt.Errorf("INFO on %s: %w", file, err)
+	if err := checkFileInfo(f, file); err != nil {
+		return err
 	}
-	if info.Transport != client.TransportKmod || info.DIOOffsetAlign == 0 || info.DIOOffsetAlign > 4096 {
-		return fmt.Errorf("INFO on %s: transport %s, dio_offset_align %d; want direct and a block size",
-			file, info.Transport, info.DIOOffsetAlign)
-	}
-	ok("INFO on %s: transport kmod, O_DIRECT alignment %d/%d", filepath.Base(file), info.DIOMemAlign, info.DIOOffsetAlign)
 
 	// The BAR range: skip the first half of the BAR, where vmcheck left
 	// ranges for the host to check (pcibar allocation is per process).
@@ -197,40 +184,15 @@ func run(mnt, file string) error {
 		return err
 	}
 	defer v.stream.Close()
-	if err := v.stream.CopyToDevice(m.Addr(), v.want); err != nil {
-		return err
-	}
-	if err := v.verify("fill"); err != nil {
-		return err
-	}
-	h, err := m.Export()
+	h, err := v.fillAndExport()
 	if err != nil {
 		return err
 	}
-	ok("allocated %d MiB + %d KiB guard at BAR offset %#x, exported", bufSize/mib, guard/kib, v.mem.Offset())
 
-	n0, mapped0, err := regs()
+	buf, n0, mapped0, err := register(f, h)
 	if err != nil {
 		return err
 	}
-	buf, err := f.Register(client.VendorPCIBar, 0, h, bufSize)
-	if err != nil {
-		return fmt.Errorf("REGISTER: %w", err)
-	}
-	if buf.Transport != client.TransportKmod {
-		return fmt.Errorf("REGISTER: transport %s, want direct", buf.Transport)
-	}
-	n1, mapped1, err := regs()
-	if err != nil {
-		return err
-	}
-	if n1 != n0+1 || mapped1 != mapped0+bufSize {
-		return fmt.Errorf("module after REGISTER: registrations %d -> %d, mapped_bytes %d -> %d; want +1, +%d",
-			n0, n1, mapped0, mapped1, bufSize)
-	}
-	ok("REGISTER through the mount: buffer %d, transport kmod; the daemon mapped it through phxfs_dev0 (registrations %d, mapped_bytes +%d)",
-		buf.ID, n1, bufSize)
-
 	if err := readOne(v, f, buf); err != nil {
 		return err
 	}
@@ -240,8 +202,88 @@ func run(mnt, file string) error {
 	if err := readBuffered(v, file, buf); err != nil {
 		return err
 	}
+	if err := v.checkCounters(f); err != nil {
+		return err
+	}
+	if err := v.deregister(f, buf, n0, mapped0); err != nil {
+		return err
+	}
+	return v.leaveLanded(pad)
+}
 
-	info, err = f.Info()
+func checkRootInfo(root *client.File, mnt, pci string) error {
+	info, err := root.Info()
+	if err != nil {
+		return fmt.Errorf("INFO on %s: %w", mnt, err)
+	}
+	if info.Transport != client.TransportKmod || info.Vendor != pcibar.Vendor || info.PCIAddress != pci {
+		return fmt.Errorf("INFO on %s: transport %s, vendor %q, PCI %q; want direct, pcibar, %s",
+			mnt, info.Transport, info.Vendor, info.PCIAddress, pci)
+	}
+	ok("INFO on the mount root: transport kmod, vendor pcibar, device %s (%s), engine %s",
+		info.PCIAddress, info.DeviceName, info.Engine)
+	return nil
+}
+
+func checkFileInfo(f *client.File, file string) error {
+	info, err := f.Info()
+	if err != nil {
+		return fmt.Errorf("INFO on %s: %w", file, err)
+	}
+	if info.Transport != client.TransportKmod || info.DIOOffsetAlign == 0 || info.DIOOffsetAlign > 4096 {
+		return fmt.Errorf("INFO on %s: transport %s, dio_offset_align %d; want direct and a block size",
+			file, info.Transport, info.DIOOffsetAlign)
+	}
+	ok("INFO on %s: transport kmod, O_DIRECT alignment %d/%d", filepath.Base(file), info.DIOMemAlign, info.DIOOffsetAlign)
+	return nil
+}
+
+// fillAndExport writes the fill over the whole range, checks it through
+// the BAR view and exports the range for REGISTER.
+func (v *vm) fillAndExport() (connector.Handle, error) {
+	if err := v.stream.CopyToDevice(v.mem.Addr(), v.want); err != nil {
+		return connector.Handle{}, err
+	}
+	if err := v.verify("fill"); err != nil {
+		return connector.Handle{}, err
+	}
+	h, err := v.mem.Export()
+	if err != nil {
+		return connector.Handle{}, err
+	}
+	ok("allocated %d MiB + %d KiB guard at BAR offset %#x, exported", bufSize/mib, guard/kib, v.mem.Offset())
+	return h, nil
+}
+
+// register REGISTERs the range through the mount and checks that the
+// daemon mapped it through the module; n0 and mapped0 are the module's
+// registrations before, for the check after DEREGISTER.
+func register(f *client.File, h connector.Handle) (buf client.Buffer, n0, mapped0 int64, err error) {
+	if n0, mapped0, err = regs(); err != nil {
+		return buf, 0, 0, err
+	}
+	if buf, err = f.Register(client.VendorPCIBar, 0, h, bufSize); err != nil {
+		return buf, 0, 0, fmt.Errorf("REGISTER: %w", err)
+	}
+	if buf.Transport != client.TransportKmod {
+		return buf, 0, 0, fmt.Errorf("REGISTER: transport %s, want direct", buf.Transport)
+	}
+	n1, mapped1, err := regs()
+	if err != nil {
+		return buf, 0, 0, err
+	}
+	if n1 != n0+1 || mapped1 != mapped0+bufSize {
+		return buf, 0, 0, fmt.Errorf("module after REGISTER: registrations %d -> %d, mapped_bytes %d -> %d; want +1, +%d",
+			n0, n1, mapped0, mapped1, bufSize)
+	}
+	ok("REGISTER through the mount: buffer %d, transport kmod; the daemon mapped it through phxfs_dev0 (registrations %d, mapped_bytes +%d)",
+		buf.ID, n1, bufSize)
+	return buf, n0, mapped0, nil
+}
+
+// checkCounters checks the daemon's INFO counters against what landed.
+func (v *vm) checkCounters(f *client.File) error {
+	info, err := f.Info()
 	if err != nil {
 		return err
 	}
@@ -254,7 +296,12 @@ func run(mnt, file string) error {
 			info.Counters.BuffersLive, info.Counters.IoctlBytesRead, moved)
 	}
 	ok("INFO counters: 1 buffer live, %d ioctl bytes read, %d failed extents", moved, info.Counters.IoctlFailedExtents)
+	return nil
+}
 
+// deregister DEREGISTERs buf, checks that it is gone and that the module's
+// registrations are back to n0 and mapped0, and that the range is intact.
+func (v *vm) deregister(f *client.File, buf client.Buffer, n0, mapped0 int64) error {
 	if err := f.Deregister(buf); err != nil {
 		return fmt.Errorf("DEREGISTER: %w", err)
 	}
@@ -268,129 +315,29 @@ func run(mnt, file string) error {
 		return fmt.Errorf("module after DEREGISTER: registrations %d, mapped_bytes %d (%v); want %d, %d", n, mapped, err, n0, mapped0)
 	}
 	ok("DEREGISTER: the daemon unmapped it (registrations %d, mapped_bytes back to %d); then ENOENT", n0, mapped0)
-	if err := v.verify("after DEREGISTER"); err != nil {
-		return err
-	}
+	return v.verify("after DEREGISTER")
+}
 
+// leaveLanded prints the landed ranges for the host and lets go of the
+// range, pad and connector: the bytes stay in the BAR for the host, only
+// the bookkeeping goes.
+func (v *vm) leaveLanded(pad connector.Memory) error {
 	for _, l := range v.landed {
 		fmt.Printf("PHXFS-LANDED %d %d %d\n", l[0], l[1], l[2])
 	}
-	// the bytes stay in the BAR for the host: only the bookkeeping goes
 	if err := v.stream.Close(); err != nil {
 		return err
 	}
 	v.stream = nil
-	if err := m.Close(); err != nil {
+	if err := v.mem.Close(); err != nil {
 		return err
 	}
 	if err := pad.Close(); err != nil {
 		return err
 	}
-	if err := conn.Close(); err != nil {
+	if err := v.conn.Close(); err != nil {
 		return err
 	}
 	fmt.Printf("vmclient: %d checks passed, %d ranges landed through the mount\n", checks, len(v.landed))
-	return nil
-}
-
-// readOne: one READ ioctl, O_DIRECT, 2 MiB.
-func readOne(v *vm, f *client.File, buf client.Buffer) error {
-	const bufOff, fileOff, n = 0, 4 * mib, 2 * mib
-	got, err := f.Read(buf, bufOff, n, fileOff)
-	if err != nil || got != n {
-		return fmt.Errorf("READ %d bytes at file offset %#x: %d, %v", n, fileOff, got, err)
-	}
-	v.expect(bufOff, fileOff, n)
-	if err := v.verify("READ"); err != nil {
-		return err
-	}
-	ok("READ ioctl landed %d MiB of the file in the BAR (O_DIRECT)", n/mib)
-	return nil
-}
-
-// readBatch: one BATCH_READ with extents that land, merge, stop at end of
-// file, and fail one by one without moving a byte.
-func readBatch(v *vm, f *client.File, buf client.Buffer) error {
-	type want struct {
-		result int64 // bytes, or -errno
-		landed int64 // bytes that land (a short read lands result bytes)
-		what   string
-	}
-	ext := []client.Extent{
-		{Buffer: buf.ID, BufOffset: 5 * mib, Len: 512 * kib, FileOffset: 40 * mib},
-		{Buffer: buf.ID, BufOffset: 2 * mib, Len: 1 * mib, FileOffset: 16 * mib},
-		{Buffer: buf.ID, BufOffset: 3 * mib, Len: 1 * mib, FileOffset: 17 * mib}, // follows on: merged
-		// not aligned for O_DIRECT: the storage read fails, nothing lands
-		{Buffer: buf.ID, BufOffset: 6 * mib, Len: 4096, FileOffset: 1000},
-		// runs past the registration into the guard: refused before I/O
-		{Buffer: buf.ID, BufOffset: bufSize - 64*kib, Len: 128 * kib, FileOffset: 20 * mib},
-		// no such buffer
-		{Buffer: buf.ID + 1000, BufOffset: 0, Len: 64 * kib, FileOffset: 0},
-		// crosses the end of the file: short
-		{Buffer: buf.ID, BufOffset: 7 * mib, Len: 128 * kib, FileOffset: fileLen - 64*kib},
-		{Buffer: buf.ID, BufOffset: 4 * mib, Len: 256 * kib, FileOffset: 60 * mib},
-	}
-	wants := []want{
-		{512 * kib, 512 * kib, "aligned extent"},
-		{1 * mib, 1 * mib, "aligned extent"},
-		{1 * mib, 1 * mib, "extent that follows on"},
-		{-int64(unix.EINVAL), 0, "unaligned O_DIRECT extent"},
-		{-int64(unix.EFAULT), 0, "extent past the registration"},
-		{-int64(unix.ENOENT), 0, "unknown buffer"},
-		{64 * kib, 64 * kib, "extent across end of file"},
-		{256 * kib, 256 * kib, "aligned extent"},
-	}
-	failed, err := f.ReadBatch(ext)
-	if err != nil {
-		return fmt.Errorf("BATCH_READ: %w", err)
-	}
-	nfail := 0
-	for i, e := range ext {
-		w := wants[i]
-		if e.Result != w.result {
-			return fmt.Errorf("BATCH_READ extent %d (%s, %+v): result %d, want %d", i, w.what, e, e.Result, w.result)
-		}
-		if e.Result != e.Len {
-			nfail++
-		}
-		if w.landed > 0 {
-			v.expect(e.BufOffset, e.FileOffset, w.landed)
-		}
-		if e.FileOffset+e.Len > fileLen && e.Result > 0 {
-			v.pastEOF = append(v.pastEOF, [2]int64{e.BufOffset + e.Result, e.BufOffset + e.Len})
-		}
-	}
-	if failed != nfail {
-		return fmt.Errorf("BATCH_READ: %d failed extents reported, want %d", failed, nfail)
-	}
-	if err := v.verify("BATCH_READ"); err != nil {
-		return err
-	}
-	ok("BATCH_READ of %d extents: 5 landed (one merged, one short at end of file: the bytes past it hold 0 or the fill), EINVAL for the unaligned one, EFAULT past the registration, ENOENT for an unknown id", len(ext))
-	ok("every byte of the registration and its guard checked: refused and failed extents moved no byte")
-	return nil
-}
-
-// readBuffered: READ on a second, buffered open of the file: an offset
-// and a buffer offset no O_DIRECT read could take land through the page
-// cache (a CPU copy into the daemon's mapping of the device pages).
-func readBuffered(v *vm, file string, buf client.Buffer) error {
-	const bufOff, fileOff, n = 7*mib + 256*kib + 3, 8 * 12345, 100000
-	g, err := client.Open(file)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
-	// the buffer was registered on the O_DIRECT file; any file of the
-	// mount may name it
-	got, err := g.Read(buf, bufOff, n, fileOff)
-	if err != nil || got != n {
-		return fmt.Errorf("buffered READ of %d bytes at file offset %d into buffer offset %#x: %d, %v", n, fileOff, bufOff, got, err)
-	}
-	v.expect(bufOff, fileOff, n)
-	if err := v.verify("buffered READ"); err != nil {
-		return err
-	}
-	ok("READ on a buffered open: %d bytes at unaligned file and buffer offsets landed", n)
 	return nil
 }
