@@ -150,7 +150,10 @@ func (l *Lib) limit(staged bool) int64 {
 }
 
 // cut makes the xfers: a request that follows on from the previous xfer in
-// both the file and the buffer joins it, others are split at the limit.
+// both the file and the buffer joins it, others are split at the limit. A
+// staged xfer never crosses a file offset that is a multiple of the bounce
+// size, so its O_DIRECT read, widened to the file's alignment, still fits
+// one bounce buffer.
 func (l *Lib) cut(p *plan, targets []target) {
 	for _, t := range targets {
 		if l.join(p, t) {
@@ -160,6 +163,9 @@ func (l *Lib) cut(p *plan, targets []target) {
 		lim := l.limit(t.staged)
 		for done := int64(0); done < rq.Len; {
 			n := min(rq.Len-done, lim)
+			if t.staged {
+				n = min(n, lim-(rq.FileOffset+done)%lim)
+			}
 			x := xfer{fd: rq.Fd, off: rq.FileOffset + done, len: n, staged: t.staged}
 			if t.staged {
 				x.dev, x.devAddr = rq.Device, t.devAddr+uint64(done)
@@ -183,8 +189,9 @@ func (l *Lib) join(p *plan, t target) bool {
 		return false
 	}
 	rq, x := &p.reqs[t.i], &p.xfers[n-1]
-	follows := x.fd == rq.Fd && x.staged == t.staged && x.off+x.len == rq.FileOffset &&
-		x.len+rq.Len <= l.limit(t.staged) &&
+	lim := l.limit(t.staged)
+	fits := x.len+rq.Len <= lim && (!t.staged || x.off/lim == (rq.FileOffset+rq.Len-1)/lim)
+	follows := fits && x.fd == rq.Fd && x.staged == t.staged && x.off+x.len == rq.FileOffset &&
 		((t.staged && x.dev == rq.Device && x.devAddr+uint64(x.len) == t.devAddr) ||
 			(!t.staged && x.host+uintptr(x.len) == t.host))
 	if !follows {

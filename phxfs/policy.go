@@ -240,10 +240,6 @@ func resident(fd int, off, n int64) (res, ok bool) {
 	return false, false
 }
 
-// dioSlack is the room past BounceSize that each bounce buffer has, so a
-// transfer widened to a 4 KiB alignment on both ends still fits.
-const dioSlack = 8 << 10
-
 // odirectFile is the O_DIRECT descriptor of one file for one batch, opened on
 // first need.
 type odirectFile struct {

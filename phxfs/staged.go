@@ -12,9 +12,9 @@ import (
 // stagedWorker is one pool worker's staged-transport state: bounce buffers
 // (two by default, Config.StagedBuffers), so the storage read of one overlaps the
 // device copies of the others, and a copy stream per bounce buffer per
-// device. Each bounce buffer
-// has dioSlack bytes past BounceSize so that an O_DIRECT read widened to
-// the file's alignment fits (see policy.go).
+// device. A bounce buffer is exactly BounceSize bytes: staged transfers are
+// cut at file offsets that are multiples of it, so an O_DIRECT read widened
+// to the file's alignment still fits (policy.go) without slack.
 type stagedWorker struct {
 	bounce  []connector.HostMemory
 	streams map[int][]connector.Stream
@@ -40,7 +40,7 @@ func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, []connector.Stream, er
 	if sw == nil {
 		sw = &stagedWorker{streams: map[int][]connector.Stream{}, bounce: make([]connector.HostMemory, l.cfg.StagedBuffers)}
 		for i := range sw.bounce {
-			b, err := l.conn.AllocHost(l.cfg.BounceSize + dioSlack)
+			b, err := l.conn.AllocHost(l.cfg.BounceSize)
 			if err != nil {
 				sw.close()
 				return nil, nil, errs.Wrapf(err, "phxfs: allocate bounce buffer")
