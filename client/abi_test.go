@@ -12,9 +12,8 @@ import (
 // programs hard-code them.
 func TestCommandValues(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		got  uint32
-		want uint32
+		name      string
+		got, want uint32
 	}{
 		{"REGISTER", CmdRegister, 0xC080E501},
 		{"DEREGISTER", CmdDeregister, 0x4020E502},

@@ -1,15 +1,19 @@
 package integration
 
+// The command line: bad input is one line on stderr and status 2,
+// signals unmount cleanly, doctor reports without mounting, and wait
+// is the readiness check.
+
 import (
-	"bytes"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestCLIErrors: bad input gives exactly one line on stderr and status 2,
@@ -22,10 +26,10 @@ func TestCLIErrors(t *testing.T) {
 	os.Mkdir(backing, 0755)
 	os.Mkdir(mnt, 0755)
 	busy := t.TempDir()
-	if err := syscall.Mount("tmpfs", busy, "tmpfs", 0, "size=1m"); err != nil {
+	if err := unix.Mount("tmpfs", busy, "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatalf("mount tmpfs: %v", err)
 	}
-	defer syscall.Unmount(busy, syscall.MNT_DETACH)
+	defer unix.Unmount(busy, unix.MNT_DETACH)
 
 	cases := []struct {
 		name string
@@ -50,7 +54,7 @@ func TestCLIErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cmd := exec.Command(bin, c.args...)
-			var stdout, stderr bytes.Buffer
+			var stdout, stderr strings.Builder
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			done := make(chan error, 1)
 			if err := cmd.Start(); err != nil {
@@ -82,7 +86,7 @@ func TestCLIErrors(t *testing.T) {
 
 // TestSignalsUnmount: SIGTERM and SIGINT unmount cleanly and exit 0.
 func TestSignalsUnmount(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			d := startDaemon(t)
 			// An idle open directory must not keep the mount.

@@ -1,6 +1,7 @@
 package integration
 
-// Mount helpers shared by every integration test.
+// Helpers shared by every integration test: mounts, comparing a mount with
+// its backing directory, other users.
 //
 // API (stable; other test files build on it):
 //
@@ -19,6 +20,16 @@ package integration
 //	mountInProcess(t, fusefs.Options, opts...) (backing, mnt string, fsys *fusefs.FS)
 //	                                    the overlay served by the test process itself
 //	                                    (a Control test double can be plugged in)
+//	startEmuFile(t, size, args...) (d *daemon, data []byte, path string)
+//	                                    startDaemon with --vendor emu and args, its
+//	                                    backing directory holding "f": size bytes of
+//	                                    writePattern (data); path is f through the mount
+//	eachPassthrough(t, func(t, mode string, d *daemon))
+//	                                    subtests passthrough=auto and passthrough=off,
+//	                                    each on a fresh startDaemon(--passthrough MODE)
+//	runCmd(t, name, args...) string     run a command (60 s limit), failing the test
+//	                                    with its output when it fails
+//	needTool(t, name)                   skip unless the tool is installed
 //
 // Options for mountOverlay/startDaemon/mountInProcess:
 //
@@ -31,15 +42,39 @@ package integration
 // (0755) so that tests can drop privileges. The binary is bin/phxmount when
 // it is newer than every Go source of the tree, otherwise it is built once
 // per test run with -ldflags=-checklinkname=0 into a temporary directory.
+//
+// Comparing the mount with its backing directory:
+//
+//	compareTrees(t, backing, mnt) int   the same names, stats, bytes and link targets,
+//	                                    side by side; returns the entries compared
+//	sameStat(t, what, b, m)             the stat fields the mount reports exactly
+//	statOf(t, path) unix.Stat_t         lstat, failing the test on error
+//	mustEqualFile(t, path, want)        the file holds exactly want
+//	pattern(n, seed) []byte             deterministic test data
+//
+// Other users:
+//
+//	nobody                              uid and gid 65534
+//	asUser(uid) *syscall.Credential     uid, gid uid, no supplementary groups
+//	asNobody(script, env...) (string, error)
+//	                                    a shell script as nobody, umask 027
+//
+// The client side (ioctl_test.go): writePattern, emuBuffer, register,
+// openClient, openRegistered (open read-only and register an emulated
+// buffer), phxInfo, infoCounter, waitFor, and startChild/startChildTest (the
+// test binary re-executed as another client, TestIoctlHelperChild).
 
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -326,6 +361,26 @@ func (d *daemon) stop(t testing.TB) {
 	}
 }
 
+// startEmuFile starts a daemon on the emulated device (--vendor emu, then
+// args) whose backing directory holds "f": size bytes of writePattern. It
+// returns the daemon, f's bytes and f's path through the mount.
+func startEmuFile(t testing.TB, size int64, args ...string) (d *daemon, data []byte, path string) {
+	t.Helper()
+	d = startDaemon(t, withArgs(append([]string{"--vendor", "emu"}, args...)...))
+	data = writePattern(t, filepath.Join(d.Backing, "f"), size, 0644)
+	return d, data, filepath.Join(d.Mnt, "f")
+}
+
+// eachPassthrough runs fn as the subtests passthrough=auto and
+// passthrough=off, each on a fresh daemon started with --passthrough MODE.
+func eachPassthrough(t *testing.T, fn func(t *testing.T, mode string, d *daemon)) {
+	for _, mode := range []string{"auto", "off"} {
+		t.Run("passthrough="+mode, func(t *testing.T) {
+			fn(t, mode, startDaemon(t, withArgs("--passthrough", mode)))
+		})
+	}
+}
+
 // mountOverlay mounts the overlay with the phxmount binary; see the API at
 // the top of this file.
 func mountOverlay(t testing.TB, opts ...mountOption) (backing, mnt string) {
@@ -376,4 +431,156 @@ func runCmd(t testing.TB, name string, args ...string) string {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// statOf lstats p.
+func statOf(t testing.TB, p string) unix.Stat_t {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		t.Fatalf("lstat %s: %v", p, err)
+	}
+	return st
+}
+
+// sameStat compares what the mount must report exactly like the backing
+// file: inode, size, mode, links, owner, group and modification time.
+func sameStat(t testing.TB, what string, b, m unix.Stat_t) {
+	t.Helper()
+	if b.Ino != m.Ino || b.Size != m.Size || b.Mode != m.Mode || b.Nlink != m.Nlink ||
+		b.Uid != m.Uid || b.Gid != m.Gid || b.Mtim != m.Mtim {
+		t.Errorf("%s: stat differs:\n backing ino=%d size=%d mode=%o nlink=%d uid=%d gid=%d mtime=%v\n mount   ino=%d size=%d mode=%o nlink=%d uid=%d gid=%d mtime=%v",
+			what, b.Ino, b.Size, b.Mode, b.Nlink, b.Uid, b.Gid, b.Mtim,
+			m.Ino, m.Size, m.Mode, m.Nlink, m.Uid, m.Gid, m.Mtim)
+	}
+}
+
+func fileSum(t testing.TB, p string) [32]byte {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatalf("open %s: %v", p, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatalf("read %s: %v", p, err)
+	}
+	var s [32]byte
+	copy(s[:], h.Sum(nil))
+	return s
+}
+
+// compareTrees walks the backing directory and the mount side by side:
+// the same names, the same stats, the same bytes and link targets.
+// It returns the number of entries compared.
+func compareTrees(t testing.TB, backing, mnt string) int {
+	t.Helper()
+	n := 0
+	var walk func(rel string)
+	walk = func(rel string) {
+		bp, mp := filepath.Join(backing, rel), filepath.Join(mnt, rel)
+		bst, mst := statOf(t, bp), statOf(t, mp)
+		sameStat(t, rel, bst, mst)
+		n++
+		switch bst.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			if fileSum(t, bp) != fileSum(t, mp) {
+				t.Errorf("%s: contents differ", rel)
+			}
+		case unix.S_IFLNK:
+			bl, _ := os.Readlink(bp)
+			ml, err := os.Readlink(mp)
+			if err != nil || bl != ml {
+				t.Errorf("%s: link %q through the mount, %q on backing (%v)", rel, ml, bl, err)
+			}
+		case unix.S_IFDIR:
+			bn, mn := dirNames(t, bp), dirNames(t, mp)
+			if !equalStrings(bn, mn) {
+				t.Errorf("%s: entries differ:\n backing %v\n mount   %v", rel, bn, mn)
+				return
+			}
+			for _, name := range bn {
+				walk(filepath.Join(rel, name))
+			}
+		}
+	}
+	walk(".")
+	return n
+}
+
+func dirNames(t testing.TB, dir string) []string {
+	t.Helper()
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatalf("open %s: %v", dir, err)
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		t.Fatalf("readdir %s: %v", dir, err)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// pattern is deterministic test data: seed selects the sequence.
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	x := uint32(seed)*2654435761 + 1
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = byte(x)
+	}
+	return b
+}
+
+func mustEqualFile(t testing.TB, p string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("read %s: %v", p, err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s: %d bytes differ from the %d expected", p, len(got), len(want))
+	}
+}
+
+func needTool(t *testing.T, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		t.Skipf("skipped: %s not installed (Debian package %s)", name, map[string]string{"getfattr": "attr", "setfattr": "attr", "python3": "python3"}[name])
+	}
+}
+
+const nobody = 65534
+
+// asUser is the credential of uid with gid uid and no supplementary groups.
+func asUser(uid uint32) *syscall.Credential {
+	return &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}
+}
+
+// asNobody runs a shell script as uid/gid 65534 (nobody/nogroup) with
+// umask 027, returning its output and error.
+func asNobody(script string, env ...string) (string, error) {
+	cmd := exec.Command("sh", "-c", "umask 027; "+script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: asUser(nobody)}
+	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "LC_ALL=C"}, env...)
+	cmd.Dir = "/"
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }

@@ -25,7 +25,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -291,7 +290,7 @@ func runStress(t *testing.T, writeRoot0, writeRoot1, readRoot string, d time.Dur
 	until := time.Now().Add(d)
 	var kids []*child
 	for _, uid := range []uint32{nobody, 1000} {
-		cred := &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}
+		cred := asUser(uid)
 		kids = append(kids, startChildTest(t, "TestStressHelperChild", cred, "stress-reader", readRoot, strconv.Itoa(int(d/time.Millisecond))))
 	}
 	var tally stressTally

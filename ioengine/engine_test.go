@@ -11,6 +11,15 @@ import (
 // sentinel marks destination bytes an op must not touch.
 const sentinel = 0xEE
 
+// runChecked runs ops and checks them with checkReads.
+func (r runner) runChecked(t *testing.T, ops []Op, want []int64, mem []byte, direct bool) {
+	t.Helper()
+	if err := r.run(ops); err != nil {
+		t.Fatal(err)
+	}
+	checkReads(t, ops, want, mem, direct)
+}
+
 // checkReads verifies each read op against the pattern: Result is want[i],
 // the bytes read are the file's, and the bytes past Result are untouched,
 // or zero for O_DIRECT: ext4's direct reads zero-fill the destination past
@@ -68,10 +77,7 @@ func TestBufferedRead(t *testing.T) {
 			want[i] = max(0, min(ln, size-off))
 			pos += int(ln) + 8
 		}
-		if err := r.run(ops); err != nil {
-			t.Fatal(err)
-		}
-		checkReads(t, ops, want, mem, false)
+		r.runChecked(t, ops, want, mem, false)
 	})
 }
 
@@ -96,10 +102,7 @@ func TestDirectRead(t *testing.T) {
 			want[i] = min(ln, size-off)
 			pos += int(ln)
 		}
-		if err := r.run(ops); err != nil {
-			t.Fatal(err)
-		}
-		checkReads(t, ops, want, mem, true)
+		r.runChecked(t, ops, want, mem, true)
 
 		// An unaligned O_DIRECT read is refused by the kernel, not by us.
 		bad := []Op{{Fd: fd, Addr: addr(mem) + 1, Len: 4096, Off: 0}}
@@ -147,10 +150,7 @@ func TestReadEOF(t *testing.T) {
 				ops = append(ops, Op{Fd: fd, Addr: addr(mem) + uintptr(i*16384), Len: c.len, Off: c.off})
 				want = append(want, c.want)
 			}
-			if err := r.run(ops); err != nil {
-				t.Fatal(err)
-			}
-			checkReads(t, ops, want, mem, direct)
+			r.runChecked(t, ops, want, mem, direct)
 		}
 	})
 }
@@ -202,10 +202,7 @@ func TestWriteReadBack(t *testing.T) {
 				ops[i] = Op{Fd: rfd, Addr: addr(dst) + uintptr(ops[i].Off), Len: chunk, Off: ops[i].Off}
 				want[i] = chunk
 			}
-			if err := r.run(ops); err != nil {
-				t.Fatal(err)
-			}
-			checkReads(t, ops, want, dst, direct)
+			r.runChecked(t, ops, want, dst, direct)
 		}
 	})
 }
@@ -238,10 +235,7 @@ func TestBadOps(t *testing.T) {
 		for i := range ops {
 			ops[i].Result = 12345 // every op must set its result
 		}
-		if err := r.run(ops); err != nil {
-			t.Fatal(err)
-		}
-		checkReads(t, ops, want, mem, false)
+		r.runChecked(t, ops, want, mem, false)
 		// Failed ops must not touch memory either.
 		for i := range ops {
 			if want[i] <= 0 {
@@ -271,10 +265,7 @@ func TestManyOps(t *testing.T) {
 			ops[i] = Op{Fd: fd, Addr: addr(mem) + uintptr(k*bs), Len: bs, Off: int64(k * bs)}
 			want[i] = bs
 		}
-		if err := r.run(ops); err != nil {
-			t.Fatal(err)
-		}
-		checkReads(t, ops, want, mem, true)
+		r.runChecked(t, ops, want, mem, true)
 		checkPattern(t, "whole file", mem, 0)
 	})
 }
@@ -333,10 +324,7 @@ func TestShortTransfers(t *testing.T) {
 			ops[i] = Op{Fd: fd, Addr: addr(mem) + uintptr(i*(ln+8)+i%5), Len: ln, Off: off}
 			want[i] = min(ln, size-off)
 		}
-		if err := r.run(ops); err != nil {
-			t.Fatal(err)
-		}
-		checkReads(t, ops, want, mem, false)
+		r.runChecked(t, ops, want, mem, false)
 
 		// Write the bytes just read to a new file, one op per chunk of them.
 		f, err := os.CreateTemp(dir, "short-")

@@ -77,10 +77,8 @@ func patternFile(t testing.TB, dir string, size int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
+	_, err = f.Write(b)
+	if err := errors.Join(err, f.Close()); err != nil {
 		t.Fatal(err)
 	}
 	return f.Name()

@@ -49,15 +49,21 @@ func verifyOps(ops []Op, mem []byte) error {
 	return nil
 }
 
+// newPool makes a pool of cfg or fails the test.
+func newPool(t *testing.T, cfg PoolConfig) *Pool {
+	t.Helper()
+	p, err := NewPool(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func TestPoolConcurrentRun(t *testing.T) {
-	dir := testDir(t)
 	const n, bs = 256, 4096
-	path := patternFile(t, dir, n*bs)
+	path := patternFile(t, testDir(t), n*bs)
 	poolKinds(t, func(t *testing.T, kind string) {
-		p, err := NewPool(PoolConfig{Kind: kind, Workers: 4, QueueDepth: 32})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := newPool(t, PoolConfig{Kind: kind, Workers: 4, QueueDepth: 32})
 		defer p.Close()
 		if p.Workers() != 4 || p.Kind() != kind || p.Name() != kind {
 			t.Fatalf("pool: Workers %d Kind %q Name %q", p.Workers(), p.Kind(), p.Name())
@@ -101,14 +107,10 @@ func TestPoolConcurrentRun(t *testing.T) {
 }
 
 func TestPoolEach(t *testing.T) {
-	dir := testDir(t)
-	path := patternFile(t, dir, 1<<20)
+	path := patternFile(t, testDir(t), 1<<20)
 	poolKinds(t, func(t *testing.T, kind string) {
 		const workers = 4
-		p, err := NewPool(PoolConfig{Kind: kind, Workers: workers, QueueDepth: 8})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := newPool(t, PoolConfig{Kind: kind, Workers: workers, QueueDepth: 8})
 		defer p.Close()
 		fd := openFd(t, path, unix.O_RDONLY)
 		mem := mmapAnon(t, 1<<20)
@@ -152,7 +154,7 @@ func TestPoolEach(t *testing.T) {
 		}
 
 		// A panic comes back as an error and leaves the pool working.
-		err = p.Each(func(w int, e Engine) {
+		err := p.Each(func(w int, e Engine) {
 			if w == 1 {
 				panic("boom")
 			}
@@ -187,8 +189,7 @@ func failRings(t *testing.T, fail func(call int) bool) {
 }
 
 func TestPoolFallback(t *testing.T) {
-	dir := testDir(t)
-	path := patternFile(t, dir, 1<<20)
+	path := patternFile(t, testDir(t), 1<<20)
 	fd := openFd(t, path, unix.O_RDONLY)
 
 	check := func(t *testing.T, p *Pool, wantSync int) {
@@ -220,10 +221,7 @@ func TestPoolFallback(t *testing.T) {
 	t.Run("some", func(t *testing.T) {
 		failRings(t, func(call int) bool { return call%2 == 1 })
 		for _, kind := range []string{KindIOUring, KindAuto} {
-			p, err := NewPool(PoolConfig{Kind: kind, Workers: 4, QueueDepth: 16})
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := newPool(t, PoolConfig{Kind: kind, Workers: 4, QueueDepth: 16})
 			if want := "io_uring (2 of 4 workers on sync)"; p.Name() != want {
 				t.Errorf("%s: Name() = %q, want %q", kind, p.Name(), want)
 			}
@@ -236,10 +234,7 @@ func TestPoolFallback(t *testing.T) {
 	})
 	t.Run("most", func(t *testing.T) {
 		failRings(t, func(call int) bool { return call != 0 })
-		p, err := NewPool(PoolConfig{Kind: KindAuto, Workers: 3, QueueDepth: 16})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := newPool(t, PoolConfig{Kind: KindAuto, Workers: 3, QueueDepth: 16})
 		defer p.Close()
 		if want := "io_uring (2 of 3 workers on sync)"; p.Name() != want {
 			t.Errorf("Name() = %q, want %q", p.Name(), want)
@@ -251,10 +246,7 @@ func TestPoolFallback(t *testing.T) {
 	})
 	t.Run("all", func(t *testing.T) {
 		failRings(t, func(int) bool { return true })
-		p, err := NewPool(PoolConfig{Kind: KindAuto, Workers: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := newPool(t, PoolConfig{Kind: KindAuto, Workers: 2})
 		if p.Name() != KindSync || p.Kind() != KindSync {
 			t.Errorf("auto with no rings: Name %q Kind %q, want sync", p.Name(), p.Kind())
 		}
@@ -279,13 +271,9 @@ func TestPoolFallback(t *testing.T) {
 // TestPoolCloseQueued: Close while a Run is queued behind a busy worker
 // finishes that Run before stopping.
 func TestPoolCloseQueued(t *testing.T) {
-	dir := testDir(t)
-	path := patternFile(t, dir, 1<<20)
+	path := patternFile(t, testDir(t), 1<<20)
 	poolKinds(t, func(t *testing.T, kind string) {
-		p, err := NewPool(PoolConfig{Kind: kind, Workers: 2, QueueDepth: 8})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := newPool(t, PoolConfig{Kind: kind, Workers: 2, QueueDepth: 8})
 		fd := openFd(t, path, unix.O_RDONLY)
 		mem := mmapAnon(t, 1<<20)
 		ops := readOps(fd, mem, 256, 4096, 5)
@@ -361,14 +349,10 @@ func TestPoolCloseQueued(t *testing.T) {
 // TestPoolCloseBusy: Close while many callers keep Run busy neither
 // deadlocks nor panics; every Run either completes fully or is refused.
 func TestPoolCloseBusy(t *testing.T) {
-	dir := testDir(t)
 	const n, bs = 2000, 4096
-	path := patternFile(t, dir, n*bs)
+	path := patternFile(t, testDir(t), n*bs)
 	poolKinds(t, func(t *testing.T, kind string) {
-		p, err := NewPool(PoolConfig{Kind: kind, Workers: 2, QueueDepth: 64})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := newPool(t, PoolConfig{Kind: kind, Workers: 2, QueueDepth: 64})
 		fd := openFd(t, path, unix.O_RDONLY)
 		const callers = 6
 		var wg sync.WaitGroup

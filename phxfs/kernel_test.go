@@ -37,6 +37,23 @@ func (k *fakeKernel) Map(addr uint64, size int64) (uintptr, func() error, error)
 
 func (k *fakeKernel) Close() error { k.closed = true; return nil }
 
+// openLib makes a library on c with two workers and opens its first
+// devices; it is closed when the test ends.
+func openLib(t *testing.T, c connector.Connector, devices int) *Lib {
+	t.Helper()
+	l, err := New(Config{Connector: c, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	for i := range devices {
+		if err := l.OpenDevice(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
 func TestDirectTransportSeam(t *testing.T) {
 	c, _ := emu.New(emu.Config{Devices: 2})
 	kernels := map[string]*fakeKernel{}
@@ -51,16 +68,7 @@ func TestDirectTransportSeam(t *testing.T) {
 	}
 	defer func() { openKernelDevice = saved }()
 
-	l, err := New(Config{Connector: c, Workers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	for i := 0; i < 2; i++ {
-		if err := l.OpenDevice(i); err != nil {
-			t.Fatal(err)
-		}
-	}
+	l := openLib(t, c, 2)
 	m0 := alloc(t, c, 0, 1*mib)
 	m1 := alloc(t, c, 1, 1*mib)
 	r0 := register(t, l, m0)
@@ -82,7 +90,7 @@ func TestDirectTransportSeam(t *testing.T) {
 		t.Fatalf("module saw %d maps and %d unmaps", k.maps, k.unmaps)
 	}
 	k.refused = true
-	_, err = l.RegMem(0, m0.Addr(), m0.Size())
+	_, err := l.RegMem(0, m0.Addr(), m0.Size())
 	wantErrno(t, err, unix.ENOMEM)
 	if err := l.CloseDevice(0); err != nil || !k.closed {
 		t.Fatalf("close: %v, module device closed %v", err, k.closed)
@@ -110,14 +118,7 @@ func TestTransportReasonSaysWhatHappened(t *testing.T) {
 		return nil, errs.New(unix.EACCES, "open /dev/phxfs_dev0")
 	}
 	defer func() { openKernelDevice = saved }()
-	l, err := New(Config{Connector: c, Workers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.OpenDevice(0); err != nil {
-		t.Fatal(err)
-	}
+	l := openLib(t, c, 1)
 	d, err := l.Device(0)
 	if err != nil {
 		t.Fatal(err)
@@ -138,15 +139,8 @@ func TestTransportReasonSaysWhatHappened(t *testing.T) {
 // (it used to end "bad address: bad address").
 func TestRegisterErrorNamesEachFactOnce(t *testing.T) {
 	c, _ := emu.New(emu.Config{})
-	l, err := New(Config{Connector: c, Workers: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.OpenDevice(0); err != nil {
-		t.Fatal(err)
-	}
-	_, err = l.RegMem(0, 0x10000, 64<<10)
+	l := openLib(t, c, 1)
+	_, err := l.RegMem(0, 0x10000, 64<<10)
 	want := "phxfs: register [0x10000, +65536) on device 0: emu: 0x10000 is not device memory: bad address"
 	if err == nil || err.Error() != want || !errors.Is(err, unix.EFAULT) {
 		t.Errorf("RegMem of memory that is not the device's: %v\nwant %s", err, want)

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"phxmount/connector"
 	"phxmount/connector/emu"
 	"phxmount/ioengine"
 )
@@ -69,12 +70,44 @@ func blockedRead(t *testing.T, l *Lib, dev int, addr uint64, n int64) (b *Batch,
 	return b, feed
 }
 
+// readInFlight makes a library for s with one device, registers a 256 KiB
+// buffer and leaves a blockedRead of n bytes into it in flight.
+func readInFlight(t *testing.T, s setup, n int64) (l *Lib, m connector.Memory, b *Batch, feed func()) {
+	t.Helper()
+	l, c := newLib(t, s, 1)
+	m = alloc(t, c, 0, 256<<10)
+	register(t, l, m)
+	b, feed = blockedRead(t, l, 0, m.Addr(), n)
+	return l, m, b, feed
+}
+
+// stillWaiting fails the test if done, the end of an operation that must
+// wait for a batch in flight, comes within 100 ms.
+func stillWaiting(t *testing.T, what string, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s returned %v with a batch in flight", what, err)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// release feeds the batch b in flight; then the operation that waited for
+// it (done) and b itself must succeed.
+func release(t *testing.T, feed func(), done <-chan error, b *Batch) {
+	t.Helper()
+	feed()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if failed, err := b.Wait(); err != nil || failed != 0 {
+		t.Fatalf("batch: %d failed, %v", failed, err)
+	}
+}
+
 func TestCloseDrainsAndOpenGetsEBUSY(t *testing.T) {
 	forEach(t, func(t *testing.T, s setup) {
-		l, c := newLib(t, s, 1)
-		m := alloc(t, c, 0, 256<<10)
-		register(t, l, m)
-		b, feed := blockedRead(t, l, 0, m.Addr(), 64<<10)
+		l, _, b, feed := readInFlight(t, s, 64<<10)
 
 		closed := make(chan error)
 		go func() { closed <- l.CloseDevice(0) }()
@@ -93,18 +126,8 @@ func TestCloseDrainsAndOpenGetsEBUSY(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		select {
-		case err := <-closed:
-			t.Fatalf("close returned %v while a read was in flight", err)
-		case <-time.After(100 * time.Millisecond):
-		}
-		feed()
-		if err := <-closed; err != nil {
-			t.Fatal(err)
-		}
-		if n, err := b.Wait(); err != nil || n != 0 {
-			t.Fatalf("wait: %d failed, %v", n, err)
-		}
+		stillWaiting(t, "close", closed)
+		release(t, feed, closed, b)
 		if err := l.OpenDevice(0); err != nil {
 			t.Fatalf("open after the drain: %v", err)
 		}
@@ -170,30 +193,17 @@ func TestRegMemRules(t *testing.T) {
 
 func TestDeregMemWaitsForInflightIO(t *testing.T) {
 	forEach(t, func(t *testing.T, s setup) {
-		l, c := newLib(t, s, 1)
-		m := alloc(t, c, 0, 256<<10)
-		register(t, l, m)
-		b, feed := blockedRead(t, l, 0, m.Addr(), 128<<10)
+		l, m, b, feed := readInFlight(t, s, 128<<10)
 		done := make(chan error)
 		go func() { done <- l.DeregMem(0, m.Addr(), m.Size()) }()
-		select {
-		case err := <-done:
-			t.Fatalf("deregister returned %v with a batch in flight", err)
-		case <-time.After(100 * time.Millisecond):
-		}
+		stillWaiting(t, "deregister", done)
 		// New I/O on the dying registration is refused at once.
 		n, err := l.Read(0, 0, m.Addr(), 0, 4096, 0)
 		wantErrno(t, err, unix.EFAULT)
 		if n != 0 {
 			t.Fatalf("read %d bytes", n)
 		}
-		feed()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if failed, err := b.Wait(); err != nil || failed != 0 {
-			t.Fatalf("batch: %d failed, %v", failed, err)
-		}
+		release(t, feed, done, b)
 	})
 }
 
@@ -551,24 +561,11 @@ func TestTransportChoice(t *testing.T) {
 }
 
 func TestLibCloseDrainsEverything(t *testing.T) {
-	l, c := newLib(t, setup{"io_uring", Host}, 1)
-	m := alloc(t, c, 0, 256<<10)
-	register(t, l, m)
-	b, feed := blockedRead(t, l, 0, m.Addr(), 64<<10)
+	l, _, b, feed := readInFlight(t, setup{"io_uring", Host}, 64<<10)
 	closed := make(chan error)
 	go func() { closed <- l.Close() }()
-	select {
-	case err := <-closed:
-		t.Fatalf("library closed (%v) with a batch in flight", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	feed()
-	if err := <-closed; err != nil {
-		t.Fatal(err)
-	}
-	if n, err := b.Wait(); n != 0 || err != nil {
-		t.Fatalf("%d, %v", n, err)
-	}
+	stillWaiting(t, "library close", closed)
+	release(t, feed, closed, b)
 	_, err := l.SubmitRead([]Request{{Fd: 0, Device: -1, HostAddr: 1, Len: 1}})
 	wantErrno(t, err, unix.EINVAL)
 	wantErrno(t, l.Close(), unix.EINVAL)

@@ -110,8 +110,12 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 			// Unaligned offsets and lengths, a piece ending in the file's
 			// last partial block, one ending exactly at the end of file.
 			ext := []extent{{0, 777, mib + 5}, {mib + 64<<10, mib + 4093, 700 << 10}, {2*mib + 64<<10, 3*mib - 3, 1237}, {3 * mib, 0, 4096}}
-			check := func() {
+			// load reads the extents, checks them on the device and clears
+			// it again; it returns the staged counters before and after.
+			load := func() (s0, s1 StagedStats) {
 				t.Helper()
+				s0 = l.StagedStats()
+				readExtents(t, l, fd, m, ext)
 				got := deviceBytes(t, c, m, 0, 4*mib)
 				for _, e := range ext {
 					if !bytes.Equal(got[e.bufOff:e.bufOff+e.n], file[e.off:e.off+e.n]) {
@@ -119,6 +123,7 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 					}
 				}
 				fillDevice(t, c, m, 0, make([]byte, 4*mib))
+				return s0, l.StagedStats()
 			}
 
 			t.Run("always", func(t *testing.T) {
@@ -126,10 +131,7 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 				// From a cold file, so the check below does not depend on
 				// what the kernel keeps of a hot one meanwhile.
 				dropCache(t, name)
-				s0 := l.StagedStats()
-				readExtents(t, l, fd, m, ext)
-				check()
-				s1 := l.StagedStats()
+				s0, s1 := load()
 				if s1.DirectReads == s0.DirectReads {
 					t.Fatalf("no O_DIRECT read (counters %+v -> %+v)", s0, s1)
 				}
@@ -147,10 +149,7 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 			})
 			t.Run("never", func(t *testing.T) {
 				withDirectIO(t, l, ODirectNever)
-				s0 := l.StagedStats()
-				readExtents(t, l, fd, m, ext)
-				check()
-				if s1 := l.StagedStats(); s1.DirectReads != s0.DirectReads || s1.BufferedReads == s0.BufferedReads {
+				if s0, s1 := load(); s1.DirectReads != s0.DirectReads || s1.BufferedReads == s0.BufferedReads {
 					t.Fatalf("never: counters %+v -> %+v", s0, s1)
 				}
 			})
@@ -158,19 +157,12 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 				withDirectIO(t, l, ODirectAuto)
 				// Hot (just written): everything buffered.
 				cacheState(t, name)
-				s0 := l.StagedStats()
-				readExtents(t, l, fd, m, ext)
-				check()
-				if s1 := l.StagedStats(); s1.DirectReads != s0.DirectReads {
+				if s0, s1 := load(); s1.DirectReads != s0.DirectReads {
 					t.Fatalf("auto read a resident file with O_DIRECT: %+v -> %+v", s0, s1)
 				}
 				// Cold: O_DIRECT, and the page cache stays empty of it.
 				dropCache(t, name)
-				s0 = l.StagedStats()
-				readExtents(t, l, fd, m, ext)
-				check()
-				s1 := l.StagedStats()
-				if s1.DirectReads == s0.DirectReads {
+				if s0, s1 := load(); s1.DirectReads == s0.DirectReads {
 					t.Fatalf("auto read a cold file buffered only: %+v -> %+v", s0, s1)
 				}
 				cs := cacheState(t, name)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -20,6 +21,25 @@ func newConn(t *testing.T, cfg Config) *Connector {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// roundTrip copies src to addr and back through s, and says what went
+// wrong, if anything: a copy, the wait, or bytes that came back different.
+func roundTrip(s connector.Stream, addr uint64, src []byte) error {
+	dst := make([]byte, len(src))
+	if err := s.CopyToDevice(addr, src); err != nil {
+		return fmt.Errorf("copy to the device: %w", err)
+	}
+	if err := s.CopyFromDevice(dst, addr); err != nil {
+		return fmt.Errorf("copy back: %w", err)
+	}
+	if err := s.Synchronize(); err != nil {
+		return fmt.Errorf("synchronize: %w", err)
+	}
+	if !bytes.Equal(dst, src) {
+		return errors.New("copies did not round-trip")
+	}
+	return nil
 }
 
 func TestAllocResolveAndAlignment(t *testing.T) {
@@ -86,18 +106,8 @@ func TestStagedMemoryIsNotHostAddressable(t *testing.T) {
 	}
 	defer s.Close()
 	src := bytes.Repeat([]byte{0xA5, 0x5A}, 2048)
-	if err := s.CopyToDevice(m.Addr()+100, src); err != nil {
+	if err := roundTrip(s, m.Addr()+100, src); err != nil {
 		t.Fatal(err)
-	}
-	dst := make([]byte, len(src))
-	if err := s.CopyFromDevice(dst, m.Addr()+100); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Synchronize(); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(dst, src) {
-		t.Fatal("copies did not round-trip")
 	}
 	if err := s.CopyToDevice(m.Addr()+PageSize-1, src); !errors.Is(err, unix.EFAULT) {
 		t.Fatalf("copy past the buffer: %v", err)

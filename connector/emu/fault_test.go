@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
 )
 
 // TestStagedCopyIntoShrunkBufferFails: a client that registers its memfd
@@ -15,22 +17,7 @@ import (
 // engine's MAP_SHARED alias raises SIGBUS there.
 func TestStagedCopyIntoShrunkBufferFails(t *testing.T) {
 	for _, keep := range []int64{0, 2 * PageSize} {
-		client := newConn(t, Config{Staged: true})
-		m, err := client.Alloc(0, 4*PageSize)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		h, err := m.Export()
-		if err != nil {
-			t.Fatal(err)
-		}
-		daemon := newConn(t, Config{Staged: true})
-		im, err := daemon.Import(0, h, 4*PageSize, os.Getpid())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer im.Close()
+		m, im, daemon := exported(t, Config{Staged: true}, 4*PageSize)
 		s, err := daemon.NewStream(0)
 		if err != nil {
 			t.Fatal(err)
@@ -57,20 +44,33 @@ func TestStagedCopyIntoShrunkBufferFails(t *testing.T) {
 		}
 		// The stream lives on, and what is left of the buffer still works.
 		if keep > 0 {
-			if err := s.CopyToDevice(im.Addr(), src); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.CopyFromDevice(dst, im.Addr()); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Synchronize(); err != nil {
+			if err := roundTrip(s, im.Addr(), src); err != nil {
 				t.Fatalf("keep %d: copies inside what is left: %v", keep, err)
-			}
-			if !bytes.Equal(dst, src) {
-				t.Fatal("copies inside what is left did not round-trip")
 			}
 		}
 	}
+}
+
+// exported allocates size bytes through a client connector and imports
+// them through a daemon connector (this process plays both), as the daemon
+// sees a registered buffer. Both mappings are freed when the test ends.
+func exported(t *testing.T, cfg Config, size int64) (m, im connector.Memory, daemon *Connector) {
+	t.Helper()
+	m, err := newConn(t, cfg).Alloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	h, err := m.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemon = newConn(t, cfg)
+	if im, err = daemon.Import(0, h, size, os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { im.Close() })
+	return m, im, daemon
 }
 
 // TestMapShrunkMemfd: the memfd may shrink between Import's size check and
@@ -106,19 +106,7 @@ func TestMapShrunkMemfd(t *testing.T) {
 // imported buffer only through kernel I/O, which returns EFAULT on pages
 // past the end of a shrunk memfd.
 func TestHostModeShrunkBufferFailsInKernel(t *testing.T) {
-	client := newConn(t, Config{})
-	m, err := client.Alloc(0, 2*PageSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	h, _ := m.Export()
-	daemon := newConn(t, Config{})
-	im, err := daemon.Import(0, h, 2*PageSize, os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer im.Close()
+	m, im, daemon := exported(t, Config{}, 2*PageSize)
 	if err := unix.Ftruncate(m.(*Memory).fd, 0); err != nil {
 		t.Fatal(err)
 	}

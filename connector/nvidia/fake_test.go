@@ -122,6 +122,28 @@ func fakeDriver(f *fakeGPU) *driver {
 func makeFakeSyms() {
 	cb := purego.NewCallback
 	lock := func() *fakeGPU { fake.mu.Lock(); return fake }
+	// inCtx runs fn under the lock on the device whose context is current,
+	// or fails with CUDA_ERROR_INVALID_CONTEXT when none is.
+	inCtx := func(name string, fn func(f *fakeGPU, dev int) uintptr) uintptr {
+		f := lock()
+		defer f.mu.Unlock()
+		dev, ok := f.needCtx(name)
+		if !ok {
+			return 201
+		}
+		return fn(f, dev)
+	}
+	// errorText is cuGetErrorName (0) or cuGetErrorString (1).
+	errorText := func(which int) uintptr {
+		return cb(func(code uint32, out **byte) uintptr {
+			s, ok := fakeNames[code]
+			if !ok {
+				return 1
+			}
+			*out = &s[which][0]
+			return 0
+		})
+	}
 	fakeSyms = map[string]uintptr{
 		"cuInit":           cb(func(flags uint32) uintptr { return 0 }),
 		"cuDeviceGetCount": cb(func(n *int32) uintptr { *n = fakeDevs; return 0 }),
@@ -167,19 +189,15 @@ func makeFakeSyms() {
 			return 0
 		}),
 		"cuMemAlloc_v2": cb(func(p *uint64, size uintptr) uintptr {
-			f := lock()
-			defer f.mu.Unlock()
-			dev, ok := f.needCtx("cuMemAlloc_v2")
-			if !ok {
-				return 201
-			}
-			if f.allocFail != 0 {
-				return uintptr(f.allocFail)
-			}
-			f.allocs = append(f.allocs, &fakeAlloc{base: f.next, mem: make([]byte, size), dev: dev})
-			*p = f.next
-			f.next += (uint64(size) + 0xfffff) &^ 0xfffff
-			return 0
+			return inCtx("cuMemAlloc_v2", func(f *fakeGPU, dev int) uintptr {
+				if f.allocFail != 0 {
+					return uintptr(f.allocFail)
+				}
+				f.allocs = append(f.allocs, &fakeAlloc{base: f.next, mem: make([]byte, size), dev: dev})
+				*p = f.next
+				f.next += (uint64(size) + 0xfffff) &^ 0xfffff
+				return 0
+			})
 		}),
 		"cuMemFree_v2": cb(func(p uint64) uintptr {
 			f := lock()
@@ -208,11 +226,7 @@ func makeFakeSyms() {
 		"cuMemFreeHost": cb(func(p unsafe.Pointer) uintptr {
 			f := lock()
 			defer f.mu.Unlock()
-			if _, ok := f.host[p]; !ok {
-				return 1
-			}
-			delete(f.host, p)
-			return 0
+			return forget(f.host, p, 1)
 		}),
 		"cuMemcpyHtoD_v2": cb(func(dst uint64, src *byte, n uintptr) uintptr { return fake.copyIn(dst, src, n) }),
 		"cuMemcpyDtoH_v2": cb(func(dst *byte, src uint64, n uintptr) uintptr { return fake.copyOut(dst, src, n) }),
@@ -223,40 +237,26 @@ func makeFakeSyms() {
 			return fake.onStream(s, fake.copyOut(dst, src, n))
 		}),
 		"cuMemsetD8_v2": cb(func(dst uint64, b uint8, n uintptr) uintptr {
-			f := lock()
-			defer f.mu.Unlock()
-			a := f.find(dst, uint64(n))
-			if a == nil {
-				return 1
-			}
-			f.needDev("cuMemsetD8_v2", a.dev)
-			for i := range a.mem[dst-a.base : dst-a.base+uint64(n)] {
-				a.mem[dst-a.base+uint64(i)] = b
-			}
-			return 0
+			return fake.onDevice("cuMemsetD8_v2", dst, n, func(dev []byte) {
+				for i := range dev[:n] {
+					dev[i] = b
+				}
+			})
 		}),
 		"cuStreamCreate": cb(func(s *uintptr, flags uint32) uintptr {
-			f := lock()
-			defer f.mu.Unlock()
-			dev, ok := f.needCtx("cuStreamCreate")
-			if !ok {
-				return 201
-			}
-			f.streamFlag = flags
-			f.nextStrm++
-			f.streams[f.nextStrm] = dev
-			*s = f.nextStrm
-			return 0
+			return inCtx("cuStreamCreate", func(f *fakeGPU, dev int) uintptr {
+				f.streamFlag = flags
+				f.nextStrm++
+				f.streams[f.nextStrm] = dev
+				*s = f.nextStrm
+				return 0
+			})
 		}),
 		"cuStreamSynchronize": cb(func(s uintptr) uintptr { return fake.onStream(s, 0) }),
 		"cuStreamDestroy_v2": cb(func(s uintptr) uintptr {
 			f := lock()
 			defer f.mu.Unlock()
-			if _, ok := f.streams[s]; !ok {
-				return 400
-			}
-			delete(f.streams, s)
-			return 0
+			return forget(f.streams, s, 400)
 		}),
 		"cuIpcGetMemHandle": cb(func(h *[64]byte, p uint64) uintptr {
 			f := lock()
@@ -324,46 +324,40 @@ func makeFakeSyms() {
 			}
 			return 0
 		}),
-		"cuGetErrorName": cb(func(code uint32, out **byte) uintptr {
-			s, ok := fakeNames[code]
-			if !ok {
-				return 1
-			}
-			*out = &s[0][0]
-			return 0
-		}),
-		"cuGetErrorString": cb(func(code uint32, out **byte) uintptr {
-			s, ok := fakeNames[code]
-			if !ok {
-				return 1
-			}
-			*out = &s[1][0]
-			return 0
-		}),
+		"cuGetErrorName":   errorText(0),
+		"cuGetErrorString": errorText(1),
 	}
 }
 
 func (f *fakeGPU) copyIn(dst uint64, src *byte, n uintptr) uintptr {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	a := f.find(dst, uint64(n))
-	if a == nil {
-		return 1
-	}
-	f.needDev("cuMemcpyHtoD", a.dev)
-	copy(a.mem[dst-a.base:], bytesAt(src, n))
-	return 0
+	return f.onDevice("cuMemcpyHtoD", dst, n, func(dev []byte) { copy(dev, bytesAt(src, n)) })
 }
 
 func (f *fakeGPU) copyOut(dst *byte, src uint64, n uintptr) uintptr {
+	return f.onDevice("cuMemcpyDtoH", src, n, func(dev []byte) { copy(bytesAt(dst, n), dev) })
+}
+
+// onDevice runs do, under the lock, on the device bytes from addr to the end
+// of their allocation, which must hold [addr, addr+n); the allocation's
+// device must be current.
+func (f *fakeGPU) onDevice(name string, addr uint64, n uintptr, do func(dev []byte)) uintptr {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	a := f.find(src, uint64(n))
+	a := f.find(addr, uint64(n))
 	if a == nil {
 		return 1
 	}
-	f.needDev("cuMemcpyDtoH", a.dev)
-	copy(bytesAt(dst, n), a.mem[src-a.base:])
+	f.needDev(name, a.dev)
+	do(a.mem[addr-a.base:])
+	return 0
+}
+
+// forget deletes k from m, or returns missing when m does not hold it.
+func forget[K comparable, V any](m map[K]V, k K, missing uintptr) uintptr {
+	if _, ok := m[k]; !ok {
+		return missing
+	}
+	delete(m, k)
 	return 0
 }
 

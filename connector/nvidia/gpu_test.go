@@ -52,6 +52,49 @@ func closeT(t *testing.T, c interface{ Close() error }) {
 	}
 }
 
+// devMem, pinned and stream make n bytes of device 0's memory, n bytes of
+// pinned host memory and a stream on device 0; each is closed, checked,
+// when the test ends (before the connector).
+func devMem(t *testing.T, c *Connector, n int64) connector.Memory {
+	t.Helper()
+	m, err := c.Alloc(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, m) })
+	return m
+}
+
+func pinned(t *testing.T, c *Connector, n int64) connector.HostMemory {
+	t.Helper()
+	h, err := c.AllocHost(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, h) })
+	return h
+}
+
+func stream(t *testing.T, c *Connector) connector.Stream {
+	t.Helper()
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, s) })
+	return s
+}
+
+// holds says whether m starts with want, read back with CopyToHost.
+func holds(t *testing.T, c *Connector, m connector.Memory, want []byte) bool {
+	t.Helper()
+	got := make([]byte, len(want))
+	if err := c.CopyToHost(got, m.Addr(), 0); err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Equal(got, want)
+}
+
 func TestGPUDevices(t *testing.T) {
 	c := gpu(t)
 	devs, err := c.Devices()
@@ -70,20 +113,12 @@ func TestGPUDevices(t *testing.T) {
 func TestGPURoundTrip(t *testing.T) {
 	c := gpu(t)
 	const n = 4<<20 + 123
-	m, err := c.Alloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, m)
+	m := devMem(t, c, n)
 	want := pattern(n, 0x3c)
 	if err := c.CopyToDeviceSync(0, m.Addr(), want); err != nil {
 		t.Fatal(err)
 	}
-	got := make([]byte, n)
-	if err := c.CopyToHost(got, m.Addr(), 0); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
+	if !holds(t, c, m, want) {
 		t.Fatal("host-to-device-to-host bytes differ")
 	}
 	// Memset a middle range, then read back an unaligned window around it.
@@ -105,27 +140,11 @@ func TestGPURoundTrip(t *testing.T) {
 func TestGPUStreamPinned(t *testing.T) {
 	c := gpu(t)
 	const chunk, chunks = 4 << 20, 4
-	m, err := c.Alloc(0, chunk*chunks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, m)
-	src, err := c.AllocHost(chunk * chunks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, src)
-	dst, err := c.AllocHost(chunk * chunks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, dst)
+	m := devMem(t, c, chunk*chunks)
+	src := pinned(t, c, chunk*chunks)
+	dst := pinned(t, c, chunk*chunks)
 	copy(src.Bytes(), pattern(chunk*chunks, 0x77))
-	s, err := c.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, s)
+	s := stream(t, c)
 	for i := range chunks {
 		if err := s.CopyToDevice(m.Addr()+uint64(i*chunk), src.Bytes()[i*chunk:(i+1)*chunk]); err != nil {
 			t.Fatal(err)
@@ -158,11 +177,7 @@ func TestGPUStreamPinned(t *testing.T) {
 func TestGPUConcurrentStreams(t *testing.T) {
 	c := gpu(t)
 	const g, n = 6, 2 << 20
-	m, err := c.Alloc(0, g*n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, m)
+	m := devMem(t, c, g*n)
 	errc := make(chan error, g)
 	for i := range g {
 		go func() {
@@ -203,21 +218,9 @@ func TestGPUConcurrentStreams(t *testing.T) {
 func TestGPUCopyRate(t *testing.T) {
 	c := gpu(t)
 	const n = 256 << 20
-	m, err := c.Alloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, m)
-	h, err := c.AllocHost(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, h)
-	s, err := c.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, s)
+	m := devMem(t, c, n)
+	h := pinned(t, c, n)
+	s := stream(t, c)
 	const chunk = 4 << 20
 	for round := range 3 {
 		start := time.Now()
@@ -238,11 +241,7 @@ func TestGPUCopyRate(t *testing.T) {
 func TestGPUResolve(t *testing.T) {
 	c := gpu(t)
 	const n = 4 << 20 // a multiple of the 2 MiB allocation granule
-	m, err := c.Alloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, m)
+	m := devMem(t, c, n)
 	a, err := c.attrs(0, m.Addr()+100)
 	t.Logf("attributes of +100: %+v (alloc %#x), %v", a, m.Addr(), err)
 	for _, r := range [][2]int64{{0, n}, {100, 4096}, {n - 1, 1}} {
@@ -250,11 +249,7 @@ func TestGPUResolve(t *testing.T) {
 			t.Errorf("Resolve(+%d, %d) = %#x, %v", r[0], r[1], host, err)
 		}
 	}
-	h, err := c.AllocHost(4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, h)
+	h := pinned(t, c, 4096)
 	goMem := make([]byte, 4096)
 	for _, b := range []struct {
 		what string
@@ -309,11 +304,7 @@ func TestGPUErrors(t *testing.T) {
 func TestGPUIPC(t *testing.T) {
 	c := gpu(t)
 	const n = 3 << 20
-	m, err := c.Alloc(0, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeT(t, m)
+	m := devMem(t, c, n)
 	if err := c.CopyToDeviceSync(0, m.Addr(), pattern(n, 0x11)); err != nil {
 		t.Fatal(err)
 	}
@@ -330,11 +321,7 @@ func TestGPUIPC(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "--- PASS: TestGPUIPCChild") {
 		t.Fatalf("child: %v", err)
 	}
-	got := make([]byte, n)
-	if err := c.CopyToHost(got, m.Addr(), 0); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, pattern(n, 0x22)) {
+	if !holds(t, c, m, pattern(n, 0x22)) {
 		t.Fatal("the child's bytes are not in the parent's memory")
 	}
 }
@@ -366,11 +353,7 @@ func TestGPUIPCChild(t *testing.T) {
 	if _, err := c.Resolve(0, m.Addr()+4096, int64(n)-4096); err != nil {
 		t.Errorf("Resolve inside the import: %v", err)
 	}
-	got := make([]byte, n)
-	if err := c.CopyToHost(got, m.Addr(), 0); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, pattern(n, 0x11)) {
+	if !holds(t, c, m, pattern(n, 0x11)) {
 		t.Fatal("imported memory does not hold the parent's bytes")
 	}
 	if err := c.CopyToDeviceSync(0, m.Addr(), pattern(n, 0x22)); err != nil {

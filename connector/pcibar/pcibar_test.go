@@ -55,18 +55,37 @@ func fakeSysfs(t *testing.T) string {
 	return pci
 }
 
+// newFake opens a connector on the fake device; it is closed when the test
+// ends, after what openStream opened.
 func newFake(t *testing.T) (*Connector, string) {
 	pci := fakeSysfs(t)
 	c, err := New(Config{PCIAddresses: []string{pci}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { c.Close() })
 	return c, pci
+}
+
+// openStream allocates size bytes of device 0's BAR and a stream on it,
+// both closed when the test ends.
+func openStream(t *testing.T, c *Connector, size int64) (connector.Memory, connector.Stream) {
+	t.Helper()
+	m, err := c.Alloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return m, s
 }
 
 func TestDevices(t *testing.T) {
 	c, pci := newFake(t)
-	defer c.Close()
 	devs, err := c.Devices()
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("Devices = %v, %v", devs, err)
@@ -183,17 +202,7 @@ func TestExportImportResolve(t *testing.T) {
 
 func TestStreamCopies(t *testing.T) {
 	c, pci := newFake(t)
-	defer c.Close()
-	m, err := c.Alloc(0, 2*PageSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := c.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	m, s := openStream(t, c, 2*PageSize)
 	src := bytes.Repeat([]byte("phxfs-bar"), 1000)
 	if err := s.CopyToDevice(m.Addr()+100, src); err != nil {
 		t.Fatal(err)
@@ -232,7 +241,6 @@ func TestStreamCopies(t *testing.T) {
 
 func TestAllocHost(t *testing.T) {
 	c, _ := newFake(t)
-	defer c.Close()
 	h, err := c.AllocHost(3 << 20)
 	if err != nil {
 		t.Fatal(err)
@@ -338,7 +346,6 @@ func naming(h connector.Handle, pid int) connector.Handle {
 // forge a handle naming itself and any BAR range.
 func TestImportClaimant(t *testing.T) {
 	c, _ := newFake(t)
-	defer c.Close()
 	m, err := c.Alloc(0, 2*PageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -431,17 +438,7 @@ func TestImportClaimant(t *testing.T) {
 // the process with SIGBUS.
 func TestStreamFaultIsEFAULT(t *testing.T) {
 	c, pci := newFake(t)
-	defer c.Close()
-	m, err := c.Alloc(0, 2*PageSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := c.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	m, s := openStream(t, c, 2*PageSize)
 	if err := os.Truncate(filepath.Join(SysfsPCI, pci, "resource2"), PageSize); err != nil {
 		t.Fatal(err)
 	}

@@ -17,18 +17,24 @@ func shippedRules(t *testing.T) []rule {
 	return rules
 }
 
+// openTestdata opens testdata/name for the length of the test.
+func openTestdata(t *testing.T, name string) *os.File {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
 // TestGoSkipsAndRule: a `go test -json` stream with one skip that CI
 // expects (no GPU) and one that it must refuse (not root): the run is
 // summarised like `go test` without -v, both skips are recorded with their
 // reasons, and `check -strict` fails naming only the unexpected one.
 func TestGoSkipsAndRule(t *testing.T) {
-	in, err := os.Open("testdata/unit-skips.jsonl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
 	var progress bytes.Buffer
-	skips, failed, err := summarizeGo(in, &progress, "unit")
+	skips, failed, err := summarizeGo(openTestdata(t, "unit-skips.jsonl"), &progress, "unit")
 	if err != nil || failed {
 		t.Fatalf("summarizeGo: failed %v, %v", failed, err)
 	}
@@ -103,13 +109,8 @@ func TestGoSkipsAndRule(t *testing.T) {
 // prints what its unfinished tests printed (a timeout), build errors and
 // lines that are not JSON pass through, and the run counts as failed.
 func TestGoFailures(t *testing.T) {
-	in, err := os.Open("testdata/fail.jsonl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
 	var w bytes.Buffer
-	skips, failed, err := summarizeGo(in, &w, "unit")
+	skips, failed, err := summarizeGo(openTestdata(t, "fail.jsonl"), &w, "unit")
 	if err != nil || !failed || len(skips) != 0 {
 		t.Fatalf("failed %v, skips %v, %v", failed, skips, err)
 	}

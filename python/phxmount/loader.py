@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from . import abi
 from .client import EmuBuffer, PhxFile
@@ -50,25 +50,38 @@ def load_registered(f: PhxFile, h: Header, buf_id: int, chunk: int = DEFAULT_CHU
         stats.tensors = len(h.tensors)
 
 
-def load_safetensors_emu(path: Union[str, os.PathLike], device: int = 0, chunk: int = DEFAULT_CHUNK,
-                         timeout: Optional[float] = DEFAULT_TIMEOUT,
-                         stats: Optional[LoadStats] = None) -> Dict[str, bytes]:
-    """The same load into the emulated device (a mount started with --vendor
-    emu); returns each tensor's raw bytes, for tests without a GPU."""
-    t0 = time.perf_counter()
+def load_into(path: Union[str, os.PathLike], vendor: int, device: int,
+              allocate: Callable[[Header], Tuple[Any, bytes]],
+              tensors: Callable[[Any, Header], Dict[str, Any]],
+              release: Callable[[Any], None], chunk: int = DEFAULT_CHUNK,
+              timeout: Optional[float] = DEFAULT_TIMEOUT, stats: Optional[LoadStats] = None,
+              t0: Optional[float] = None) -> Dict[str, Any]:
+    """The load every buffer shares: open path on the mount, read its header,
+    allocate(h) the buffer for the data section (it returns the buffer, with
+    a size, and the vendor handle that registers it), register it, read every
+    tensor in one batch, deregister, and return tensors(buf, h).
+
+    release(buf) lets the buffer go: when the load ends, unless it timed out;
+    then once the abandoned batch is over and the file's close has released
+    the registration (until then the buffer must stay mapped). t0 is when
+    the load started, for stats.seconds (default: now)."""
+    if t0 is None:
+        t0 = time.perf_counter()
     f = PhxFile(path)
-    buf: Optional[EmuBuffer] = None
+    buf: Any = None
     abandoned = False
     try:
         h = read_header(f.fd)
-        buf = EmuBuffer(h.data_len, device)
-        reg = f.register(abi.VENDOR_EMU, device, buf.handle(), buf.size)
+        buf, handle = allocate(h)
+        reg = f.register(vendor, device, handle, buf.size)
         if stats is not None:
             stats.transport = reg.transport_name
+        keep = [buf]
 
         def abandon() -> None:
-            f.close()
-            buf.close()
+            f.close()  # releases the registration; then the memory may go
+            while keep:
+                release(keep.pop())
 
         try:
             load_registered(f, h, reg.id, chunk, timeout, stats, on_abandon=abandon)
@@ -76,7 +89,7 @@ def load_safetensors_emu(path: Union[str, os.PathLike], device: int = 0, chunk: 
             abandoned = True
             raise
         f.deregister(reg.id)
-        out = {t.name: bytes(buf.view[t.begin:t.end]) for t in h.tensors}
+        out = tensors(buf, h)
         if stats is not None:
             stats.path = os.fspath(path)
             stats.seconds = time.perf_counter() - t0
@@ -85,4 +98,21 @@ def load_safetensors_emu(path: Union[str, os.PathLike], device: int = 0, chunk: 
         if not abandoned:
             f.close()
             if buf is not None:
-                buf.close()
+                release(buf)
+
+
+def load_safetensors_emu(path: Union[str, os.PathLike], device: int = 0, chunk: int = DEFAULT_CHUNK,
+                         timeout: Optional[float] = DEFAULT_TIMEOUT,
+                         stats: Optional[LoadStats] = None) -> Dict[str, bytes]:
+    """The same load into the emulated device (a mount started with --vendor
+    emu); returns each tensor's raw bytes, for tests without a GPU."""
+
+    def allocate(h: Header) -> Tuple[EmuBuffer, bytes]:
+        buf = EmuBuffer(h.data_len, device)
+        return buf, buf.handle()
+
+    def tensors(buf: EmuBuffer, h: Header) -> Dict[str, bytes]:
+        return {t.name: bytes(buf.view[t.begin:t.end]) for t in h.tensors}
+
+    return load_into(path, abi.VENDOR_EMU, device, allocate, tensors, EmuBuffer.close,
+                     chunk, timeout, stats)

@@ -11,12 +11,12 @@ import os
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Tuple, Union
 
 from . import abi, cuda
 from .client import PhxError, PhxFile, phx_info_xattr
-from .loader import DEFAULT_TIMEOUT, LoadStats, load_registered
-from .safetensors import DEFAULT_CHUNK, DTYPE_SIZES, TensorInfo, read_header
+from .loader import DEFAULT_TIMEOUT, LoadStats, load_into
+from .safetensors import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo
 
 PAGE = 64 << 10  # registrations: a multiple of the device page (INFO page_size)
 
@@ -238,33 +238,16 @@ def load_safetensors(path: Union[str, os.PathLike], device: int = 0, chunk: int 
     import torch
     t0 = time.perf_counter()
     torch.cuda.init()
-    f = PhxFile(path)
-    abandoned = False
-    try:
-        h = read_header(f.fd)
+
+    def allocate(h: Header) -> Tuple[GpuAllocation, bytes]:
         alloc = GpuAllocation(device, h.data_len)
-        drv = cuda.driver()
-        reg = f.register(abi.VENDOR_NVIDIA, device, drv.ipc_handle(device, alloc.ptr), alloc.size)
-        if stats is not None:
-            stats.transport = reg.transport_name
+        return alloc, cuda.driver().ipc_handle(device, alloc.ptr)
 
-        def abandon() -> None:
-            f.close()  # releases the registration; then the memory may go
-            keep.clear()
-
-        keep = [alloc]
-        try:
-            load_registered(f, h, reg.id, chunk, timeout, stats, on_abandon=abandon)
-        except TimeoutError:
-            abandoned = True
-            raise
-        f.deregister(reg.id)
+    def tensors(alloc: GpuAllocation, h: Header) -> Dict[str, "object"]:
         base = alloc.tensor()
-        out = {t.name: _tensor_view(base, t) for t in h.tensors}
-        if stats is not None:
-            stats.path = os.fspath(path)
-            stats.seconds = time.perf_counter() - t0
-        return out
-    finally:
-        if not abandoned:
-            f.close()
+        return {t.name: _tensor_view(base, t) for t in h.tensors}
+
+    # Nothing to release: the tensors are views that keep the allocation
+    # alive, and an abandoned load's is freed once nothing refers to it.
+    return load_into(path, abi.VENDOR_NVIDIA, device, allocate, tensors, lambda alloc: None,
+                     chunk, timeout, stats, t0=t0)

@@ -1,5 +1,10 @@
 package integration
 
+// Extended attributes: user.* names pass through to the backing file;
+// user.phx.info reports the transport, device, engine, counters and the
+// passthrough state (checked against the FUSE request log); user.phx.load
+// loads a file into a registered buffer named by its token.
+
 import (
 	"bytes"
 	"fmt"
@@ -15,12 +20,67 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// TestXattrs: user.* names pass through both ways; user.phx.* names never
+// reach the backing file and are not listed.
+func TestXattrs(t *testing.T) {
+	needTool(t, "getfattr")
+	needTool(t, "setfattr")
+	backing, mnt := mountOverlay(t)
+	f := filepath.Join(mnt, "f")
+	if err := os.WriteFile(f, []byte("x"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	runCmd(t, "setfattr", "-n", "user.color", "-v", "blue", f)
+	buf := make([]byte, 64)
+	n, err := unix.Getxattr(filepath.Join(backing, "f"), "user.color", buf)
+	if err != nil || string(buf[:n]) != "blue" {
+		t.Fatalf("backing user.color = %q, %v", buf[:max(n, 0)], err)
+	}
+	if err := unix.Setxattr(filepath.Join(backing, "f"), "user.size", []byte("large"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if out := runCmd(t, "getfattr", "--absolute-names", "--only-values", "-n", "user.size", f); out != "large" {
+		t.Fatalf("getfattr user.size through the mount = %q", out)
+	}
+	// A user.phx.* name planted on the backing file is neither read nor listed.
+	if err := unix.Setxattr(filepath.Join(backing, "f"), "user.phx.planted", []byte("p"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.Getxattr(f, "user.phx.planted", buf); err != unix.ENODATA {
+		t.Fatalf("get user.phx.planted through the mount: %v, want ENODATA", err)
+	}
+	// user.phx.info is the control's (phxmount always wires one), never the
+	// file's.
+	big := make([]byte, 64<<10)
+	n, err = unix.Getxattr(f, "user.phx.info", big)
+	if err != nil || !strings.Contains(string(big[:max(n, 0)]), "path=f\n") || !strings.Contains(string(big[:max(n, 0)]), "\ntransport=") {
+		t.Fatalf("get user.phx.info: %v\n%s", err, big[:max(n, 0)])
+	}
+	if _, err := unix.Getxattr(filepath.Join(backing, "f"), "user.phx.info", buf); err != unix.ENODATA {
+		t.Fatalf("user.phx.info is on the backing file: %v", err)
+	}
+	list := runCmd(t, "getfattr", "--absolute-names", "-d", "-m", "-", f)
+	if strings.Contains(list, "user.phx") || !strings.Contains(list, "user.color") || !strings.Contains(list, "user.size") {
+		t.Fatalf("getfattr -d lists:\n%s", list)
+	}
+	// Setting a user.phx.* name never writes the backing file.
+	if err := unix.Setxattr(f, "user.phx.load", []byte("token=1"), 0); err == nil {
+		t.Fatalf("setting user.phx.load with a bogus token succeeded")
+	}
+	if _, err := unix.Getxattr(filepath.Join(backing, "f"), "user.phx.load", buf); err != unix.ENODATA {
+		t.Fatalf("user.phx.load reached the backing file: %v", err)
+	}
+	runCmd(t, "setfattr", "-x", "user.color", f)
+	if _, err := unix.Getxattr(filepath.Join(backing, "f"), "user.color", buf); err != unix.ENODATA {
+		t.Fatalf("removed user.color still on backing: %v", err)
+	}
+}
+
 // TestXattrInfo: getfattr -n user.phx.info on a file and on the mount root
 // reports the transport, device, engine and counters; other user.phx.*
 // names are ENODATA, and listxattr hides them.
 func TestXattrInfo(t *testing.T) {
-	d := startDaemon(t, withArgs("--vendor", "emu"))
-	writePattern(t, filepath.Join(d.Backing, "f"), 123457, 0644)
+	d, _, _ := startEmuFile(t, 123457)
 	for _, p := range []string{filepath.Join(d.Mnt, "f"), d.Mnt} {
 		out := runCmd(t, "getfattr", "--only-values", "-n", "user.phx.info", p)
 		for _, want := range []string{"transport=host\n", "vendor=emu\n", "page_size=65536\n", "buffers_live=0\n", "engine="} {
@@ -52,15 +112,11 @@ func TestXattrInfo(t *testing.T) {
 // tokens, out-of-bounds loads and files the caller may not read are refused
 // and move no byte.
 func TestXattrLoad(t *testing.T) {
-	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
-	data := writePattern(t, filepath.Join(d.Backing, "f"), 3<<20+5, 0644)
+	d, data, mf := startEmuFile(t, 3<<20+5, "-o", "allow_other")
 	secret := filepath.Join(d.Backing, "secret")
 	writePattern(t, secret, 1<<20, 0622) // nobody may write (so set xattrs) but not read
-	f := openClient(t, filepath.Join(d.Mnt, "f"), unix.O_RDONLY)
-	m := emuBuffer(t, 0, 4<<20)
-	b := register(t, f, m)
+	f, m, b := openRegistered(t, mf, 4<<20)
 	tok := b.Token.String()
-	mf := filepath.Join(d.Mnt, "f")
 
 	setf := func(v string, file string) (string, error) {
 		out, err := exec.Command("setfattr", "-n", "user.phx.load", "-v", v, file).CombinedOutput()
@@ -128,29 +184,19 @@ func TestXattrInfoDefaultMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{filepath.Join(mnt, "f"), mnt} {
-		buf := make([]byte, 64<<10)
-		n, err := unix.Getxattr(p, "user.phx.info", buf)
-		if err != nil {
-			t.Fatalf("%s: getxattr user.phx.info: %v, want the control's report", p, err)
-		}
-		info := map[string]string{}
-		for _, line := range strings.Split(string(buf[:n]), "\n") {
-			if k, v, ok := strings.Cut(line, "="); ok {
-				info[k] = v
-			}
-		}
+		info := phxInfo(t, p) // fails the test when there is no report
 		for k, allowed := range map[string][]string{
 			"transport":   {"kmod", "host", "staged"},
 			"vendor":      {"emu", "nvidia", "pcibar"},
 			"passthrough": {"active", "inactive"},
 		} {
 			if !slices.Contains(allowed, info[k]) {
-				t.Errorf("%s: user.phx.info %s=%q, want one of %v:\n%s", p, k, info[k], allowed, buf[:n])
+				t.Errorf("%s: user.phx.info %s=%q, want one of %v:\n%v", p, k, info[k], allowed, info)
 			}
 		}
 		for _, k := range []string{"transport_why", "passthrough_why", "engine", "workers", "buffers_live"} {
 			if info[k] == "" {
-				t.Errorf("%s: user.phx.info lacks %s:\n%s", p, k, buf[:n])
+				t.Errorf("%s: user.phx.info lacks %s:\n%v", p, k, info)
 			}
 		}
 	}
@@ -192,13 +238,11 @@ func TestPassthroughActive(t *testing.T) {
 	t.Logf("kernel passthrough supported here: %v", supported)
 	for _, mode := range []string{"auto", "off"} {
 		t.Run(mode, func(t *testing.T) {
-			args := []string{"--vendor", "emu", "-d", "--log-level", "debug"}
+			args := []string{"-d", "--log-level", "debug"}
 			if mode == "off" {
 				args = append(args, "--passthrough", "off")
 			} // else the default, --passthrough auto
-			d := startDaemon(t, withArgs(args...))
-			data := writePattern(t, filepath.Join(d.Backing, "f"), 3<<20+77, 0644)
-			p := filepath.Join(d.Mnt, "f")
+			d, data, p := startEmuFile(t, 3<<20+77, args...)
 			want := mode == "auto" && supported
 			wantWord := map[bool]string{true: "active", false: "inactive"}[want]
 			state := func(when string) {
