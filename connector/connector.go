@@ -72,13 +72,41 @@ type HostMemory interface {
 	Close() error
 }
 
+// Piece is one run of a scatter or gather: Len bytes at offset Off of a
+// host buffer, and the device memory at Dev they go to or come from.
+type Piece struct {
+	Off int64
+	Dev uint64
+	Len int64
+}
+
 // Stream is an ordered queue of asynchronous copies on one device. The host
-// buffer of a copy must stay untouched until Synchronize returns.
+// buffer of a copy must stay untouched until a Fence recorded after it has
+// been waited for, or Synchronize returns.
 type Stream interface {
 	CopyToDevice(dst uint64, src []byte) error
 	CopyFromDevice(dst []byte, src uint64) error
+	// ScatterToDevice queues the copy of every piece of src to its device
+	// address: the KV-cache pattern, many blocks landing in scattered
+	// slots. Connectors move them in as few device operations as they can
+	// (NVIDIA: one copy and a scatter kernel, or one batched copy).
+	ScatterToDevice(src []byte, pieces []Piece) error
+	// GatherFromDevice queues the copy of every piece's device bytes into
+	// dst at the piece's offset.
+	GatherFromDevice(dst []byte, pieces []Piece) error
+	// Fence marks the copies queued so far. Its Wait returns once they
+	// have completed and reports the first error among the copies queued
+	// since the previous Fence (or Synchronize): one stream serves several
+	// bounce buffers, each ending with a Fence.
+	Fence() (Fence, error)
 	// Synchronize waits for every copy enqueued so far and reports the first
 	// error among them.
 	Synchronize() error
 	Close() error
+}
+
+// Fence is a point in a Stream. Wait may be called once; it releases the
+// fence.
+type Fence interface {
+	Wait() error
 }

@@ -3,7 +3,10 @@ package emu
 import (
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"phxmount/connector"
+	"phxmount/internal/errs"
 	"phxmount/internal/faultsafe"
 )
 
@@ -12,16 +15,29 @@ import (
 // engine would. Its copies are the only CPU accesses the daemon makes to an
 // imported buffer, and each is guarded (faultsafe.Copy): the client can make
 // its pages fault at any time.
+//
+// Copies are counted (queued, done) and grouped into epochs, one per Fence:
+// a fence waits until done reaches the count at its making and reports the
+// first failure of its epoch.
 type stream struct {
 	c   *Connector
 	dev int
 
-	work chan func() error
-	mu   sync.Mutex
-	idle *sync.Cond
-	busy int   // copies enqueued and not yet done
-	err  error // first failure since the last Synchronize
-	done chan struct{}
+	work   chan op
+	sendMu sync.Mutex // orders the count with the channel send
+	mu     sync.Mutex
+	idle   *sync.Cond
+	queued uint64
+	done   uint64
+	epoch  uint64
+	errs   map[uint64]error // first failure per epoch, until reported
+	closed chan struct{}
+}
+
+// op is one queued copy (or scatter, or gather) and its epoch.
+type op struct {
+	fn    func() error
+	epoch uint64
 }
 
 // NewStream implements connector.Connector.
@@ -29,73 +45,156 @@ func (c *Connector) NewStream(dev int) (connector.Stream, error) {
 	if err := c.checkDevice(dev); err != nil {
 		return nil, err
 	}
-	s := &stream{c: c, dev: dev, work: make(chan func() error, 64), done: make(chan struct{})}
+	s := &stream{c: c, dev: dev, work: make(chan op, 64), errs: map[uint64]error{}, closed: make(chan struct{})}
 	s.idle = sync.NewCond(&s.mu)
 	go s.run()
 	return s, nil
 }
 
 func (s *stream) run() {
-	defer close(s.done)
-	for fn := range s.work {
-		err := fn()
+	defer close(s.closed)
+	for o := range s.work {
+		err := o.fn()
 		s.mu.Lock()
-		if err != nil && s.err == nil {
-			s.err = err
+		if err != nil && s.errs[o.epoch] == nil {
+			s.errs[o.epoch] = err
 		}
-		s.busy--
-		if s.busy == 0 {
-			s.idle.Broadcast()
-		}
+		s.done++
+		s.idle.Broadcast()
 		s.mu.Unlock()
 	}
 }
 
 func (s *stream) enqueue(fn func() error) {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
 	s.mu.Lock()
-	s.busy++
+	s.queued++
+	e := s.epoch
 	s.mu.Unlock()
-	s.work <- fn
+	s.work <- op{fn: fn, epoch: e}
 }
+
+const shrunk = "emu: device memory (the buffer shrank?)"
 
 // CopyToDevice implements connector.Stream.
 func (s *stream) CopyToDevice(dst uint64, src []byte) error {
-	d, err := s.c.alias(s.dev, dst, int64(len(src)))
-	if err != nil {
-		return err
-	}
-	s.enqueue(func() error { return faultsafe.Copy("emu: device memory (the buffer shrank?)", d, d, src) })
-	return nil
+	return s.ScatterToDevice(src, []connector.Piece{{Dev: dst, Len: int64(len(src))}})
 }
 
 // CopyFromDevice implements connector.Stream.
 func (s *stream) CopyFromDevice(dst []byte, src uint64) error {
-	d, err := s.c.alias(s.dev, src, int64(len(dst)))
-	if err != nil {
-		return err
+	return s.GatherFromDevice(dst, []connector.Piece{{Dev: src, Len: int64(len(dst))}})
+}
+
+// ScatterToDevice implements connector.Stream: one queued job copies every
+// piece, as one kernel launch would.
+func (s *stream) ScatterToDevice(src []byte, ps []connector.Piece) error {
+	return s.pieces(src, ps, false)
+}
+
+// GatherFromDevice implements connector.Stream.
+func (s *stream) GatherFromDevice(dst []byte, ps []connector.Piece) error {
+	return s.pieces(dst, ps, true)
+}
+
+// pieces checks every piece (host range and device memory) before queuing
+// anything, so a bad piece fails the call with nothing copied.
+func (s *stream) pieces(host []byte, ps []connector.Piece, gather bool) error {
+	devs := make([][]byte, len(ps))
+	for i, p := range ps {
+		if p.Off < 0 || p.Len < 0 || p.Off > int64(len(host))-p.Len {
+			return errs.New(unix.EINVAL, "emu: piece of %d bytes at %d outside a %d-byte host buffer", p.Len, p.Off, len(host))
+		}
+		if p.Len == 0 {
+			continue
+		}
+		d, err := s.c.alias(s.dev, p.Dev, p.Len)
+		if err != nil {
+			return err
+		}
+		devs[i] = d
 	}
-	s.enqueue(func() error { return faultsafe.Copy("emu: device memory (the buffer shrank?)", d, dst, d) })
+	s.enqueue(func() error {
+		for i, p := range ps {
+			h := host[p.Off : p.Off+p.Len]
+			var err error
+			if gather {
+				err = faultsafe.Copy(shrunk, devs[i], h, devs[i])
+			} else {
+				err = faultsafe.Copy(shrunk, devs[i], devs[i], h)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	return nil
 }
 
-// Synchronize implements connector.Stream.
-func (s *stream) Synchronize() error {
+// fence is a point in a stream.
+type fence struct {
+	s      *stream
+	upto   uint64
+	epoch  uint64
+	waited bool
+}
+
+// Fence implements connector.Stream.
+func (s *stream) Fence() (connector.Fence, error) {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.busy > 0 {
+	f := &fence{s: s, upto: s.queued, epoch: s.epoch}
+	s.epoch++
+	return f, nil
+}
+
+// Wait implements connector.Fence.
+func (f *fence) Wait() error {
+	s := f.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f.waited {
+		return errs.New(unix.EINVAL, "emu: fence waited for twice")
+	}
+	f.waited = true
+	for s.done < f.upto {
 		s.idle.Wait()
 	}
-	err := s.err
-	s.err = nil
+	err := s.errs[f.epoch]
+	delete(s.errs, f.epoch)
+	return err
+}
+
+// Synchronize implements connector.Stream: it reports the first failure
+// not yet reported by a fence.
+func (s *stream) Synchronize() error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.done < s.queued {
+		s.idle.Wait()
+	}
+	var err error
+	first := ^uint64(0)
+	for e, x := range s.errs {
+		if e < first {
+			first, err = e, x
+		}
+	}
+	clear(s.errs)
+	s.epoch++
 	return err
 }
 
 // Close implements connector.Stream.
 func (s *stream) Close() error {
-	if err := s.Synchronize(); err != nil {
-		return err
-	}
+	err := s.Synchronize()
 	close(s.work)
-	<-s.done
-	return nil
+	<-s.closed
+	return err
 }

@@ -55,8 +55,25 @@ func (c *Connector) context(dev int) (uintptr, error) {
 	if err := c.d.call(c.d.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&ctx)), uintptr(c.cudev[dev])); err != nil {
 		return 0, err
 	}
+	c.loadKernel(dev, ctx) // before the Store publishes it
 	c.ctx[dev].Store(ctx)
 	return ctx, nil
+}
+
+// inContext runs f with ctx current on a locked thread, restoring the
+// thread's previous context after.
+func (c *Connector) inContext(ctx uintptr, f func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var prev uintptr
+	if err := c.d.call(c.d.cuCtxGetCurrent, uintptr(unsafe.Pointer(&prev))); err != nil {
+		return err
+	}
+	defer c.d.call(c.d.cuCtxSetCurrent, prev)
+	if err := c.d.call(c.d.cuCtxSetCurrent, ctx); err != nil {
+		return err
+	}
+	return f()
 }
 
 // onDev runs f on a locked OS thread with dev's context current, so that

@@ -24,6 +24,7 @@ const (
 	cuPointerAttrDeviceOrdinal = 9   // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 	cuPointerAttrRangeStart    = 11  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
 	cuPointerAttrRangeSize     = 12  // CU_POINTER_ATTRIBUTE_RANGE_SIZE
+	cuEventDisableTiming       = 0x2 // CU_EVENT_DISABLE_TIMING
 )
 
 // ipcMemHandle is CUipcMemHandle: 64 opaque bytes that cuIpcOpenMemHandle
@@ -72,48 +73,70 @@ type driver struct {
 	cuPointerGetAttributes     fn
 	cuGetErrorName             fn
 	cuGetErrorString           fn
+	cuEventCreate              fn
+	cuEventRecord              fn
+	cuEventSynchronize         fn
+	cuEventDestroy             fn
+	cuModuleLoadData           fn
+	cuModuleGetFunction        fn
+	cuModuleUnload             fn
+	cuLaunchKernel             fn
+	// optional: CUDA 12.8+ (13.0 renamed it _v2 and dropped failIdx)
+	cuMemcpyBatchAsync fn
 
 	ipcOpen func(dptr *uint64, h ipcMemHandle, flags uint32) uint32
 }
 
-// symbols lists each entry point with the names to try, newest first: the
-// versioned names are what cuda.h's macros resolve to.
-func (d *driver) symbols() []struct {
-	f     *fn
-	names []string
-} {
-	return []struct {
-		f     *fn
-		names []string
-	}{
-		{&d.cuInit, []string{"cuInit"}},
-		{&d.cuDeviceGetCount, []string{"cuDeviceGetCount"}},
-		{&d.cuDeviceGet, []string{"cuDeviceGet"}},
-		{&d.cuDeviceGetName, []string{"cuDeviceGetName"}},
-		{&d.cuDeviceGetPCIBusId, []string{"cuDeviceGetPCIBusId"}},
-		{&d.cuDeviceTotalMem, []string{"cuDeviceTotalMem_v2"}},
-		{&d.cuDevicePrimaryCtxRetain, []string{"cuDevicePrimaryCtxRetain"}},
-		{&d.cuDevicePrimaryCtxRelease, []string{"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"}},
-		{&d.cuCtxSetCurrent, []string{"cuCtxSetCurrent"}},
-		{&d.cuCtxGetCurrent, []string{"cuCtxGetCurrent"}},
-		{&d.cuMemAlloc, []string{"cuMemAlloc_v2"}},
-		{&d.cuMemFree, []string{"cuMemFree_v2"}},
-		{&d.cuMemHostAlloc, []string{"cuMemHostAlloc"}},
-		{&d.cuMemFreeHost, []string{"cuMemFreeHost"}},
-		{&d.cuMemcpyHtoD, []string{"cuMemcpyHtoD_v2"}},
-		{&d.cuMemcpyDtoH, []string{"cuMemcpyDtoH_v2"}},
-		{&d.cuMemcpyHtoDAsync, []string{"cuMemcpyHtoDAsync_v2"}},
-		{&d.cuMemcpyDtoHAsync, []string{"cuMemcpyDtoHAsync_v2"}},
-		{&d.cuMemsetD8, []string{"cuMemsetD8_v2"}},
-		{&d.cuStreamCreate, []string{"cuStreamCreate"}},
-		{&d.cuStreamSynchronize, []string{"cuStreamSynchronize"}},
-		{&d.cuStreamDestroy, []string{"cuStreamDestroy_v2", "cuStreamDestroy"}},
-		{&d.cuIpcGetMemHandle, []string{"cuIpcGetMemHandle"}},
-		{&d.cuIpcOpenMemHandle, []string{"cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"}},
-		{&d.cuIpcCloseMemHandle, []string{"cuIpcCloseMemHandle"}},
-		{&d.cuPointerGetAttributes, []string{"cuPointerGetAttributes"}},
-		{&d.cuGetErrorName, []string{"cuGetErrorName"}},
-		{&d.cuGetErrorString, []string{"cuGetErrorString"}},
+// symbol is one entry point with the names to try, newest first: the
+// versioned names are what cuda.h's macros resolve to. An optional one
+// may be absent (its fn stays zero).
+type symbol struct {
+	f        *fn
+	names    []string
+	optional bool
+}
+
+// symbols lists the entry points bind resolves.
+func (d *driver) symbols() []symbol {
+	return []symbol{
+		{f: &d.cuInit, names: []string{"cuInit"}},
+		{f: &d.cuDeviceGetCount, names: []string{"cuDeviceGetCount"}},
+		{f: &d.cuDeviceGet, names: []string{"cuDeviceGet"}},
+		{f: &d.cuDeviceGetName, names: []string{"cuDeviceGetName"}},
+		{f: &d.cuDeviceGetPCIBusId, names: []string{"cuDeviceGetPCIBusId"}},
+		{f: &d.cuDeviceTotalMem, names: []string{"cuDeviceTotalMem_v2"}},
+		{f: &d.cuDevicePrimaryCtxRetain, names: []string{"cuDevicePrimaryCtxRetain"}},
+		{f: &d.cuDevicePrimaryCtxRelease, names: []string{"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"}},
+		{f: &d.cuCtxSetCurrent, names: []string{"cuCtxSetCurrent"}},
+		{f: &d.cuCtxGetCurrent, names: []string{"cuCtxGetCurrent"}},
+		{f: &d.cuMemAlloc, names: []string{"cuMemAlloc_v2"}},
+		{f: &d.cuMemFree, names: []string{"cuMemFree_v2"}},
+		{f: &d.cuMemHostAlloc, names: []string{"cuMemHostAlloc"}},
+		{f: &d.cuMemFreeHost, names: []string{"cuMemFreeHost"}},
+		{f: &d.cuMemcpyHtoD, names: []string{"cuMemcpyHtoD_v2"}},
+		{f: &d.cuMemcpyDtoH, names: []string{"cuMemcpyDtoH_v2"}},
+		{f: &d.cuMemcpyHtoDAsync, names: []string{"cuMemcpyHtoDAsync_v2"}},
+		{f: &d.cuMemcpyDtoHAsync, names: []string{"cuMemcpyDtoHAsync_v2"}},
+		{f: &d.cuMemsetD8, names: []string{"cuMemsetD8_v2"}},
+		{f: &d.cuStreamCreate, names: []string{"cuStreamCreate"}},
+		{f: &d.cuStreamSynchronize, names: []string{"cuStreamSynchronize"}},
+		{f: &d.cuStreamDestroy, names: []string{"cuStreamDestroy_v2", "cuStreamDestroy"}},
+		{f: &d.cuIpcGetMemHandle, names: []string{"cuIpcGetMemHandle"}},
+		{f: &d.cuIpcOpenMemHandle, names: []string{"cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"}},
+		{f: &d.cuIpcCloseMemHandle, names: []string{"cuIpcCloseMemHandle"}},
+		{f: &d.cuPointerGetAttributes, names: []string{"cuPointerGetAttributes"}},
+		{f: &d.cuGetErrorName, names: []string{"cuGetErrorName"}},
+		{f: &d.cuGetErrorString, names: []string{"cuGetErrorString"}},
+		{f: &d.cuEventCreate, names: []string{"cuEventCreate"}},
+		{f: &d.cuEventRecord, names: []string{"cuEventRecord"}},
+		{f: &d.cuEventSynchronize, names: []string{"cuEventSynchronize"}},
+		{f: &d.cuEventDestroy, names: []string{"cuEventDestroy_v2", "cuEventDestroy"}},
+		{f: &d.cuModuleLoadData, names: []string{"cuModuleLoadData"}},
+		{f: &d.cuModuleGetFunction, names: []string{"cuModuleGetFunction"}},
+		{f: &d.cuModuleUnload, names: []string{"cuModuleUnload"}},
+		{f: &d.cuLaunchKernel, names: []string{"cuLaunchKernel"}},
+		{f: &d.cuDevicePrimaryCtxSetFlags, names: []string{"cuDevicePrimaryCtxSetFlags_v2"}, optional: true},
+		{f: &d.cuMemcpyBatchAsync, names: []string{"cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync"}, optional: true},
 	}
 }
 
@@ -128,14 +151,11 @@ func bind(lookup func(name string) uintptr) (*driver, error) {
 				break
 			}
 		}
-		if s.f.addr == 0 {
+		if s.f.addr == 0 && !s.optional {
 			return nil, errs.New(unix.ENOSYS, "%s: no %s in the driver (driver too old?)", libName, s.names[0])
 		}
 	}
 	purego.RegisterFunc(&d.ipcOpen, d.cuIpcOpenMemHandle.addr)
-	if a := lookup("cuDevicePrimaryCtxSetFlags_v2"); a != 0 {
-		d.cuDevicePrimaryCtxSetFlags = fn{name: "cuDevicePrimaryCtxSetFlags_v2", addr: a}
-	}
 	return d, nil
 }
 

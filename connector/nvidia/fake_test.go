@@ -47,6 +47,7 @@ type fakeGPU struct {
 	streamFlag uint32
 	ipcOpen    int
 	ipcClose   int
+	pieces     fakePieces
 }
 
 var (
@@ -69,6 +70,7 @@ func newFake() *fakeGPU {
 		current:  map[int]uintptr{},
 		streams:  map[uintptr]int{},
 		nextStrm: 0x5000,
+		pieces:   fakePieces{events: map[uintptr]bool{}},
 	}
 }
 
@@ -327,6 +329,7 @@ func makeFakeSyms() {
 		"cuGetErrorName":   errorText(0),
 		"cuGetErrorString": errorText(1),
 	}
+	addFakePieceSyms(fakeSyms)
 }
 
 func (f *fakeGPU) copyIn(dst uint64, src *byte, n uintptr) uintptr {

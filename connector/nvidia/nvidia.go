@@ -58,7 +58,11 @@ type Connector struct {
 	cudev []int32          // CUdevice of each index
 	ctx   []atomic.Uintptr // retained primary context per device, 0 until first use
 
-	sync string // PHX_CUDA_SYNC, checked at Open
+	sync    string // PHX_CUDA_SYNC, checked at Open
+	scatter string // PHX_SCATTER, checked at Open
+
+	kern     []kernelState // per device, set when its context is retained
+	pieceOps [methodCount]atomic.Int64
 
 	mu     sync.Mutex // guards ctx retention, live and closed
 	live   int        // memory, host memory and streams not yet closed
@@ -73,15 +77,22 @@ func Open() (*Connector, error) {
 	if err != nil {
 		return nil, err
 	}
+	scatter, err := ParseScatterMode(os.Getenv(EnvScatter))
+	if err != nil {
+		return nil, err
+	}
 	d, err := load()
 	if err != nil {
 		return nil, err
+	}
+	if scatter == "batch" && d.cuMemcpyBatchAsync.addr == 0 {
+		return nil, errs.New(unix.EOPNOTSUPP, "nvidia: %s=batch, but the driver has no cuMemcpyBatchAsync (CUDA 12.8+)", EnvScatter)
 	}
 	c, err := newConnector(d)
 	if err != nil {
 		return nil, err
 	}
-	c.sync = mode
+	c.sync, c.scatter = mode, scatter
 	return c, nil
 }
 
@@ -96,7 +107,7 @@ func newConnector(d *driver) (*Connector, error) {
 	if n <= 0 {
 		return nil, errs.New(unix.ENODEV, "nvidia: the driver sees no GPU")
 	}
-	c := &Connector{d: d, cudev: make([]int32, n), ctx: make([]atomic.Uintptr, n)}
+	c := &Connector{d: d, cudev: make([]int32, n), ctx: make([]atomic.Uintptr, n), kern: make([]kernelState, n), scatter: "auto"}
 	for i := range int(n) {
 		var dev int32
 		if err := d.call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(i)); err != nil {
@@ -236,10 +247,15 @@ func (c *Connector) Close() error {
 	c.closed = true
 	var first error
 	for i := range c.ctx {
-		if c.ctx[i].Swap(0) == 0 {
+		ctx := c.ctx[i].Swap(0)
+		if ctx == 0 {
 			continue
 		}
-		if err := c.d.call(c.d.cuDevicePrimaryCtxRelease, uintptr(c.cudev[i])); err != nil && first == nil {
+		err := c.unloadKernel(i, ctx)
+		if rerr := c.d.call(c.d.cuDevicePrimaryCtxRelease, uintptr(c.cudev[i])); err == nil {
+			err = rerr
+		}
+		if err != nil && first == nil {
 			first = err
 		}
 	}

@@ -17,9 +17,18 @@ type Stream struct {
 	h   uintptr
 
 	mu     sync.Mutex
-	held   [][]byte // host buffers of queued copies: reachable until Synchronize
-	err    error    // first enqueue error since the last Synchronize
+	seq    uint64     // copies enqueued so far
+	held   []heldHost // host buffers of queued copies: reachable until waited for
+	err    error      // first enqueue error since the last Fence or Synchronize
+	events []uintptr  // idle events for Fence
+	pieces pieceState // scatter and gather state (scatter.go)
 	closed bool
+}
+
+// heldHost is the host buffer of the seq'th copy.
+type heldHost struct {
+	seq uint64
+	buf []byte
 }
 
 // NewStream creates a non-blocking stream on dev: it does not serialise
@@ -55,8 +64,20 @@ func (s *Stream) enqueue(buf []byte, f func() error) error {
 		}
 		return err
 	}
-	s.held = append(s.held, buf)
+	s.seq++
+	s.held = append(s.held, heldHost{seq: s.seq, buf: buf})
 	return nil
+}
+
+// drop forgets the host buffers of copies up to seq, which have completed;
+// caller holds mu.
+func (s *Stream) drop(seq uint64) {
+	n := 0
+	for n < len(s.held) && s.held[n].seq <= seq {
+		n++
+	}
+	clear(s.held[:n])
+	s.held = append(s.held[:0], s.held[n:]...)
 }
 
 // CopyToDevice queues a copy of src to device address dst. src must stay
@@ -101,23 +122,39 @@ func (s *Stream) syncLocked() error {
 		err = s.err
 	}
 	s.err = nil
-	clear(s.held)
-	s.held = s.held[:0]
+	s.drop(s.seq)
 	return err
 }
 
-// Close waits for the queued copies (their host buffers may be Go memory)
-// and destroys the stream. A second Close does nothing.
+// Close waits for the queued copies (their host buffers may be Go memory),
+// frees the stream's events and scatter staging, and destroys the stream.
+// Fences not yet waited for must not be waited for afterwards. A second
+// Close does nothing.
 func (s *Stream) Close() error {
 	return s.c.closeOnce(&s.mu, &s.closed, func() error {
 		err := s.syncLocked()
-		if derr := s.c.onDev(s.dev, func() error {
-			return s.c.d.call(s.c.d.cuStreamDestroy, s.h)
-		}); err == nil {
+		if derr := s.c.onDev(s.dev, s.destroy); err == nil {
 			err = derr
 		}
 		return err
 	})
+}
+
+// destroy frees what the stream owns, on its device; caller holds mu.
+func (s *Stream) destroy() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for _, ev := range s.events {
+		keep(s.c.d.call(s.c.d.cuEventDestroy, ev))
+	}
+	s.events = nil
+	keep(s.pieces.free(s.c.d))
+	keep(s.c.d.call(s.c.d.cuStreamDestroy, s.h))
+	return first
 }
 
 // The synchronous copies and memset below run on the legacy default

@@ -138,21 +138,64 @@ func (s *Stream) record(err error) error {
 
 // CopyToDevice implements connector.Stream.
 func (s *Stream) CopyToDevice(dst uint64, src []byte) error {
-	off, err := s.dev.barOffset(dst, int64(len(src)))
-	if err == nil {
-		err = faultsafe.Copy("pcibar: BAR mapping", s.view.b, s.view.b[off:], src)
-	}
-	return s.record(err)
+	return s.ScatterToDevice(src, []connector.Piece{{Dev: dst, Len: int64(len(src))}})
 }
 
 // CopyFromDevice implements connector.Stream.
 func (s *Stream) CopyFromDevice(dst []byte, src uint64) error {
-	off, err := s.dev.barOffset(src, int64(len(dst)))
-	if err == nil {
-		err = faultsafe.Copy("pcibar: BAR mapping", s.view.b, dst, s.view.b[off:off+int64(len(dst))])
-	}
-	return s.record(err)
+	return s.GatherFromDevice(dst, []connector.Piece{{Dev: src, Len: int64(len(dst))}})
 }
+
+// ScatterToDevice implements connector.Stream: the CPU copies each piece
+// through the BAR mapping, now.
+func (s *Stream) ScatterToDevice(src []byte, ps []connector.Piece) error {
+	return s.record(s.pieces(src, ps, false))
+}
+
+// GatherFromDevice implements connector.Stream.
+func (s *Stream) GatherFromDevice(dst []byte, ps []connector.Piece) error {
+	return s.record(s.pieces(dst, ps, true))
+}
+
+func (s *Stream) pieces(host []byte, ps []connector.Piece, gather bool) error {
+	for _, p := range ps {
+		if p.Off < 0 || p.Len < 0 || p.Off > int64(len(host))-p.Len {
+			return errs.New(unix.EINVAL, "pcibar: piece of %d bytes at %d outside a %d-byte host buffer", p.Len, p.Off, len(host))
+		}
+		off, err := s.dev.barOffset(p.Dev, p.Len)
+		if err != nil {
+			return err
+		}
+		bar, h := s.view.b[off:off+p.Len], host[p.Off:p.Off+p.Len]
+		if gather {
+			err = faultsafe.Copy("pcibar: BAR mapping", s.view.b, h, bar)
+		} else {
+			err = faultsafe.Copy("pcibar: BAR mapping", s.view.b, bar, h)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Fence implements connector.Stream: copies are done when enqueued, so the
+// fence only carries the first failure since the previous one.
+func (s *Stream) Fence() (connector.Fence, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errs.New(unix.EINVAL, "pcibar: stream closed")
+	}
+	f := doneFence{err: s.err}
+	s.err = nil
+	return f, nil
+}
+
+// doneFence is a fence over copies that have completed.
+type doneFence struct{ err error }
+
+func (f doneFence) Wait() error { return f.err }
 
 // Synchronize implements connector.Stream: copies are done when enqueued;
 // it reports (and clears) the first error since the last Synchronize.

@@ -1,0 +1,209 @@
+package nvidia
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/connector"
+)
+
+// scatterPieces lays out n pieces of varied sizes (some not multiples of
+// 16, so the kernel's byte path runs too) packed in a host buffer and
+// landing shuffled in a device region at base. It returns the pieces, the
+// host buffer's size and the device region's size.
+func scatterPieces(n int, base uint64) ([]connector.Piece, int64, int64) {
+	ps := make([]connector.Piece, n)
+	var off int64
+	for i := range ps {
+		ln := int64(4096 + 16*(i%5))
+		if i%7 == 3 {
+			ln += 3
+		}
+		ps[i] = connector.Piece{Off: off, Len: ln}
+		off += (ln + 15) &^ 15
+	}
+	// Slots in reverse order, 8 KiB apart: scattered destinations.
+	for i := range ps {
+		ps[i].Dev = base + uint64(n-1-i)*8192
+	}
+	return ps, off, int64(n) * 8192
+}
+
+// TestFakeScatterGather moves the same pieces each way, through every
+// method, and checks every byte on the device and back.
+func TestFakeScatterGather(t *testing.T) {
+	for _, mode := range []string{"kernel", "batch", "copies", "auto"} {
+		t.Run(mode, func(t *testing.T) {
+			c, f := withFake(t)
+			c.scatter = mode
+			n := 300 // more than one launch's worth
+			m, err := c.Alloc(0, int64(n)*8192)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { closeT(t, m) })
+			ps, hostLen, devLen := scatterPieces(n, m.Addr())
+			src := pattern(int(hostLen), 0x5a)
+			s, err := c.NewStream(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { closeT(t, s) })
+			waitFence(t, s, s.ScatterToDevice(src, ps))
+
+			dev := make([]byte, devLen)
+			if err := c.CopyToHost(dev, m.Addr(), 0); err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range ps {
+				at := p.Dev - m.Addr()
+				if !bytes.Equal(dev[at:at+uint64(p.Len)], src[p.Off:p.Off+p.Len]) {
+					t.Fatalf("piece %d (%d bytes) differs on the device", i, p.Len)
+				}
+			}
+			back := make([]byte, hostLen)
+			waitFence(t, s, s.GatherFromDevice(back, ps))
+			for i, p := range ps {
+				if !bytes.Equal(back[p.Off:p.Off+p.Len], src[p.Off:p.Off+p.Len]) {
+					t.Fatalf("piece %d differs after the gather", i)
+				}
+			}
+			checkMethod(t, c, f, mode)
+		})
+	}
+}
+
+func waitFence(t *testing.T, s connector.Stream, enqueueErr error) {
+	t.Helper()
+	if enqueueErr != nil {
+		t.Fatal(enqueueErr)
+	}
+	fe, err := s.Fence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fe.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := fe.Wait(); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("second Wait: %v, want EINVAL", err)
+	}
+}
+
+// checkMethod checks that the mode's method ran (auto picks the kernel
+// for these 4 KiB pieces) and that ScatterReport counts it.
+func checkMethod(t *testing.T, c *Connector, f *fakeGPU, mode string) {
+	t.Helper()
+	f.mu.Lock()
+	launches, batches := f.pieces.launches, f.pieces.batches
+	f.mu.Unlock()
+	want := map[string][2]bool{"kernel": {true, false}, "auto": {true, false}, "batch": {false, true}, "copies": {false, false}}[mode]
+	if (launches > 0) != want[0] || (batches > 0) != want[1] {
+		t.Errorf("%s: %d launches, %d batches", mode, launches, batches)
+	}
+	if mode == "kernel" && launches != 4 {
+		t.Errorf("300 pieces each way took %d launches, want 2+2", launches)
+	}
+	method := map[string]string{"auto": "kernel"}[mode]
+	if method == "" {
+		method = mode
+	}
+	if r := c.ScatterReport(); !strings.Contains(r, method+" 2") {
+		t.Errorf("report %q does not count two %s moves", r, method)
+	}
+}
+
+// TestFakeScatterChecks covers the errors: pieces outside the host buffer,
+// a kernel the driver would not load, and a fence's error reaching the
+// fence that covers the failed move only.
+func TestFakeScatterChecks(t *testing.T) {
+	c, f := withFake(t)
+	f.mu.Lock()
+	f.pieces.badPTX = true
+	f.mu.Unlock()
+	c.scatter = "kernel"
+	m, err := c.Alloc(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, m) })
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, s) })
+	buf := make([]byte, 4096)
+	for _, p := range []connector.Piece{{Off: 4000, Len: 100, Dev: m.Addr()}, {Off: -1, Len: 1, Dev: m.Addr()}, {Len: 0, Dev: m.Addr()}} {
+		if err := s.ScatterToDevice(buf, []connector.Piece{p}); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("piece %+v: %v, want EINVAL", p, err)
+		}
+	}
+	two := []connector.Piece{{Len: 16, Dev: m.Addr()}, {Off: 16, Len: 16, Dev: m.Addr() + 64}}
+	err = s.ScatterToDevice(buf, two)
+	if err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_218") {
+		t.Fatalf("kernel forced but not loadable: %v", err)
+	}
+	if r := c.ScatterReport(); !strings.Contains(r, "device 0: no kernel") {
+		t.Errorf("report does not say the kernel is missing: %q", r)
+	}
+	bad, err := s.Fence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.scatter = "copies"
+	if err := s.ScatterToDevice(buf, two); err != nil {
+		t.Fatal(err)
+	}
+	good, err := s.Fence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := good.Wait(); err != nil {
+		t.Errorf("the later fence reports %v", err)
+	}
+	if err := bad.Wait(); err == nil {
+		t.Error("the failed move's fence reports nothing")
+	}
+}
+
+// TestGPUScatterGather is TestFakeScatterGather on the real driver: the
+// hand-written kernel, cuMemcpyBatchAsync and plain copies each land every
+// byte and bring it back.
+func TestGPUScatterGather(t *testing.T) {
+	c := gpu(t)
+	n := 300
+	m := devMem(t, c, int64(n)*8192)
+	ps, hostLen, devLen := scatterPieces(n, m.Addr())
+	src, back := pinned(t, c, hostLen), pinned(t, c, hostLen)
+	copy(src.Bytes(), pattern(int(hostLen), 0x3c))
+	s := stream(t, c)
+	for _, mode := range []string{"kernel", "batch", "copies", "auto"} {
+		c.scatter = mode
+		if mode == "batch" && c.d.cuMemcpyBatchAsync.addr == 0 {
+			t.Logf("batch: skipped, the driver has no cuMemcpyBatchAsync (CUDA 12.8+)")
+			continue
+		}
+		if err := c.Memset(0, m.Addr(), 0, devLen); err != nil {
+			t.Fatal(err)
+		}
+		waitFence(t, s, s.ScatterToDevice(src.Bytes(), ps))
+		dev := make([]byte, devLen)
+		if err := c.CopyToHost(dev, m.Addr(), 0); err != nil {
+			t.Fatal(err)
+		}
+		clear(back.Bytes())
+		waitFence(t, s, s.GatherFromDevice(back.Bytes(), ps))
+		for i, p := range ps {
+			at := p.Dev - m.Addr()
+			want := src.Bytes()[p.Off : p.Off+p.Len]
+			if !bytes.Equal(dev[at:at+uint64(p.Len)], want) || !bytes.Equal(back.Bytes()[p.Off:p.Off+p.Len], want) {
+				t.Fatalf("%s: piece %d (%d bytes) differs", mode, i, p.Len)
+			}
+		}
+	}
+	t.Log(c.ScatterReport())
+}
