@@ -209,7 +209,7 @@ func (p *Pool) Run(ops []Op) error {
 	for i := range jobs {
 		jobs[i] = job{ops: ops, stride: len(p.workers), b: b}
 	}
-	if err := p.submit(b, jobs); err != nil {
+	if err := p.submit(b, jobs, 0); err != nil {
 		return err
 	}
 	b.wg.Wait()
@@ -221,20 +221,31 @@ func (p *Pool) Run(ops []Op) error {
 // engine belongs to fn only for the call. fn must not call Run, Each or
 // Close on the same pool. A panic in fn is returned as an error.
 func (p *Pool) Each(fn func(worker int, e Engine)) error {
+	return p.EachOn(0, len(p.workers), fn)
+}
+
+// EachOn is Each on n workers only: start, start+1, ... wrapping around
+// (n is clamped to 1..Workers). Small jobs on a few workers leave the
+// others to concurrent callers.
+func (p *Pool) EachOn(start, n int, fn func(worker int, e Engine)) error {
+	w := len(p.workers)
+	n = min(max(n, 1), w)
+	start = (start%w + w) % w
 	b := &batch{}
-	jobs := make([]job, len(p.workers))
+	jobs := make([]job, n)
 	for i := range jobs {
 		jobs[i] = job{fn: fn, b: b}
 	}
-	if err := p.submit(b, jobs); err != nil {
+	if err := p.submit(b, jobs, start); err != nil {
 		return err
 	}
 	b.wg.Wait()
 	return b.err
 }
 
-// submit queues jobs[i] on worker i, in FIFO order behind earlier jobs.
-func (p *Pool) submit(b *batch, jobs []job) error {
+// submit queues jobs[i] on worker start+i (mod Workers), in FIFO order
+// behind earlier jobs.
+func (p *Pool) submit(b *batch, jobs []job, start int) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
@@ -244,7 +255,7 @@ func (p *Pool) submit(b *batch, jobs []job) error {
 	for i := range jobs {
 		// Workers keep draining while we hold the shared lock, so a full
 		// queue only delays this send.
-		p.workers[i].jobs <- &jobs[i]
+		p.workers[(start+i)%len(p.workers)].jobs <- &jobs[i]
 	}
 	return nil
 }

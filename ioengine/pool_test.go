@@ -2,6 +2,7 @@ package ioengine
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -414,5 +415,28 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestEachOn runs a function on a wrapped-around subset of the workers
+// only, each once.
+func TestEachOn(t *testing.T) {
+	p := newPool(t, PoolConfig{Kind: KindSync, Workers: 4})
+	defer p.Close()
+	for _, c := range []struct {
+		start, n int
+		want     []int
+	}{{3, 2, []int{0, 3}}, {1, 1, []int{1}}, {6, 9, []int{0, 1, 2, 3}}, {0, 0, []int{0}}} {
+		var mu sync.Mutex
+		var ran []int
+		err := p.EachOn(c.start, c.n, func(w int, e Engine) {
+			mu.Lock()
+			ran = append(ran, w)
+			mu.Unlock()
+		})
+		slices.Sort(ran)
+		if err != nil || !slices.Equal(ran, c.want) {
+			t.Errorf("EachOn(%d, %d) ran on %v (%v), want %v", c.start, c.n, ran, err, c.want)
+		}
 	}
 }

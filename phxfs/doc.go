@@ -36,9 +36,14 @@
 //     from storage into device memory.
 //     - host: the memory is host-addressable (the emu connector); the
 //     engine reads straight into it.
-//     - staged (staged.go, policy.go): each worker reads into pinned bounce
-//     buffers, half of them at once, while the connector's copy engine
-//     moves the other half to the device. Ranges the page cache holds are
+//     - staged (staged.go, staged_read.go, staged_write.go, policy.go):
+//     each worker reads into its slots, pinned bounce buffers made once
+//     when staged memory is first registered. A slot holds one large
+//     transfer or many small ones packed together (KV-cache blocks); the
+//     connector moves a whole slot with one scatter (NVIDIA: one copy and
+//     a kernel, or one batched copy) ended by a fence, while the worker
+//     fills the next. A small batch runs on a few workers only, so
+//     concurrent batches run beside it. Ranges the page cache holds are
 //     read through it, cold ones with O_DIRECT (the ODirect policy), so a
 //     load never evicts the cache.
 //     The device's transport is the fastest the machine offers (kmod, then

@@ -59,8 +59,15 @@ func (r *Registration) String() string {
 // other overlap with a live registration is EINVAL.
 func (l *Lib) RegMem(dev int, addr uint64, size int64) (*Registration, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.regMem(dev, addr, size, nil)
+	r, err := l.regMem(dev, addr, size, nil)
+	l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := l.ready(r); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // Import brings in memory that another process exported (connector.Memory
@@ -78,7 +85,25 @@ func (l *Lib) Import(dev int, h connector.Handle, size int64, pid int) (*Registr
 		mem.Close()
 		return nil, err
 	}
+	if err := l.ready(r); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// ready makes what transfers of r need before the first one, so that no
+// timed load pays for it: for the staged transport, the bounce buffers and
+// the device's copy streams (once per library and device). When they
+// cannot be made, the registration is undone and the error returned.
+func (l *Lib) ready(r *Registration) error {
+	if r.transport != Staged {
+		return nil
+	}
+	if _, err := l.warm(r.dev.index); err != nil {
+		r.Close()
+		return err
+	}
+	return nil
 }
 
 // regMem registers [addr, addr+size) on dev, owning mem when it is not

@@ -49,9 +49,9 @@ type Config struct {
 	// request keeps every worker busy (default 8 MiB; 0 keeps the default,
 	// negative disables).
 	SplitSize int64
-	// StagedBuffers is the number of bounce buffers per staged worker, 2 to
-	// 32; a worker reads half of them at once while the other half's copies
-	// run (0: PHX_STAGED_BUFFERS, else 2).
+	// StagedBuffers is the number of bounce buffers (slots) per staged
+	// worker, 2 to 32; a worker fills half of them in one engine run while
+	// the other half's copies run (0: PHX_STAGED_BUFFERS, else 2).
 	StagedBuffers int
 	// ODirect is the staged transport's read policy (policy.go); ODirectAuto
 	// lets PHX_DIRECT_IO choose.
@@ -83,7 +83,8 @@ type Lib struct {
 	queue   chan *Batch
 	stopped chan struct{}
 
-	staged []*stagedWorker // per pool worker, created on first use
+	staged stagedState   // the staged transport's slots and streams (staged.go)
+	rotor  atomic.Uint64 // where the next staged plan starts on the pool
 
 	stats       counters
 	stagedStats stagedCounters
@@ -136,7 +137,6 @@ func New(cfg Config) (*Lib, error) {
 		devices: map[int]*device{},
 		queue:   make(chan *Batch, cfg.MaxQueuedBatches),
 		stopped: make(chan struct{}),
-		staged:  make([]*stagedWorker, pool.Workers()),
 	}
 	l.changed = sync.NewCond(&l.mu)
 	l.directIO.Store(int32(dio))
@@ -189,10 +189,8 @@ func (l *Lib) Close() error {
 			first = err
 		}
 	}
-	for _, w := range l.staged {
-		if w != nil {
-			w.close()
-		}
+	if err := l.closeStaged(); err != nil && first == nil {
+		first = err
 	}
 	if err := l.pool.Close(); err != nil && first == nil {
 		first = err

@@ -1,314 +1,226 @@
 package phxfs
 
 import (
-	"slices"
+	"maps"
+	"sync"
+	"sync/atomic"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"phxmount/connector"
 	"phxmount/internal/errs"
-	"phxmount/ioengine"
 )
 
-// stagedWorker is one pool worker's staged-transport state: bounce buffers
-// (two by default, Config.StagedBuffers), so the storage read of one overlaps the
-// device copies of the others, and a copy stream per bounce buffer per
-// device. A bounce buffer is exactly BounceSize bytes: staged transfers are
-// cut at file offsets that are multiples of it, so an O_DIRECT read widened
-// to the file's alignment still fits (policy.go) without slack.
-type stagedWorker struct {
-	bounce  []connector.HostMemory
-	streams map[int][]connector.Stream
+// The staged transport reads into pinned host memory and lets the
+// connector copy the bytes to the device. Each pool worker owns
+// Config.StagedBuffers slots (bounce buffers of BounceSize bytes) and, per
+// device, one copy stream. A slot holds one large transfer or many small
+// ones packed together: the worker reads them in one engine run, then
+// moves the whole slot with one scatter (one copy and a kernel, or one
+// batched copy: the connector's choice) and a fence. While one slot's
+// copies run, the worker fills the next; a slot is refilled only after its
+// fence.
+//
+// Everything the pipeline needs is made once per library, before the first
+// transfer: registering staged memory calls warm, which allocates every
+// worker's slots as one pinned allocation and creates every worker's
+// stream on the device. Pinning and stream creation take the driver's
+// locks; done lazily inside a load they stalled every other worker's
+// copies.
+
+// stagedState is the library's staged-transport resources.
+type stagedState struct {
+	mu      sync.Mutex
+	host    connector.HostMemory                       // every worker's slots, one pinned allocation
+	slots   [][][]byte                                 // [worker][slot]
+	streams atomic.Pointer[map[int][]connector.Stream] // device -> stream per worker
+	closed  bool
 }
 
-func (w *stagedWorker) close() {
-	for _, ss := range w.streams {
-		for _, s := range ss {
-			s.Close()
+// stagedStreams returns the per-worker streams of dev, warming the
+// transport on first use.
+func (l *Lib) stagedStreams(dev int) ([]connector.Stream, error) {
+	if m := l.staged.streams.Load(); m != nil {
+		if ss := (*m)[dev]; ss != nil {
+			return ss, nil
 		}
 	}
-	for _, b := range w.bounce {
-		if b != nil {
-			b.Close()
-		}
-	}
+	return l.warm(dev)
 }
 
-// stagedWorkerFor returns worker w's state, creating it on first use. Only
-// worker w's goroutine calls it with w.
-func (l *Lib) stagedWorkerFor(w, dev int) (*stagedWorker, []connector.Stream, error) {
-	sw := l.staged[w]
-	if sw == nil {
-		sw = &stagedWorker{streams: map[int][]connector.Stream{}, bounce: make([]connector.HostMemory, l.cfg.StagedBuffers)}
-		for i := range sw.bounce {
-			b, err := l.conn.AllocHost(l.cfg.BounceSize)
-			if err != nil {
-				sw.close()
-				return nil, nil, errs.Wrapf(err, "phxfs: allocate bounce buffer")
-			}
-			sw.bounce[i] = b
-		}
-		l.staged[w] = sw
+// warm allocates the slots (once) and creates one stream per worker on
+// dev (once per device).
+func (l *Lib) warm(dev int) ([]connector.Stream, error) {
+	st := &l.staged
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return nil, errs.New(unix.EINVAL, "phxfs: library closed")
 	}
-	s := sw.streams[dev]
-	if s == nil {
-		s = make([]connector.Stream, len(sw.bounce))
-		for i := range s {
-			st, err := l.conn.NewStream(dev)
-			if err != nil {
-				for _, o := range s[:i] {
-					o.Close()
-				}
-				return nil, nil, errs.Wrapf(err, "phxfs: create copy stream on device %d", dev)
-			}
-			s[i] = st
-		}
-		sw.streams[dev] = s
+	if err := l.allocSlots(); err != nil {
+		return nil, err
 	}
-	return sw, s, nil
+	old := map[int][]connector.Stream{}
+	if m := st.streams.Load(); m != nil {
+		if ss := (*m)[dev]; ss != nil {
+			return ss, nil
+		}
+		old = *m
+	}
+	ss := make([]connector.Stream, l.pool.Workers())
+	for i := range ss {
+		s, err := l.conn.NewStream(dev)
+		if err != nil {
+			for _, o := range ss[:i] {
+				o.Close()
+			}
+			return nil, errs.Wrapf(err, "phxfs: create copy stream on device %d", dev)
+		}
+		ss[i] = s
+	}
+	m := maps.Clone(old)
+	m[dev] = ss
+	st.streams.Store(&m)
+	return ss, nil
 }
 
-// runStriped runs a plan that has staged transfers: xfers are striped
-// round-robin across the workers; each runs its host transfers through its
-// engine in one go and its staged ones through its bounce pipeline.
-func (l *Lib) runStriped(p *plan) {
-	workers := l.pool.Workers()
-	mode := l.ODirectPolicy()
-	tw := newODirectFiles(p, mode)
-	defer tw.close()
-	err := l.pool.Each(func(w int, eng ioengine.Engine) {
-		var host []ioengine.Op
-		var hostIdx, staged []int
-		for i := w; i < len(p.xfers); i += workers {
-			x := &p.xfers[i]
-			if x.staged {
-				staged = append(staged, i)
-				continue
-			}
-			host = append(host, ioengine.Op{Fd: x.fd, Write: p.write, Addr: x.host, Len: x.len, Off: x.off})
-			hostIdx = append(hostIdx, i)
-		}
-		if len(host) > 0 {
-			if err := eng.Run(host); err != nil {
-				for _, i := range hostIdx {
-					p.xfers[i].result = -int64(errs.Errno(err))
-				}
-			} else {
-				for k, i := range hostIdx {
-					p.xfers[i].result = host[k].Result
-				}
-			}
-		}
-		if p.write {
-			l.stagedWrite(w, eng, p.xfers, staged)
-		} else {
-			l.stagedRead(w, eng, p.xfers, staged, tw, mode)
-		}
-	})
+// allocSlots makes every worker's slots from one pinned allocation;
+// caller holds staged.mu.
+func (l *Lib) allocSlots() error {
+	st := &l.staged
+	if st.host != nil {
+		return nil
+	}
+	workers, per, size := l.pool.Workers(), l.cfg.StagedBuffers, l.cfg.BounceSize
+	h, err := l.conn.AllocHost(int64(workers*per) * size)
 	if err != nil {
-		for i := range p.xfers {
-			p.xfers[i].result = -int64(errs.Errno(err))
+		return errs.Wrapf(err, "phxfs: allocate %d bounce buffers of %d bytes", workers*per, size)
+	}
+	b := h.Bytes()
+	st.slots = make([][][]byte, workers)
+	for w := range st.slots {
+		st.slots[w] = make([][]byte, per)
+		for i := range per {
+			at := int64(w*per+i) * size
+			st.slots[w][i] = b[at : at+size : at+size]
+		}
+	}
+	st.host = h
+	return nil
+}
+
+// closeStaged frees the streams and slots; the pool is idle.
+func (l *Lib) closeStaged() error {
+	st := &l.staged
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.closed = true
+	var first error
+	if m := st.streams.Swap(nil); m != nil {
+		for _, ss := range *m {
+			for _, s := range ss {
+				if err := s.Close(); err != nil && first == nil {
+					first = err
+				}
+			}
+		}
+	}
+	if st.host != nil {
+		if err := st.host.Close(); err != nil && first == nil {
+			first = err
+		}
+		st.host, st.slots = nil, nil
+	}
+	return first
+}
+
+// slotFlight is one slot's copies in flight: queued on stream, ended by
+// fence, carrying pieces, one per xfer.
+type slotFlight struct {
+	stream connector.Stream
+	fence  connector.Fence
+	pieces []connector.Piece
+	xfers  []int
+	gather bool
+}
+
+// slotFences is one worker's slots in flight.
+type slotFences []slotFlight
+
+// start queues the move of pieces (one per xfer of idx) between slot's
+// buffer buf and the device on s, and the fence that ends it. On failure
+// the xfers get the error.
+func (sf slotFences) start(slot int, s connector.Stream, buf []byte, pieces []connector.Piece, idx []int, gather bool, xfers []xfer) {
+	var err error
+	if gather {
+		err = s.GatherFromDevice(buf, pieces)
+	} else {
+		err = s.ScatterToDevice(buf, pieces)
+	}
+	var f connector.Fence
+	if err == nil {
+		f, err = s.Fence()
+	}
+	if err != nil {
+		fail(xfers, idx, err)
+		return
+	}
+	fl := &sf[slot]
+	fl.stream, fl.fence, fl.gather = s, f, gather
+	fl.pieces = append(fl.pieces[:0], pieces...)
+	fl.xfers = append(fl.xfers[:0], idx...)
+}
+
+// settle waits for slot's copies. When they failed, it moves the pieces
+// again one by one, so that only the xfers whose own bytes cannot move
+// fail (emu and pcibar fault page by page; after a GPU error every retry
+// fails too).
+func (sf slotFences) settle(slot int, buf []byte, xfers []xfer) {
+	fl := &sf[slot]
+	if fl.fence == nil {
+		return
+	}
+	err := fl.fence.Wait()
+	fl.fence = nil
+	if err == nil {
+		return
+	}
+	if len(fl.pieces) == 1 {
+		fail(xfers, fl.xfers, err)
+		return
+	}
+	for j, p := range fl.pieces {
+		one := []connector.Piece{p}
+		if fl.gather {
+			err = fl.stream.GatherFromDevice(buf, one)
+		} else {
+			err = fl.stream.ScatterToDevice(buf, one)
+		}
+		var f connector.Fence
+		if err == nil {
+			f, err = fl.stream.Fence()
+		}
+		if err == nil {
+			err = f.Wait()
+		}
+		if err != nil {
+			fail(xfers, fl.xfers[j:j+1], err)
 		}
 	}
 }
+
+// fail gives every xfer of idx err's errno.
+func fail(xfers []xfer, idx []int, err error) {
+	for _, i := range idx {
+		xfers[i].result = -int64(errs.Errno(err))
+	}
+}
+
+// packAlign aligns buffered pieces in a slot: a cache line, and the 16
+// bytes the copy kernel moves at a time.
+const packAlign = 64
+
+func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
-
-// stagedRead reads each xfer into a bounce buffer and copies it to the
-// device. The bounce buffers form two halves: the reads of one half are in
-// flight together (one engine run) while the copies of the other half run,
-// so a worker keeps half its buffers' worth of storage reads queued. Each
-// read goes through the page cache or around it as policy.go decides.
-func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, odf odirectFiles, mode ODirect) {
-	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, odf: odf, mode: mode}
-	for k := 0; k < len(idx); {
-		k = r.group(idx, k)
-	}
-	r.settleAll()
-}
-
-// stagedReader is one worker's staged read of a plan's share.
-type stagedReader struct {
-	l     *Lib
-	w     int
-	eng   ioengine.Engine
-	xfers []xfer
-	odf   odirectFiles
-	mode  ODirect
-
-	sw      *stagedWorker
-	streams []connector.Stream
-	pending []int // xfer whose copy is in flight from each bounce buffer, -1 none
-	half    int
-	reads   []stagedRead
-	ops     []ioengine.Op
-}
-
-// stagedRead is one read of a group: the xfer, its bounce buffer, and how
-// it is read.
-type stagedRead struct {
-	x      *xfer
-	i      int
-	slot   int
-	odf    *odirectFile // O_DIRECT: the descriptor, and x's bytes at head of span
-	head   int64
-	span   int64
-	direct bool
-}
-
-// settle waits for the copy in flight from a bounce buffer.
-func (r *stagedReader) settle(slot int) {
-	if r.pending[slot] < 0 {
-		return
-	}
-	if err := r.streams[slot].Synchronize(); err != nil {
-		r.xfers[r.pending[slot]].result = -int64(errs.Errno(err))
-	}
-	r.pending[slot] = -1
-}
-
-func (r *stagedReader) settleAll() {
-	for slot := range r.pending {
-		r.settle(slot)
-	}
-}
-
-// group reads the next group from idx[k]: up to half the bounce buffers'
-// worth of xfers of one device, at once, then copies each to the device.
-// It returns where the next group starts.
-func (r *stagedReader) group(idx []int, k int) int {
-	x := &r.xfers[idx[k]]
-	sw, s, err := r.l.stagedWorkerFor(r.w, x.dev)
-	if err != nil {
-		x.result = -int64(errs.Errno(err))
-		return k + 1
-	}
-	if r.streams != nil && &r.streams[0] != &s[0] {
-		r.settleAll() // another device: let the previous device's copies finish
-	}
-	if r.pending == nil {
-		r.pending = slices.Repeat([]int{-1}, len(s))
-	}
-	r.sw, r.streams = sw, s
-	k = r.plan(idx, k, x.dev)
-	r.half ^= 1
-	runErr := r.eng.Run(r.ops)
-	for n, rd := range r.reads {
-		r.land(rd, r.ops[n].Result, runErr)
-	}
-	return k
-}
-
-// plan lays out the group's reads into this half's bounce buffers.
-func (r *stagedReader) plan(idx []int, k, dev int) int {
-	g := max(len(r.streams)/2, 1)
-	r.reads, r.ops = r.reads[:0], r.ops[:0]
-	for ; k < len(idx) && len(r.reads) < g && r.xfers[idx[k]].dev == dev; k++ {
-		y := &r.xfers[idx[k]]
-		slot := (r.half*g + len(r.reads)) % len(r.streams)
-		r.settle(slot)
-		buf := r.sw.bounce[slot].Bytes()
-		rd := stagedRead{x: y, i: idx[k], slot: slot}
-		if t, start, head, span, ok := r.odf.directSpan(y, r.mode, addrOf(buf), int64(len(buf))); ok {
-			rd.odf, rd.head, rd.span, rd.direct = t, head, span, true
-			r.ops = append(r.ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf), Len: span, Off: start})
-		} else {
-			r.ops = append(r.ops, ioengine.Op{Fd: y.fd, Addr: addrOf(buf), Len: y.len, Off: y.off})
-		}
-		r.reads = append(r.reads, rd)
-	}
-	return k
-}
-
-// land takes a read's result (got bytes, or the run's error), redoes a
-// failed or short O_DIRECT read through the page cache, and starts the copy
-// of the bytes to the device.
-func (r *stagedReader) land(rd stagedRead, got int64, runErr error) {
-	l := r.l
-	buf := r.sw.bounce[rd.slot].Bytes()
-	data := buf
-	switch {
-	case runErr != nil:
-		got = -int64(errs.Errno(runErr))
-	case rd.direct && got == rd.span:
-		l.stagedStats.directReads.Add(1)
-		l.stagedStats.directBytes.Add(rd.x.len)
-		data, got = buf[rd.head:], rd.x.len
-	case rd.direct:
-		// Failed or short (the file shrank, the file system changed its
-		// mind): redo it buffered, and stop trying on an error.
-		if got < 0 {
-			rd.odf.broken.Store(true)
-		}
-		l.stagedStats.fallback(rd.x.off, rd.span, got)
-		data, got = l.readBuffered(r.eng, rd.x, buf)
-	case got > 0:
-		l.stagedStats.bufferedReads.Add(1)
-		l.stagedStats.bufferedBytes.Add(got)
-	}
-	rd.x.result = got
-	if got <= 0 {
-		return
-	}
-	if err := r.streams[rd.slot].CopyToDevice(rd.x.devAddr, data[:got]); err != nil {
-		rd.x.result = -int64(errs.Errno(err))
-		return
-	}
-	r.pending[rd.slot] = rd.i
-}
-
-// readBuffered reads x through the page cache into buf.
-func (l *Lib) readBuffered(eng ioengine.Engine, x *xfer, buf []byte) ([]byte, int64) {
-	op := []ioengine.Op{{Fd: x.fd, Addr: addrOf(buf), Len: x.len, Off: x.off}}
-	if err := eng.Run(op); err != nil {
-		return buf, -int64(errs.Errno(err))
-	}
-	if op[0].Result > 0 {
-		l.stagedStats.bufferedReads.Add(1)
-		l.stagedStats.bufferedBytes.Add(op[0].Result)
-	}
-	return buf, op[0].Result
-}
-
-// stagedWrite copies each xfer from the device into a bounce buffer and
-// writes it to the file; the copy of the next runs while one is written.
-func (l *Lib) stagedWrite(w int, eng ioengine.Engine, xfers []xfer, idx []int) {
-	fetch := func(k int) (*stagedWorker, connector.Stream, error) {
-		x := &xfers[idx[k]]
-		sw, s, err := l.stagedWorkerFor(w, x.dev)
-		if err != nil {
-			return nil, nil, err
-		}
-		st := s[k%2]
-		return sw, st, st.CopyFromDevice(sw.bounce[k%2].Bytes()[:x.len], x.devAddr)
-	}
-	type fetched struct {
-		sw  *stagedWorker
-		st  connector.Stream
-		err error
-	}
-	var next fetched
-	if len(idx) > 0 {
-		next.sw, next.st, next.err = fetch(0)
-	}
-	for k, i := range idx {
-		x := &xfers[i]
-		cur := next
-		if k+1 < len(idx) {
-			next.sw, next.st, next.err = fetch(k + 1)
-		}
-		if cur.err == nil {
-			cur.err = cur.st.Synchronize()
-		}
-		if cur.err != nil {
-			x.result = -int64(errs.Errno(cur.err))
-			continue
-		}
-		buf := cur.sw.bounce[k%2].Bytes()
-		op := []ioengine.Op{{Fd: x.fd, Write: true, Addr: addrOf(buf), Len: x.len, Off: x.off}}
-		if err := eng.Run(op); err != nil {
-			x.result = -int64(errs.Errno(err))
-			continue
-		}
-		x.result = op[0].Result
-	}
-}

@@ -1,0 +1,242 @@
+package phxfs
+
+import (
+	"phxmount/connector"
+	"phxmount/internal/errs"
+	"phxmount/ioengine"
+)
+
+// minStagedShare is the least a worker is given of a staged plan: a small
+// batch (a few KV-cache blocks, one tensor) runs on a few workers, so that
+// concurrent batches from other client threads run beside it on the
+// others instead of queueing behind it on every worker.
+const minStagedShare = 256 << 10
+
+// stagedWorkers is how many workers a staged plan of these xfers uses.
+func (l *Lib) stagedWorkers(xs []xfer) int {
+	var bytes int64
+	for i := range xs {
+		bytes += xs[i].len
+	}
+	n := int((bytes + minStagedShare - 1) / minStagedShare)
+	return max(min(n, len(xs), l.pool.Workers()), 1)
+}
+
+// runStriped runs a plan that has staged transfers on n workers, starting
+// where the previous staged plan stopped: xfers are striped round-robin
+// across them; each runs its host transfers through its engine in one go
+// and its staged ones through its slots.
+func (l *Lib) runStriped(p *plan) {
+	workers := l.pool.Workers()
+	n := l.stagedWorkers(p.xfers)
+	start := int(l.rotor.Add(uint64(n)) % uint64(workers))
+	mode := l.ODirectPolicy()
+	odf := newODirectFiles(p, mode)
+	defer odf.close()
+	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
+		rank := (w - start + workers) % workers
+		var host []ioengine.Op
+		var hostIdx, staged []int
+		for i := rank; i < len(p.xfers); i += n {
+			x := &p.xfers[i]
+			if x.staged {
+				staged = append(staged, i)
+				continue
+			}
+			host = append(host, ioengine.Op{Fd: x.fd, Write: p.write, Addr: x.host, Len: x.len, Off: x.off})
+			hostIdx = append(hostIdx, i)
+		}
+		l.runOps(eng, p.xfers, host, hostIdx)
+		if p.write {
+			l.stagedWrite(w, eng, p.xfers, staged)
+		} else {
+			l.stagedRead(w, eng, p.xfers, staged, odf, mode)
+		}
+	})
+	if err != nil {
+		for i := range p.xfers {
+			p.xfers[i].result = -int64(errs.Errno(err))
+		}
+	}
+}
+
+// runOps runs ops, whose xfers are idx, in one engine run.
+func (l *Lib) runOps(eng ioengine.Engine, xfers []xfer, ops []ioengine.Op, idx []int) {
+	if len(ops) == 0 {
+		return
+	}
+	if err := eng.Run(ops); err != nil {
+		fail(xfers, idx, err)
+		return
+	}
+	for k, i := range idx {
+		xfers[i].result = ops[k].Result
+	}
+}
+
+// stagedRead reads the xfers idx (worker w's share) through w's slots.
+func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, odf odirectFiles, mode ODirect) {
+	if len(idx) == 0 {
+		return
+	}
+	slots := l.staged.slots[w]
+	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, odf: odf, mode: mode, slots: slots, sf: make(slotFences, len(slots))}
+	for k := 0; k < len(idx); {
+		k = r.group(idx, k)
+	}
+	for slot := range slots {
+		r.sf.settle(slot, slots[slot], xfers)
+	}
+}
+
+// stagedReader is one worker's staged read of its share of a plan.
+type stagedReader struct {
+	l     *Lib
+	w     int
+	eng   ioengine.Engine
+	xfers []xfer
+	odf   odirectFiles
+	mode  ODirect
+	slots [][]byte
+	sf    slotFences
+	next  int // the slot to fill next
+
+	reads  []stagedRead // this group's reads, slot by slot
+	ops    []ioengine.Op
+	filled []int // this group's slots, in order
+}
+
+// stagedRead is one read of a group: the xfer, and where and how it is
+// read into its slot.
+type stagedRead struct {
+	i      int // the xfer
+	slot   int
+	at     int64        // where its bytes go in the slot (O_DIRECT: the span's start)
+	odf    *odirectFile // O_DIRECT: the descriptor; x's bytes begin at head
+	head   int64
+	span   int64
+	direct bool
+}
+
+// group fills up to half the slots (at least one) with the next xfers of
+// one device, reads them all in one engine run, and queues each slot's
+// scatter. It returns where the next group starts.
+func (r *stagedReader) group(idx []int, k int) int {
+	dev := r.xfers[idx[k]].dev
+	ss, err := r.l.stagedStreams(dev)
+	if err != nil {
+		fail(r.xfers, idx[k:k+1], err)
+		return k + 1
+	}
+	r.reads, r.ops, r.filled = r.reads[:0], r.ops[:0], r.filled[:0]
+	for g := max(len(r.slots)/2, 1); g > 0 && k < len(idx) && r.xfers[idx[k]].dev == dev; g-- {
+		slot := r.next
+		r.next = (r.next + 1) % len(r.slots)
+		r.sf.settle(slot, r.slots[slot], r.xfers)
+		k = r.pack(slot, idx, k, dev)
+		r.filled = append(r.filled, slot)
+	}
+	runErr := r.eng.Run(r.ops)
+	n := 0
+	for _, slot := range r.filled {
+		m := n
+		for m < len(r.reads) && r.reads[m].slot == slot {
+			m++
+		}
+		r.scatter(ss[r.w], slot, n, m, runErr)
+		n = m
+	}
+	return k
+}
+
+// pack lays out the next xfers of dev in slot: each O_DIRECT read's span
+// at a page-aligned place, each buffered read at a packAlign-ed one, until
+// the slot is full. It returns the first xfer left out.
+func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
+	buf := r.slots[slot]
+	size := int64(len(buf))
+	var pos int64
+	for first := true; k < len(idx) && r.xfers[idx[k]].dev == dev; first = false {
+		x := &r.xfers[idx[k]]
+		rd := stagedRead{i: idx[k], slot: slot}
+		at := alignUp(pos, 4096)
+		if at < size {
+			if t, start, head, span, ok := r.odf.directSpan(x, r.mode, addrOf(buf[at:]), size-at); ok {
+				rd.odf, rd.head, rd.span, rd.direct, rd.at = t, head, span, true, at
+				r.ops = append(r.ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf[at:]), Len: span, Off: start})
+			}
+		}
+		if !rd.direct {
+			rd.at = alignUp(pos, packAlign)
+			if rd.at+x.len > size && !first {
+				return k // next slot (an O_DIRECT span that did not fit also lands here)
+			}
+			r.ops = append(r.ops, ioengine.Op{Fd: x.fd, Addr: addrOf(buf[rd.at:]), Len: x.len, Off: x.off})
+		}
+		pos = rd.at + max(rd.span, x.len)
+		r.reads = append(r.reads, rd)
+		k++
+	}
+	return k
+}
+
+// scatter takes the results of a slot's reads, reads[n:m] (or the run's
+// error), and queues the copy of every byte read to the device, ended by
+// the slot's fence.
+func (r *stagedReader) scatter(s connector.Stream, slot, n, m int, runErr error) {
+	var pieces []connector.Piece
+	var landing []int
+	for j := n; j < m; j++ {
+		rd := &r.reads[j]
+		off, got := r.land(rd, r.ops[j].Result, runErr)
+		if got > 0 {
+			pieces = append(pieces, connector.Piece{Off: off, Dev: r.xfers[rd.i].devAddr, Len: got})
+			landing = append(landing, rd.i)
+		}
+	}
+	if len(pieces) > 0 {
+		r.sf.start(slot, s, r.slots[slot], pieces, landing, false, r.xfers)
+	}
+}
+
+// land takes a read's result (got bytes, or the run's error), redoes a
+// failed or short O_DIRECT read through the page cache, sets the xfer's
+// result and returns where its bytes are in the slot and how many.
+func (r *stagedReader) land(rd *stagedRead, got int64, runErr error) (int64, int64) {
+	l, x := r.l, &r.xfers[rd.i]
+	off := rd.at
+	switch {
+	case runErr != nil:
+		got = -int64(errs.Errno(runErr))
+	case rd.direct && got == rd.span:
+		l.stagedStats.directReads.Add(1)
+		l.stagedStats.directBytes.Add(x.len)
+		off, got = rd.at+rd.head, x.len
+	case rd.direct:
+		// Failed or short (the file shrank, the file system changed its
+		// mind): redo it buffered, and stop trying on an error.
+		if got < 0 {
+			rd.odf.broken.Store(true)
+		}
+		l.stagedStats.fallback(x.off, rd.span, got)
+		got = l.readBuffered(r.eng, x, r.slots[rd.slot][rd.at:])
+	case got > 0:
+		l.stagedStats.bufferedReads.Add(1)
+		l.stagedStats.bufferedBytes.Add(got)
+	}
+	x.result = got
+	return off, got
+}
+
+// readBuffered reads x through the page cache into buf.
+func (l *Lib) readBuffered(eng ioengine.Engine, x *xfer, buf []byte) int64 {
+	op := []ioengine.Op{{Fd: x.fd, Addr: addrOf(buf), Len: x.len, Off: x.off}}
+	if err := eng.Run(op); err != nil {
+		return -int64(errs.Errno(err))
+	}
+	if op[0].Result > 0 {
+		l.stagedStats.bufferedReads.Add(1)
+		l.stagedStats.bufferedBytes.Add(op[0].Result)
+	}
+	return op[0].Result
+}
