@@ -173,6 +173,9 @@ func (s *ControlServer) openDevice(dev int) error {
 		s.log.WithFields(logrus.Fields{"device": dev, "transport": string(d.Transport)}).
 			Infof("device %d (%s %s): transport %s: %s", dev, s.conn.Vendor(), d.PCIAddress, d.Transport, d.TransportWhy)
 	}
+	if sr, ok := s.conn.(interface{ ScatterReport() string }); ok {
+		s.log.Infof("scatter and gather of small extents: %s", sr.ScatterReport())
+	}
 	return nil
 }
 

@@ -157,6 +157,9 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 	}
 	kv("read_policy", s.lib.ODirectPolicy())
 	kv("cachestat", s.lib.StagedStats().Cachestat)
+	if sr, ok := s.conn.(interface{ ScatterReport() string }); ok {
+		kv("scatter", sr.ScatterReport())
+	}
 	known, active, why := s.passthrough()
 	switch {
 	case !known:

@@ -71,7 +71,7 @@ func TestBadEnvironmentIsAUsageError(t *testing.T) {
 	if err != nil || checkEnv(c) != nil {
 		t.Fatalf("a clean environment: %v, %v", err, checkEnv(c))
 	}
-	for _, kv := range [][2]string{{"PHX_STAGED_BUFFERS", "99"}, {"PHX_STAGED_BUFFERS", "many"}, {"PHX_DIRECT_IO", "sometimes"}, {"PHX_ENGINE", "aio"}, {"PHX_CUDA_SYNC", "busy"}} {
+	for _, kv := range [][2]string{{"PHX_STAGED_BUFFERS", "99"}, {"PHX_STAGED_BUFFERS", "many"}, {"PHX_DIRECT_IO", "sometimes"}, {"PHX_ENGINE", "aio"}, {"PHX_CUDA_SYNC", "busy"}, {"PHX_SCATTER", "dma"}} {
 		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
 			t.Setenv(kv[0], kv[1])
 			if err := checkEnv(c); err == nil || !strings.Contains(err.Error(), kv[0]) {

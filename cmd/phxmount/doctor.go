@@ -123,13 +123,13 @@ func checkCachestat() finding {
 // checkEnvironment: a bad tuning variable stops the mount.
 func checkEnvironment() finding {
 	err := phxfs.CheckEnv()
-	if _, serr := nvidia.ParseSyncMode(os.Getenv(nvidia.EnvSync)); serr != nil && err == nil {
+	if serr := nvidia.CheckEnv(); serr != nil && err == nil {
 		err = serr
 	}
 	if err != nil {
 		return finding{What: "environment", Detail: err.Error()}
 	}
-	return finding{What: "environment", OK: true, Detail: "PHX_ENGINE, PHX_STAGED_BUFFERS, PHX_DIRECT_IO, PHX_CUDA_SYNC valid or unset"}
+	return finding{What: "environment", OK: true, Detail: "PHX_ENGINE, PHX_STAGED_BUFFERS, PHX_DIRECT_IO, PHX_CUDA_SYNC, PHX_SCATTER valid or unset"}
 }
 
 // checkModule reports the phxfs kernel module; ok: its devices exist.

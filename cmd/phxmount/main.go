@@ -127,7 +127,7 @@ func checkEnv(c *config) error {
 		return err
 	}
 	if c.vendor == "nvidia" || c.vendor == "auto" {
-		if _, err := nvidia.ParseSyncMode(os.Getenv(nvidia.EnvSync)); err != nil {
+		if err := nvidia.CheckEnv(); err != nil {
 			return err
 		}
 	}

@@ -207,3 +207,20 @@ func TestGPUScatterGather(t *testing.T) {
 	}
 	t.Log(c.ScatterReport())
 }
+
+// TestScatterModeChecked: PHX_SCATTER takes auto, kernel, batch or copies,
+// or nothing; anything else stops Open and CheckEnv.
+func TestScatterModeChecked(t *testing.T) {
+	for v, want := range map[string]string{"": "auto", "auto": "auto", "kernel": "kernel", "batch": "batch", "copies": "copies"} {
+		if got, err := ParseScatterMode(v); err != nil || got != want {
+			t.Errorf("ParseScatterMode(%q) = %q, %v", v, got, err)
+		}
+	}
+	t.Setenv(EnvScatter, "Kernel")
+	if err := CheckEnv(); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("CheckEnv with %s=Kernel: %v, want EINVAL", EnvScatter, err)
+	}
+	if _, err := Open(); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("Open with %s=Kernel: %v, want EINVAL", EnvScatter, err)
+	}
+}

@@ -3,6 +3,7 @@ package nvidia
 import (
 	_ "embed"
 	"fmt"
+	"os"
 	"strings"
 	"unsafe"
 
@@ -57,6 +58,16 @@ func ParseScatterMode(v string) (string, error) {
 		return v, nil
 	}
 	return "", errs.New(unix.EINVAL, "nvidia: %s=%q: want auto, kernel, batch or copies", EnvScatter, v)
+}
+
+// CheckEnv checks the connector's tuning variables (PHX_CUDA_SYNC,
+// PHX_SCATTER) as Open will, so a bad value stops a mount before it starts.
+func CheckEnv() error {
+	if _, err := ParseSyncMode(os.Getenv(EnvSync)); err != nil {
+		return err
+	}
+	_, err := ParseScatterMode(os.Getenv(EnvScatter))
+	return err
 }
 
 //go:embed kernels/copy_pieces.ptx
