@@ -10,6 +10,10 @@
 //	                                            called in-process: a
 //	                                            worker/bounce sweep hot, and
 //	                                            hot/cold loads
+//	phxbench-gpu kv -file FILE -out JSON       KV-cache blocks (kv_blocks.cu's
+//	                                            shape) through the library,
+//	                                            per block size, client
+//	                                            threads and scatter method
 //
 // Cold runs write 3 to /proc/sys/vm/drop_caches (root). Every phxfs load is
 // checked against the file (sampled ranges and every tensor's first and last
@@ -17,7 +21,8 @@
 //
 // This file holds the flags and bench's steps in order; gen.go the generator
 // and the header parser, ceilings.go the ceilings, sweep.go the phxfs loads,
-// verify.go the check, report.go the printed rows and the JSON.
+// verify.go the check, report.go the printed rows and the JSON, kv.go the
+// KV-cache blocks.
 package main
 
 import (
@@ -40,7 +45,7 @@ const (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: phxbench-gpu gen|bench [flags]")
+		fmt.Fprintln(os.Stderr, "usage: phxbench-gpu gen|bench|kv [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -49,6 +54,8 @@ func main() {
 		err = genMain(os.Args[2:])
 	case "bench":
 		err = benchMain(os.Args[2:])
+	case "kv":
+		err = kvMain(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}

@@ -58,8 +58,8 @@ type Connector struct {
 	cudev []int32          // CUdevice of each index
 	ctx   []atomic.Uintptr // retained primary context per device, 0 until first use
 
-	sync    string // PHX_CUDA_SYNC, checked at Open
-	scatter string // PHX_SCATTER, checked at Open
+	sync    string       // PHX_CUDA_SYNC, checked at Open
+	scatter atomic.Value // string: PHX_SCATTER, checked at Open (SetScatter)
 
 	kern     []kernelState // per device, set when its context is retained
 	pieceOps [methodCount]atomic.Int64
@@ -92,7 +92,8 @@ func Open() (*Connector, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.sync, c.scatter = mode, scatter
+	c.sync = mode
+	c.scatter.Store(scatter)
 	return c, nil
 }
 
@@ -107,7 +108,8 @@ func newConnector(d *driver) (*Connector, error) {
 	if n <= 0 {
 		return nil, errs.New(unix.ENODEV, "nvidia: the driver sees no GPU")
 	}
-	c := &Connector{d: d, cudev: make([]int32, n), ctx: make([]atomic.Uintptr, n), kern: make([]kernelState, n), scatter: "auto"}
+	c := &Connector{d: d, cudev: make([]int32, n), ctx: make([]atomic.Uintptr, n), kern: make([]kernelState, n)}
+	c.scatter.Store("auto")
 	for i := range int(n) {
 		var dev int32
 		if err := d.call(d.cuDeviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(i)); err != nil {

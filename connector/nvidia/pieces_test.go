@@ -39,7 +39,9 @@ func TestFakeScatterGather(t *testing.T) {
 	for _, mode := range []string{"kernel", "batch", "copies", "auto"} {
 		t.Run(mode, func(t *testing.T) {
 			c, f := withFake(t)
-			c.scatter = mode
+			if err := c.SetScatter(mode); err != nil {
+				t.Fatal(err)
+			}
 			n := 300 // more than one launch's worth
 			m, err := c.Alloc(0, int64(n)*8192)
 			if err != nil {
@@ -125,7 +127,9 @@ func TestFakeScatterChecks(t *testing.T) {
 	f.mu.Lock()
 	f.pieces.badPTX = true
 	f.mu.Unlock()
-	c.scatter = "kernel"
+	if err := c.SetScatter("kernel"); err != nil {
+		t.Fatal(err)
+	}
 	m, err := c.Alloc(0, 1<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +158,9 @@ func TestFakeScatterChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.scatter = "copies"
+	if err := c.SetScatter("copies"); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.ScatterToDevice(buf, two); err != nil {
 		t.Fatal(err)
 	}
@@ -182,10 +188,12 @@ func TestGPUScatterGather(t *testing.T) {
 	copy(src.Bytes(), pattern(int(hostLen), 0x3c))
 	s := stream(t, c)
 	for _, mode := range []string{"kernel", "batch", "copies", "auto"} {
-		c.scatter = mode
 		if mode == "batch" && c.d.cuMemcpyBatchAsync.addr == 0 {
 			t.Logf("batch: skipped, the driver has no cuMemcpyBatchAsync (CUDA 12.8+)")
 			continue
+		}
+		if err := c.SetScatter(mode); err != nil {
+			t.Fatal(err)
 		}
 		if err := c.Memset(0, m.Addr(), 0, devLen); err != nil {
 			t.Fatal(err)

@@ -129,8 +129,8 @@ func (ps *pieceState) free(d *driver) error {
 // ScatterReport says why). Caller holds mu.
 func (c *Connector) loadKernel(dev int, ctx uintptr) {
 	k := &c.kern[dev]
-	if c.scatter != "auto" && c.scatter != "kernel" {
-		k.err = errs.New(unix.EOPNOTSUPP, "%s=%s", EnvScatter, c.scatter)
+	if m := c.scatterMode(); m != "auto" && m != "kernel" {
+		k.err = errs.New(unix.EOPNOTSUPP, "%s=%s", EnvScatter, m)
 		return
 	}
 	k.err = c.inContext(ctx, func() error {
@@ -171,7 +171,7 @@ func (c *Connector) kernel(dev int) (uintptr, error) {
 // method picks how to move ps, span bytes from the first piece's start
 // to the last one's end.
 func (c *Connector) method(dev int, ps []connector.Piece, span int64) pieceMethod {
-	switch c.scatter {
+	switch c.scatterMode() {
 	case "kernel":
 		return methodKernel
 	case "batch":
@@ -201,7 +201,7 @@ func (c *Connector) method(dev int, ps []connector.Piece, span int64) pieceMetho
 // context exists, and how many went each way.
 func (c *Connector) ScatterReport() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s=%s, cuMemcpyBatchAsync %s", EnvScatter, c.scatter, map[bool]string{true: "available", false: "absent"}[c.d.cuMemcpyBatchAsync.addr != 0])
+	fmt.Fprintf(&b, "%s=%s, cuMemcpyBatchAsync %s", EnvScatter, c.scatterMode(), map[bool]string{true: "available", false: "absent"}[c.d.cuMemcpyBatchAsync.addr != 0])
 	for dev := range c.kern {
 		if c.ctx[dev].Load() == 0 {
 			continue
@@ -260,3 +260,22 @@ func (s *Stream) movePieces(host []byte, ps []connector.Piece, gather bool) erro
 		return s.eachCopy(host, ps, gather)
 	})
 }
+
+// SetScatter changes how later scatters and gathers move (a PHX_SCATTER
+// value): benchmarks compare the methods in one process. The kernel is
+// loaded with each device's context, so kernel mode needs a connector
+// opened in auto or kernel mode.
+func (c *Connector) SetScatter(mode string) error {
+	m, err := ParseScatterMode(mode)
+	if err != nil {
+		return err
+	}
+	if m == "batch" && c.d.cuMemcpyBatchAsync.addr == 0 {
+		return errs.New(unix.EOPNOTSUPP, "nvidia: no cuMemcpyBatchAsync in the driver (CUDA 12.8+)")
+	}
+	c.scatter.Store(m)
+	return nil
+}
+
+// scatterMode is the PHX_SCATTER mode in force.
+func (c *Connector) scatterMode() string { return c.scatter.Load().(string) }
