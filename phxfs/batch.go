@@ -1,6 +1,7 @@
 package phxfs
 
 import (
+	"runtime/trace"
 	"sync"
 	"sync/atomic"
 
@@ -21,12 +22,14 @@ func (l *Lib) ReadBatch(reqs []Request) (int, error) { return l.batch(false, req
 func (l *Lib) WriteBatch(reqs []Request) (int, error) { return l.batch(true, reqs) }
 
 func (l *Lib) batch(write bool, reqs []Request) (int, error) {
-	p, err := l.prepare(write, reqs)
+	var p *plan
+	var err error
+	trace.WithRegion(bg, "phxfs.prepare", func() { p, err = l.prepare(write, reqs) })
 	if err != nil {
 		return 0, err
 	}
 	l.stats.batches.Add(1)
-	l.execute(p)
+	trace.WithRegion(bg, "phxfs.execute", func() { l.execute(p) })
 	return failures(reqs), nil
 }
 

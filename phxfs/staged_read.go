@@ -1,10 +1,17 @@
 package phxfs
 
 import (
+	"context"
+	"runtime/trace"
+
 	"phxmount/connector"
 	"phxmount/internal/errs"
 	"phxmount/ioengine"
 )
+
+// bg is the context of the trace regions that time the staged pipeline's
+// steps (go tool trace; free when no trace runs).
+var bg = context.Background()
 
 // minStagedShare is the least a worker is given of a staged plan: a small
 // batch (a few KV-cache blocks, one tensor) runs on a few workers, so that
@@ -84,9 +91,11 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, od
 	for k := 0; k < len(idx); {
 		k = r.group(idx, k)
 	}
-	for slot := range slots {
-		r.sf.settle(slot, slots[slot], xfers)
-	}
+	trace.WithRegion(bg, "phxfs.settle", func() {
+		for slot := range slots {
+			r.sf.settle(slot, slots[slot], xfers)
+		}
+	})
 }
 
 // stagedReader is one worker's staged read of its share of a plan.
@@ -132,18 +141,19 @@ func (r *stagedReader) group(idx []int, k int) int {
 	for g := max(len(r.slots)/2, 1); g > 0 && k < len(idx) && r.xfers[idx[k]].dev == dev; g-- {
 		slot := r.next
 		r.next = (r.next + 1) % len(r.slots)
-		r.sf.settle(slot, r.slots[slot], r.xfers)
+		trace.WithRegion(bg, "phxfs.settle", func() { r.sf.settle(slot, r.slots[slot], r.xfers) })
 		k = r.pack(slot, idx, k, dev)
 		r.filled = append(r.filled, slot)
 	}
-	runErr := r.eng.Run(r.ops)
+	var runErr error
+	trace.WithRegion(bg, "phxfs.read", func() { runErr = r.eng.Run(r.ops) })
 	n := 0
 	for _, slot := range r.filled {
 		m := n
 		for m < len(r.reads) && r.reads[m].slot == slot {
 			m++
 		}
-		r.scatter(ss[r.w], slot, n, m, runErr)
+		trace.WithRegion(bg, "phxfs.scatter", func() { r.scatter(ss[r.w], slot, n, m, runErr) })
 		n = m
 	}
 	return k

@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
+	"runtime/trace"
 	"sync"
 	"time"
 
@@ -28,6 +32,7 @@ const (
 
 type kvOpts struct {
 	file, out, scatter, blocks, threads string
+	trace, cpuprofile                   string
 	workers                             int
 	bounce                              int64
 }
@@ -42,6 +47,8 @@ func kvMain(args []string) error {
 	fs.StringVar(&o.threads, "threads", "1,4", "client goroutines")
 	fs.IntVar(&o.workers, "workers", 16, "phxfs workers")
 	fs.Int64Var(&o.bounce, "bounce", 4, "bounce size in MiB")
+	fs.StringVar(&o.trace, "trace", "", "write a runtime trace of the runs here")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the runs here")
 	fs.Parse(args)
 	if o.file == "" || o.out == "" {
 		return fmt.Errorf("kv: -file and -out please")
@@ -52,7 +59,44 @@ func kvMain(args []string) error {
 	}
 	defer k.close()
 	defer k.rep.write(o.out)
+	stop, err := profile(o.trace, o.cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	return k.run()
+}
+
+// profile starts a runtime trace and a CPU profile where asked; stop ends
+// them.
+func profile(tracePath, cpuPath string) (stop func(), err error) {
+	var files []*os.File
+	stop = func() {
+		trace.Stop()
+		pprof.StopCPUProfile()
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	for _, p := range []struct {
+		path  string
+		start func(io.Writer) error
+	}{{tracePath, trace.Start}, {cpuPath, pprof.StartCPUProfile}} {
+		if p.path == "" {
+			continue
+		}
+		f, err := os.Create(p.path)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		files = append(files, f)
+		if err := p.start(f); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	return stop, nil
 }
 
 // kvBench is one kv run: the connector, the library, the registered
@@ -180,7 +224,10 @@ func (k *kvBench) restore(reqs []phxfs.Request, threads int) (time.Duration, err
 					return
 				}
 				batch := append([]phxfs.Request(nil), reqs[lo:min(lo+kvBatch, len(reqs))]...)
-				if n, err := k.lib.ReadBatch(batch); err != nil || n != 0 {
+				var n int
+				var err error
+				trace.WithRegion(context.Background(), "kv.batch", func() { n, err = k.lib.ReadBatch(batch) })
+				if err != nil || n != 0 {
 					errc <- fmt.Errorf("%d of %d failed (%v)", n, len(batch), err)
 					return
 				}
