@@ -41,9 +41,9 @@ type Config struct {
 	QueueDepth int
 	// MaxQueuedBatches bounds the FIFO of submitted batches (default 16).
 	MaxQueuedBatches int
-	// BounceSize is the size of each staged bounce buffer; every worker has
-	// two (default 2 MiB: measured on an H200, 2 MiB beat 4 MiB by 4-10%
-	// hot, docs/gpu-notes.md).
+	// BounceSize is the size of each staged bounce buffer (default 4 MiB:
+	// with the slots made before the first load, 16 workers x 4 MiB beat
+	// 2 MiB on an H200, docs/gpu-notes.md run 10).
 	BounceSize int64
 	// SplitSize cuts large host and direct operations so that one big
 	// request keeps every worker busy (default 8 MiB; 0 keeps the default,
@@ -53,6 +53,11 @@ type Config struct {
 	// worker, 2 to 32; a worker fills half of them in one engine run while
 	// the other half's copies run (0: PHX_STAGED_BUFFERS, else 2).
 	StagedBuffers int
+	// StagedShare is the least a worker is given of a staged batch (default
+	// 1 MiB): a small batch (a few KV-cache blocks, one tensor) runs on a
+	// few workers, which keeps the copy engine's driver calls few and lets
+	// concurrent batches from other client threads run beside it.
+	StagedShare int64
 	// ODirect is the staged transport's read policy (policy.go); ODirectAuto
 	// lets PHX_DIRECT_IO choose.
 	ODirect ODirect
@@ -102,7 +107,8 @@ func New(cfg Config) (*Lib, error) {
 	defaults.Set(&cfg.Workers, min(max(runtime.NumCPU(), 2), 16))
 	defaults.Set(&cfg.QueueDepth, 1024)
 	defaults.Set(&cfg.MaxQueuedBatches, 16)
-	defaults.Set(&cfg.BounceSize, 2<<20)
+	defaults.Set(&cfg.BounceSize, 4<<20)
+	defaults.Set(&cfg.StagedShare, 1<<20)
 	if cfg.BounceSize%4096 != 0 {
 		return nil, errs.New(unix.EINVAL, "phxfs: bounce size %d is not a multiple of 4096", cfg.BounceSize)
 	}

@@ -13,19 +13,15 @@ import (
 // steps (go tool trace; free when no trace runs).
 var bg = context.Background()
 
-// minStagedShare is the least a worker is given of a staged plan: a small
-// batch (a few KV-cache blocks, one tensor) runs on a few workers, so that
-// concurrent batches from other client threads run beside it on the
-// others instead of queueing behind it on every worker.
-const minStagedShare = 256 << 10
-
-// stagedWorkers is how many workers a staged plan of these xfers uses.
+// stagedWorkers is how many workers a staged plan of these xfers uses:
+// each gets at least Config.StagedShare bytes.
 func (l *Lib) stagedWorkers(xs []xfer) int {
 	var bytes int64
 	for i := range xs {
 		bytes += xs[i].len
 	}
-	n := int((bytes + minStagedShare - 1) / minStagedShare)
+	share := l.cfg.StagedShare
+	n := int((bytes + share - 1) / share)
 	return max(min(n, len(xs), l.pool.Workers()), 1)
 }
 

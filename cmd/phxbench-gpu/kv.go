@@ -34,7 +34,7 @@ type kvOpts struct {
 	file, out, scatter, blocks, threads string
 	trace, cpuprofile                   string
 	workers                             int
-	bounce                              int64
+	bounce, share                       int64
 }
 
 func kvMain(args []string) error {
@@ -47,6 +47,7 @@ func kvMain(args []string) error {
 	fs.StringVar(&o.threads, "threads", "1,4", "client goroutines")
 	fs.IntVar(&o.workers, "workers", 16, "phxfs workers")
 	fs.Int64Var(&o.bounce, "bounce", 4, "bounce size in MiB")
+	fs.Int64Var(&o.share, "share", 0, "least KiB of a batch per worker (0: the library's default)")
 	fs.StringVar(&o.trace, "trace", "", "write a runtime trace of the runs here")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the runs here")
 	fs.Parse(args)
@@ -119,7 +120,8 @@ func newKV(o kvOpts) (*kvBench, error) {
 	if k.mem, err = k.conn.Alloc(0, kvTotal); err != nil {
 		return k, err
 	}
-	k.lib, err = phxfs.New(phxfs.Config{Connector: k.conn, Workers: o.workers, BounceSize: o.bounce * mib, Transport: phxfs.Staged})
+	k.lib, err = phxfs.New(phxfs.Config{Connector: k.conn, Workers: o.workers, BounceSize: o.bounce * mib, StagedShare: o.share << 10,
+		Transport: phxfs.Staged})
 	if err != nil {
 		return k, err
 	}
@@ -179,7 +181,7 @@ func (k *kvBench) run() error {
 				if err != nil {
 					return fmt.Errorf("kv %d KiB, %d threads, %s: %w", bk, th, m, err)
 				}
-				k.rep.add(fmt.Sprintf("kv in-process %4d KiB blocks, %d thread(s), scatter %s", bk, th, m), kvTotal, d,
+				k.rep.add(fmt.Sprintf("kv in-process %4d KiB blocks, %d thread(s), scatter %s, share %d KiB", bk, th, m, k.o.share), kvTotal, d,
 					"409 requests per batch, hot file, registered before the clock")
 			}
 		}
