@@ -251,6 +251,31 @@ func putHeader(b []byte) {
 	le.PutUint16(b[6:], 0)
 }
 
+// encodeOneField lays out a request of size bytes whose one input is v,
+// an integer of width bytes at offset 8 (INFO, DEREGISTER).
+func encodeOneField(size, width int, v uint64) []byte {
+	b := make([]byte, size)
+	putHeader(b)
+	var w [8]byte
+	le.PutUint64(w[:], v)
+	copy(b[8:8+width], w[:width])
+	return b
+}
+
+// decodeOneField checks a request that encodeOneField lays out and returns
+// its field; everything past it must be zero (else EINVAL saying why).
+func decodeOneField(b []byte, size, width int, what, why string) (uint64, error) {
+	if err := checkHeader(b, size, what); err != nil {
+		return 0, err
+	}
+	if !zero(b[8+width:]) {
+		return 0, einval("%s: %s", what, why)
+	}
+	var w [8]byte
+	copy(w[:], b[8:8+width])
+	return le.Uint64(w[:]), nil
+}
+
 func zero(b []byte) bool {
 	for _, c := range b {
 		if c != 0 {

@@ -37,23 +37,13 @@ const (
 )
 
 // EncodeInfoReq lays out an INFO request for device dev.
-func EncodeInfoReq(dev int32) []byte {
-	b := make([]byte, InfoSize)
-	putHeader(b)
-	le.PutUint32(b[8:], uint32(dev))
-	return b
-}
+func EncodeInfoReq(dev int32) []byte { return encodeOneField(InfoSize, 4, uint64(uint32(dev))) }
 
 // DecodeInfoReq checks an INFO request and returns the device it asks
 // about. Everything past offset 12 must be zero.
 func DecodeInfoReq(b []byte) (int32, error) {
-	if err := checkHeader(b, InfoSize, "info"); err != nil {
-		return 0, err
-	}
-	if !zero(b[12:]) {
-		return 0, einval("info: output fields must be zero on input")
-	}
-	return int32(le.Uint32(b[8:])), nil
+	dev, err := decodeOneField(b, InfoSize, 4, "info", "output fields must be zero on input")
+	return int32(uint32(dev)), err
 }
 
 func putString(b []byte, s string) {

@@ -65,20 +65,9 @@ func DecodeRegisterResp(b []byte) (RegisterResp, error) {
 }
 
 // EncodeDeregister lays out a DEREGISTER request.
-func EncodeDeregister(id uint64) []byte {
-	b := make([]byte, DeregisterSize)
-	putHeader(b)
-	le.PutUint64(b[8:], id)
-	return b
-}
+func EncodeDeregister(id uint64) []byte { return encodeOneField(DeregisterSize, 8, id) }
 
 // DecodeDeregister checks and decodes a DEREGISTER request.
 func DecodeDeregister(b []byte) (uint64, error) {
-	if err := checkHeader(b, DeregisterSize, "deregister"); err != nil {
-		return 0, err
-	}
-	if !zero(b[16:]) {
-		return 0, einval("deregister: reserved fields must be zero")
-	}
-	return le.Uint64(b[8:]), nil
+	return decodeOneField(b, DeregisterSize, 8, "deregister", "reserved fields must be zero")
 }

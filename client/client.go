@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"phxmount/internal/pciaddr"
 )
 
 // File is an open file on a phxmount mount. Every command can be sent on
@@ -268,4 +270,28 @@ func (f *File) InfoDevice(dev int) (Info, error) {
 		return Info{}, err
 	}
 	return DecodeInfo(b)
+}
+
+// DeviceByPCI returns the index, in this mount, of the device at PCI
+// address pci. A client's device ordinal is its own (CUDA_VISIBLE_DEVICES
+// renumbers GPUs, and the daemon may see others), while the PCI address is
+// the machine's: a client registering a GPU buffer finds the mount's index
+// of its GPU here. ENODEV when no device of the mount is at pci.
+func (f *File) DeviceByPCI(pci string) (int, error) {
+	want := pciaddr.Normalize(pci)
+	in, err := f.InfoDevice(0)
+	for dev := 0; err == nil && dev < int(in.Devices); dev++ {
+		if dev > 0 {
+			if in, err = f.InfoDevice(dev); err != nil {
+				break
+			}
+		}
+		if pciaddr.Normalize(in.PCIAddress) == want {
+			return dev, nil
+		}
+	}
+	if err != nil {
+		return -1, err
+	}
+	return -1, &Error{Op: "device at " + want, Path: f.path, Errno: unix.ENODEV}
 }

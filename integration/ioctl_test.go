@@ -362,6 +362,16 @@ func TestIoctlSeveralDevices(t *testing.T) {
 	}
 
 	f := openClient(t, path, unix.O_RDONLY)
+	// A client finds the mount's index of its device by PCI address, in
+	// sysfs's or the CUDA driver's spelling.
+	for want, pci := range []string{"0000:e0:00.0", "00000000:E0:01.0"} {
+		if dev, err := f.DeviceByPCI(pci); dev != want || err != nil {
+			t.Errorf("DeviceByPCI(%s) = %d, %v; want %d", pci, dev, err, want)
+		}
+	}
+	if dev, err := f.DeviceByPCI("0000:e0:07.0"); !errors.Is(err, unix.ENODEV) {
+		t.Errorf("DeviceByPCI of a device the mount does not have = %d, %v; want ENODEV", dev, err)
+	}
 	m0, m1 := emuBuffer(t, 0, 4<<20), emuBuffer(t, 1, 4<<20)
 	b0, b1 := register(t, f, m0), register(t, f, m1)
 	ext := []client.Extent{

@@ -299,13 +299,29 @@ func TestGPUErrors(t *testing.T) {
 	closeT(t, m)
 }
 
-// TestGPUIPC exports memory and has a child process (this test binary
-// again) import it, check the parent's bytes and write its own.
+// TestGPUIPC exports memory on every GPU and has a child process (this
+// test binary again) import it on the same GPU, check the parent's bytes
+// and write its own: the daemon imports buffers of any GPU, not only the
+// first.
 func TestGPUIPC(t *testing.T) {
 	c := gpu(t)
+	devs, _ := c.Devices()
+	for _, d := range devs {
+		t.Run(fmt.Sprintf("device%d", d.Index), func(t *testing.T) { ipcRoundTrip(t, c, d.Index) })
+	}
+	if len(devs) < 2 {
+		t.Logf("one GPU: the import on a second GPU did not run")
+	}
+}
+
+func ipcRoundTrip(t *testing.T, c *Connector, dev int) {
 	const n = 3 << 20
-	m := devMem(t, c, n)
-	if err := c.CopyToDeviceSync(0, m.Addr(), pattern(n, 0x11)); err != nil {
+	m, err := c.Alloc(dev, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeT(t, m)
+	if err := c.CopyToDeviceSync(dev, m.Addr(), pattern(n, 0x11)); err != nil {
 		t.Fatal(err)
 	}
 	h, err := m.Export()
@@ -315,13 +331,17 @@ func TestGPUIPC(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestGPUIPCChild$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), ipcEnv+"="+hex.EncodeToString(h[:])+","+strconv.Itoa(n))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d,%d", ipcEnv, hex.EncodeToString(h[:]), n, dev))
 	out, err := cmd.CombinedOutput()
 	t.Logf("child:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "--- PASS: TestGPUIPCChild") {
 		t.Fatalf("child: %v", err)
 	}
-	if !holds(t, c, m, pattern(n, 0x22)) {
+	got := make([]byte, n)
+	if err := c.CopyToHost(got, m.Addr(), dev); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, pattern(n, 0x22)) {
 		t.Fatal("the child's bytes are not in the parent's memory")
 	}
 }
@@ -332,31 +352,33 @@ func TestGPUIPCChild(t *testing.T) {
 	if arg == "" {
 		t.Skip("child of TestGPUIPC only")
 	}
-	hs, ns, _ := strings.Cut(arg, ",")
-	raw, err := hex.DecodeString(hs)
-	n, err2 := strconv.Atoi(ns)
-	if err != nil || err2 != nil || len(raw) != connector.HandleSize {
+	f := strings.Split(arg, ",")
+	raw, err := hex.DecodeString(f[0])
+	if len(f) != 3 || err != nil || len(raw) != connector.HandleSize {
 		t.Fatalf("bad %s=%q", ipcEnv, arg)
 	}
+	n, _ := strconv.Atoi(f[1])
+	dev, _ := strconv.Atoi(f[2])
 	c := gpu(t)
 	var h connector.Handle
 	copy(h[:], raw)
-	if _, err := c.Import(0, h, int64(n)+(4<<20), os.Getppid()); !errors.Is(err, unix.EINVAL) {
+	if _, err := c.Import(dev, h, int64(n)+(4<<20), os.Getppid()); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("import of more than was exported: %v, want EINVAL", err)
 	}
-	m, err := c.Import(0, h, int64(n), os.Getppid())
+	m, err := c.Import(dev, h, int64(n), os.Getppid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeT(t, m)
-	t.Logf("imported %#x+%d", m.Addr(), m.Size())
-	if _, err := c.Resolve(0, m.Addr()+4096, int64(n)-4096); err != nil {
+	t.Logf("imported %#x+%d on device %d", m.Addr(), m.Size(), dev)
+	if _, err := c.Resolve(dev, m.Addr()+4096, int64(n)-4096); err != nil {
 		t.Errorf("Resolve inside the import: %v", err)
 	}
-	if !holds(t, c, m, pattern(n, 0x11)) {
-		t.Fatal("imported memory does not hold the parent's bytes")
+	got := make([]byte, n)
+	if err := c.CopyToHost(got, m.Addr(), dev); err != nil || !bytes.Equal(got, pattern(n, 0x11)) {
+		t.Fatalf("imported memory does not hold the parent's bytes (%v)", err)
 	}
-	if err := c.CopyToDeviceSync(0, m.Addr(), pattern(n, 0x22)); err != nil {
+	if err := c.CopyToDeviceSync(dev, m.Addr(), pattern(n, 0x22)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -27,7 +27,6 @@
 package nvidia
 
 import (
-	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -38,6 +37,7 @@ import (
 
 	"phxmount/connector"
 	"phxmount/internal/errs"
+	"phxmount/internal/pciaddr"
 )
 
 // gpuPageSize is the GPU page that P2P mappings (nv-p2p) pin: registrations
@@ -131,7 +131,7 @@ func newConnector(d *driver) (*Connector, error) {
 		c.devs = append(c.devs, connector.DeviceInfo{
 			Index:       i,
 			Name:        cBuf(name[:]),
-			PCIAddress:  normalizePCI(cBuf(pci[:])),
+			PCIAddress:  pciaddr.Normalize(cBuf(pci[:])),
 			PageSize:    gpuPageSize,
 			MemoryBytes: int64(mem),
 		})
@@ -145,16 +145,6 @@ func cBuf(b []byte) string {
 		b = b[:i]
 	}
 	return string(b)
-}
-
-// normalizePCI turns the driver's "00000000:3B:00.0" into the sysfs form
-// "0000:3b:00.0" that the rest of the system (and phxfs) uses.
-func normalizePCI(s string) string {
-	var dom, bus, dev, fn uint32
-	if n, err := fmt.Sscanf(s, "%x:%x:%x.%x", &dom, &bus, &dev, &fn); err != nil || n != 4 {
-		return strings.ToLower(s)
-	}
-	return fmt.Sprintf("%04x:%02x:%02x.%x", dom, bus, dev, fn)
 }
 
 // Vendor is "nvidia".

@@ -61,19 +61,6 @@ func TestErrnoMapping(t *testing.T) {
 	}
 }
 
-func TestNormalizePCI(t *testing.T) {
-	for in, want := range map[string]string{
-		"00000000:3B:00.0": "0000:3b:00.0",
-		"0000:C1:00.0":     "0000:c1:00.0",
-		"00000001:0A:1F.7": "0001:0a:1f.7",
-		"weird":            "weird",
-	} {
-		if got := normalizePCI(in); got != want {
-			t.Errorf("normalizePCI(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // haveLibcuda reports whether the driver library can be loaded here.
 func haveLibcuda() (bool, error) {
 	_, err := load()
