@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -336,7 +335,8 @@ func raiseNoFile(log *logrus.Entry) {
 	}
 	want := lim.Max
 	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
-		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && n > want {
+		var n uint64
+		if _, err := fmt.Sscan(string(b), &n); err == nil && n > want {
 			want = n
 		}
 	}

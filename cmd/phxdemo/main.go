@@ -10,14 +10,11 @@ package main
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"time"
 
 	"phxmount/client"
@@ -30,148 +27,27 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: phxdemo gen -out FILE [-size-mb N] | phxdemo load -file FILE")
 		os.Exit(2)
 	}
-	var err error
-	switch os.Args[1] {
-	case "gen":
-		fs := flag.NewFlagSet("gen", flag.ExitOnError)
-		out := fs.String("out", "", "file to write")
-		mb := fs.Int("size-mb", 256, "approximate size in MiB")
-		fs.Parse(os.Args[2:])
-		err = gen(*out, int64(*mb)<<20)
-	case "load":
-		fs := flag.NewFlagSet("load", flag.ExitOnError)
-		file := fs.String("file", "", "safetensors file on a phxmount mount")
-		fs.Parse(os.Args[2:])
-		err = load(*file)
-	default:
-		err = fmt.Errorf("unknown command %q", os.Args[1])
-	}
-	if err != nil {
+	if err := run(os.Args[1], os.Args[2:]); err != nil {
 		fmt.Fprintln(os.Stderr, "phxdemo:", err)
 		os.Exit(1)
 	}
 }
 
-type tensor struct {
-	DType       string   `json:"dtype"`
-	Shape       []int64  `json:"shape"`
-	DataOffsets [2]int64 `json:"data_offsets"`
-}
-
-// layout is a small transformer's tensors, scaled so that the data is about
-// size bytes.
-func layout(size int64) (names []string, ts map[string]tensor) {
-	const hidden = 1024
-	ts = map[string]tensor{}
-	var off int64
-	add := func(name string, shape ...int64) {
-		n := int64(2) // bf16
-		for _, d := range shape {
-			n *= d
-		}
-		ts[name] = tensor{DType: "BF16", Shape: shape, DataOffsets: [2]int64{off, off + n}}
-		names = append(names, name)
-		off += n
+// run runs the command cmd with its arguments.
+func run(cmd string, args []string) error {
+	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+	switch cmd {
+	case "gen":
+		out := fs.String("out", "", "file to write")
+		mb := fs.Int("size-mb", 256, "approximate size in MiB")
+		fs.Parse(args)
+		return gen(*out, int64(*mb)<<20)
+	case "load":
+		file := fs.String("file", "", "safetensors file on a phxmount mount")
+		fs.Parse(args)
+		return load(*file)
 	}
-	add("model.embed_tokens.weight", 32000, hidden)
-	perLayer := int64(2*(4*hidden*hidden+3*hidden*2816) + 2*2*hidden)
-	layers := max((size-off)/perLayer, 1)
-	for l := int64(0); l < layers; l++ {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		add(p+"input_layernorm.weight", hidden)
-		for _, m := range []string{"q", "k", "v", "o"} {
-			add(p+"self_attn."+m+"_proj.weight", hidden, hidden)
-		}
-		add(p+"post_attention_layernorm.weight", hidden)
-		add(p+"mlp.gate_proj.weight", 2816, hidden)
-		add(p+"mlp.up_proj.weight", 2816, hidden)
-		add(p+"mlp.down_proj.weight", hidden, 2816)
-	}
-	add("model.norm.weight", hidden)
-	return names, ts
-}
-
-// gen writes the file: 8-byte little-endian header length, JSON header,
-// tensor data from a fixed-seed generator.
-func gen(out string, size int64) error {
-	if out == "" {
-		return errors.New("gen: -out is required")
-	}
-	names, ts := layout(size)
-	hdr := map[string]any{"__metadata__": map[string]string{"format": "pt", "generator": "phxdemo"}}
-	for n, t := range ts {
-		hdr[n] = t
-	}
-	js, err := json.Marshal(hdr)
-	if err != nil {
-		return err
-	}
-	for len(js)%8 != 0 { // safetensors pads the header with spaces
-		js = append(js, ' ')
-	}
-	last := ts[names[len(names)-1]].DataOffsets[1]
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	var lenb [8]byte
-	binary.LittleEndian.PutUint64(lenb[:], uint64(len(js)))
-	if _, err := f.Write(append(lenb[:], js...)); err != nil {
-		return err
-	}
-	buf := make([]byte, 4<<20)
-	x := uint64(0x9E3779B97F4A7C15)
-	for done := int64(0); done < last; {
-		n := min(int64(len(buf)), last-done)
-		for i := int64(0); i+8 <= n; i += 8 { // splitmix64
-			x += 0x9E3779B97F4A7C15
-			z := x
-			z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-			z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-			binary.LittleEndian.PutUint64(buf[i:], z^(z>>31))
-		}
-		if _, err := f.Write(buf[:n]); err != nil {
-			return err
-		}
-		done += n
-	}
-	fmt.Printf("wrote %s: %d tensors, %.1f MiB (header %d bytes)\n", out, len(names), float64(8+int64(len(js))+last)/(1<<20), len(js))
-	return f.Close()
-}
-
-// parseHeader reads a safetensors header.
-func parseHeader(f *os.File) (dataStart int64, names []string, ts map[string]tensor, err error) {
-	var lenb [8]byte
-	if _, err := f.ReadAt(lenb[:], 0); err != nil {
-		return 0, nil, nil, err
-	}
-	n := int64(binary.LittleEndian.Uint64(lenb[:]))
-	if n <= 0 || n > 100<<20 {
-		return 0, nil, nil, fmt.Errorf("header length %d", n)
-	}
-	js := make([]byte, n)
-	if _, err := f.ReadAt(js, 8); err != nil {
-		return 0, nil, nil, err
-	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(js, &raw); err != nil {
-		return 0, nil, nil, err
-	}
-	ts = map[string]tensor{}
-	for k, v := range raw {
-		if k == "__metadata__" {
-			continue
-		}
-		var t tensor
-		if err := json.Unmarshal(v, &t); err != nil {
-			return 0, nil, nil, fmt.Errorf("tensor %s: %v", k, err)
-		}
-		ts[k] = t
-		names = append(names, k)
-	}
-	sort.Slice(names, func(i, j int) bool { return ts[names[i]].DataOffsets[0] < ts[names[j]].DataOffsets[0] })
-	return 8 + n, names, ts, nil
+	return fmt.Errorf("unknown command %q", cmd)
 }
 
 // checkVendor refuses a mount that is not on the emulated device: the demo
@@ -185,14 +61,6 @@ func checkVendor(info client.Info) error {
 }
 
 func gbps(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
-
-// safetensors is a parsed file: where its tensor data starts and ends,
-// and its tensors in file order.
-type safetensors struct {
-	dataStart, dataLen int64
-	names              []string
-	ts                 map[string]tensor
-}
 
 // device is the emulated device buffer registered with the mount.
 type device struct {
@@ -215,11 +83,10 @@ func load(path string) error {
 		return err
 	}
 	defer pf.Close()
-	dataStart, names, ts, err := parseHeader(pf)
+	st, err := parse(pf)
 	if err != nil {
-		return fmt.Errorf("%s: not a safetensors file: %v", path, err)
+		return fmt.Errorf("%s: not a safetensors file: %w", path, err)
 	}
-	st := safetensors{dataStart: dataStart, dataLen: ts[names[len(names)-1]].DataOffsets[1], names: names, ts: ts}
 	plain, plainT, err := plainRead(pf, st)
 	if err != nil {
 		return err
@@ -261,7 +128,7 @@ func plainRead(pf *os.File, st safetensors) ([]byte, time.Duration, error) {
 	for r := 0; r < rounds; r++ {
 		t0 := time.Now()
 		if _, err := pf.ReadAt(plain, 0); err != nil && err != io.EOF {
-			return nil, 0, fmt.Errorf("plain read: %v", err)
+			return nil, 0, fmt.Errorf("plain read: %w", err)
 		}
 		if d := time.Since(t0); r == 0 || d < plainT {
 			plainT = d
@@ -275,7 +142,7 @@ func plainRead(pf *os.File, st safetensors) ([]byte, time.Duration, error) {
 // closes it, error or not.
 func registerDevice(f *client.File, path string, dataLen int64) (dev device, err error) {
 	if dev.info, err = f.Info(); err != nil {
-		return dev, fmt.Errorf("INFO ioctl (is %s on a phxmount mount?): %v", path, err)
+		return dev, fmt.Errorf("INFO ioctl (is %s on a phxmount mount?): %w", path, err)
 	}
 	info := dev.info
 	if err := checkVendor(info); err != nil {
@@ -296,7 +163,7 @@ func registerDevice(f *client.File, path string, dataLen int64) (dev device, err
 		return dev, err
 	}
 	if dev.buf, err = f.Register(client.VendorEmu, 0, h, size); err != nil {
-		return dev, fmt.Errorf("REGISTER: %v", err)
+		return dev, fmt.Errorf("REGISTER: %w", err)
 	}
 	fmt.Printf("registered a %d MiB %s device buffer: id %d, transport %s (engine %s)\n", size>>20, info.Vendor, dev.buf.ID, dev.buf.Transport, info.Engine)
 	return dev, nil
@@ -359,7 +226,7 @@ func verify(st safetensors, mem, plain []byte) error {
 // deregister drops the buffer and prints the daemon's counters after it.
 func deregister(f *client.File, buf client.Buffer) error {
 	if err := f.Deregister(buf); err != nil {
-		return fmt.Errorf("DEREGISTER: %v", err)
+		return fmt.Errorf("DEREGISTER: %w", err)
 	}
 	after, err := f.Info()
 	if err == nil {

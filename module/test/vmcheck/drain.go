@@ -13,13 +13,12 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector/pcibar"
+	"phxmount/connector"
 	"phxmount/kmod"
 )
 
@@ -72,6 +71,27 @@ func (pp *pagePipe) close() {
 	unix.Close(pp.w)
 }
 
+// letGo reads the held bytes out of the pipe and closes it, then waits
+// (10 s at most) for done, the end of what waited for the pipe to let go:
+// the call named what. The bytes read must be the pattern at off.
+func (pp *pagePipe) letGo(off int64, done <-chan error, what string) error {
+	got, err := pp.read(held)
+	pp.close()
+	if err != nil {
+		<-done
+		return err
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s still waiting 10 s after the pipe let go", what)
+	}
+	return checkPattern(got, off, "bytes read from the pipe")
+}
+
 // spliceFault splices b into a pipe of its own and returns the error.
 func spliceFault(b []byte) error {
 	var p [2]int
@@ -82,17 +102,6 @@ func spliceFault(b []byte) error {
 	defer unix.Close(p[1])
 	_, err := splice(p[1], b)
 	return err
-}
-
-// resident reports whether the first page of b has a PTE (mincore).
-func resident(b []byte) (bool, error) {
-	vec := []byte{0}
-	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])),
-		uintptr(os.Getpagesize()), uintptr(unsafe.Pointer(&vec[0])))
-	if e != 0 {
-		return false, e
-	}
-	return vec[0]&1 != 0, nil
 }
 
 // rawMap mmaps vmaSize bytes of d and MAPs size bytes of devAddr at the
@@ -120,6 +129,43 @@ func mapArgs(d *kmod.Device, b []byte, size int, devAddr uint64) kmod.MapArgs {
 	}
 }
 
+// rawMapping is BAR memory registered at the start of a VMA of a device
+// descriptor of its own by the MAP ioctl: the checks munmap or UNMAP it
+// themselves.
+type rawMapping struct {
+	d *kmod.Device
+	m connector.Memory
+	b []byte // the whole VMA
+}
+
+// newRawMapping allocates size bytes of BAR and registers them at the
+// start of a VMA of vmaSize bytes of a new descriptor of phxfs_dev0.
+func (e *env) newRawMapping(vmaSize, size int) (*rawMapping, error) {
+	d, err := kmod.Open(0)
+	if err != nil {
+		return nil, err
+	}
+	m, err := e.conn.Alloc(0, int64(size))
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	b, err := rawMap(d, vmaSize, size, m.Addr())
+	if err != nil {
+		m.Close()
+		d.Close()
+		return nil, err
+	}
+	return &rawMapping{d: d, m: m, b: b}, nil
+}
+
+// close frees the memory and closes the descriptor; the VMA stays the
+// caller's to munmap.
+func (r *rawMapping) close() {
+	r.m.Close()
+	r.d.Close()
+}
+
 func registrations() int64 {
 	n, err := kmod.ReadAttrInt(0, "registrations")
 	if err != nil {
@@ -142,18 +188,25 @@ func waitRegistrations(want int64) error {
 	}
 }
 
-func drainChecks(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
-	if err := unmapWaits(conn, dev, fd); err != nil {
-		return fmt.Errorf("unmap-waits: %w", err)
-	}
-	if err := munmapDefers(conn); err != nil {
-		return fmt.Errorf("munmap-defers: %w", err)
-	}
-	if err := revokeUnlocked(conn); err != nil {
-		return fmt.Errorf("revoke-unlocked: %w", err)
-	}
-	if err := unmapDuringDirectIO(conn, dev, fd); err != nil {
-		return fmt.Errorf("unmap-during-o_direct: %w", err)
+// drainChecks runs the drain checks in order. Each is given the module's
+// registrations when it starts (before) and must leave them as they were.
+func drainChecks(e *env) error {
+	for _, c := range []struct {
+		name  string
+		check func(e *env, before int64) error
+	}{
+		{"unmap-waits", unmapWaits},
+		{"munmap-defers", munmapDefers},
+		{"revoke-unlocked", revokeUnlocked},
+		{"unmap-during-o_direct", unmapDuringDirectIO},
+	} {
+		before := registrations()
+		if err := c.check(e, before); err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		if n := registrations(); n != before {
+			return fmt.Errorf("%s: registrations %d afterwards, want %d", c.name, n, before)
+		}
 	}
 	return nil
 }
@@ -161,16 +214,15 @@ func drainChecks(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 // unmapWaits: UNMAP while a pipe holds pages of the registration waits
 // until the pipe lets go; the bytes read from the pipe are the ones an
 // O_DIRECT read landed in device memory.
-func unmapWaits(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
+func unmapWaits(e *env, before int64) error {
 	const size = 1 << 20
 	const fileOff = 3 << 20
-	before := registrations()
-	m, mp, err := mapAlloc(conn, dev, size)
+	m, mp, err := e.mapAlloc(size)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if n, err := unix.Pread(fd, mp.Bytes(), fileOff); err != nil || n != size {
+	if n, err := unix.Pread(e.fd, mp.Bytes(), fileOff); err != nil || n != size {
 		return fmt.Errorf("O_DIRECT pread: %d, %v", n, err)
 	}
 	pp, err := holdPages(mp.Bytes()[:held])
@@ -191,25 +243,8 @@ func unmapWaits(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 		return fmt.Errorf("registrations %d while UNMAP waits, want %d", n, before+1)
 	}
 	ok("UNMAP waits while a pipe holds %d KiB of the mapping's pages (vmsplice)", held>>10)
-	got, err := pp.read(held)
-	pp.close()
-	if err != nil {
-		<-done
+	if err := pp.letGo(fileOff, done, "UNMAP"); err != nil {
 		return err
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			return err
-		}
-	case <-time.After(10 * time.Second):
-		return errors.New("UNMAP still waiting 10 s after the pipe let go")
-	}
-	if err := checkPattern(got, fileOff, "bytes read from the pipe"); err != nil {
-		return err
-	}
-	if n := registrations(); n != before {
-		return fmt.Errorf("registrations %d after UNMAP, want %d", n, before)
 	}
 	ok("UNMAP returned once the pipe let go; its %d KiB are the file's bytes", held>>10)
 	return nil
@@ -218,31 +253,21 @@ func unmapWaits(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 // munmapDefers: munmap (vm_ops close, under mmap_lock) does not wait for a
 // holder of the pages, but the registration is released only once the
 // holder lets go (by a worker).
-func munmapDefers(conn *pcibar.Connector) error {
+func munmapDefers(e *env, before int64) error {
 	const size = 1 << 20
-	before := registrations()
-	d, err := kmod.Open(0)
+	r, err := e.newRawMapping(size, size)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	m, err := conn.Alloc(0, size)
+	defer r.close()
+	patternAt(r.b[:held], 11<<30)
+	pp, err := holdPages(r.b[:held])
 	if err != nil {
-		return err
-	}
-	defer m.Close()
-	b, err := rawMap(d, size, size, m.Addr())
-	if err != nil {
-		return err
-	}
-	patternAt(b[:held], 11<<30)
-	pp, err := holdPages(b[:held])
-	if err != nil {
-		unix.Munmap(b)
+		unix.Munmap(r.b)
 		return err
 	}
 	start := time.Now()
-	if err := unix.Munmap(b); err != nil {
+	if err := unix.Munmap(r.b); err != nil {
 		pp.close()
 		return err
 	}
@@ -275,10 +300,9 @@ func munmapDefers(conn *pcibar.Connector) error {
 // mapping are in flight. UNMAP succeeds, each read either completes or
 // fails with EFAULT, and a completed read's bytes are right in device
 // memory (seen through a second registration of the same memory).
-func unmapDuringDirectIO(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
+func unmapDuringDirectIO(e *env, _ int64) error {
 	const size = 16 << 20
 	const fileOff = 40 << 20
-	before := registrations()
 	d2, err := kmod.Open(0)
 	if err != nil {
 		return err
@@ -286,7 +310,7 @@ func unmapDuringDirectIO(conn *pcibar.Connector, dev *kmod.Device, fd int) error
 	defer d2.Close()
 	completed, faulted := 0, 0
 	for _, delay := range []time.Duration{0, time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 100 * time.Millisecond} {
-		full, err := unmapDuringRead(conn, dev, d2, fd, size, fileOff, delay)
+		full, err := e.unmapDuringRead(d2, size, fileOff, delay)
 		if err != nil {
 			return fmt.Errorf("UNMAP %v into the read: %w", delay, err)
 		}
@@ -296,9 +320,6 @@ func unmapDuringDirectIO(conn *pcibar.Connector, dev *kmod.Device, fd int) error
 			faulted++
 		}
 	}
-	if n := registrations(); n != before {
-		return fmt.Errorf("registrations %d afterwards, want %d", n, before)
-	}
 	ok("UNMAP during O_DIRECT reads of %d MiB: %d reads completed with the right bytes, %d failed with EFAULT", size>>20, completed, faulted)
 	return nil
 }
@@ -307,8 +328,8 @@ func unmapDuringDirectIO(conn *pcibar.Connector, dev *kmod.Device, fd int) error
 // (the VMA stays until the read has returned, so that a late read cannot
 // land in memory mapped there afterwards); returns whether the read
 // completed.
-func unmapDuringRead(conn *pcibar.Connector, dev, d2 *kmod.Device, fd int, size int64, fileOff int64, delay time.Duration) (bool, error) {
-	m, err := conn.Alloc(0, size)
+func (e *env) unmapDuringRead(d2 *kmod.Device, size int64, fileOff int64, delay time.Duration) (bool, error) {
+	m, err := e.conn.Alloc(0, size)
 	if err != nil {
 		return false, err
 	}
@@ -319,7 +340,7 @@ func unmapDuringRead(conn *pcibar.Connector, dev, d2 *kmod.Device, fd int, size 
 	}
 	defer view.Unmap()
 	scribble(view.Bytes())
-	b, err := rawMap(dev, int(size), int(size), m.Addr())
+	b, err := rawMap(e.dev, int(size), int(size), m.Addr())
 	if err != nil {
 		return false, err
 	}
@@ -330,12 +351,12 @@ func unmapDuringRead(conn *pcibar.Connector, dev, d2 *kmod.Device, fd int, size 
 	}
 	read := make(chan result, 1)
 	go func() {
-		n, err := unix.Pread(fd, b, fileOff)
+		n, err := unix.Pread(e.fd, b, fileOff)
 		read <- result{n, err}
 	}()
 	time.Sleep(delay)
-	args := mapArgs(dev, b, int(size), m.Addr())
-	uerr := dev.Ioctl(kmod.IoctlUnmap, &args)
+	args := mapArgs(e.dev, b, int(size), m.Addr())
+	uerr := e.dev.Ioctl(kmod.IoctlUnmap, &args)
 	r := <-read
 	if uerr != nil {
 		return false, fmt.Errorf("UNMAP: %w", uerr)

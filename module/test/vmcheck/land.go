@@ -12,25 +12,24 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector/pcibar"
 	"phxmount/ioengine"
 	"phxmount/kmod"
 )
 
 // landSync: O_DIRECT pread from the NVMe file straight into device pages.
-func landSync(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
+func landSync(e *env) error {
 	const size = 8 << 20
 	const fileOff = 1 << 20
-	m, mp, err := mapAlloc(conn, dev, size)
+	m, mp, err := e.mapAlloc(size)
 	if err != nil {
 		return err
 	}
 	scribble(mp.Bytes())
-	n, err := unix.Pread(fd, mp.Bytes(), fileOff)
+	n, err := unix.Pread(e.fd, mp.Bytes(), fileOff)
 	if err != nil || n != size {
 		return fmt.Errorf("O_DIRECT pread into device pages: %d, %v", n, err)
 	}
-	if err := checkBoth(conn, mp, 0, fileOff, size, "pread"); err != nil {
+	if err := e.checkBoth(mp, 0, fileOff, size, "pread"); err != nil {
 		return err
 	}
 	ok("O_DIRECT pread landed %d MiB from NVMe in device pages at BAR offset %#x", size>>20, m.Offset())
@@ -40,16 +39,16 @@ func landSync(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 }
 
 // landUring: io_uring reads, 1 MiB each, in reverse file order.
-func landUring(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
+func landUring(e *env) error {
 	const size = 16 << 20
 	const chunk = 1 << 20
 	const fileOff = 32 << 20
-	e, err := ioengine.New(ioengine.KindIOUring, 64)
+	eng, err := ioengine.New(ioengine.KindIOUring, 64)
 	if err != nil {
 		return fmt.Errorf("io_uring engine: %w", err)
 	}
-	defer e.Close()
-	m, mp, err := mapAlloc(conn, dev, size)
+	defer eng.Close()
+	m, mp, err := e.mapAlloc(size)
 	if err != nil {
 		return err
 	}
@@ -57,13 +56,13 @@ func landUring(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 	var ops []ioengine.Op
 	for i := int64(0); i < size/chunk; i++ {
 		ops = append(ops, ioengine.Op{
-			Fd:   fd,
+			Fd:   e.fd,
 			Addr: mp.Host + uintptr(size-chunk-i*chunk),
 			Len:  chunk,
 			Off:  fileOff + i*chunk,
 		})
 	}
-	if err := e.Run(ops); err != nil {
+	if err := eng.Run(ops); err != nil {
 		return err
 	}
 	for i, op := range ops {
@@ -71,19 +70,19 @@ func landUring(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 			return fmt.Errorf("io_uring op %d: result %d", i, op.Result)
 		}
 		memOff := int64(op.Addr - mp.Host)
-		if err := checkBoth(conn, mp, memOff, op.Off, chunk, fmt.Sprintf("io_uring op %d", i)); err != nil {
+		if err := e.checkBoth(mp, memOff, op.Off, chunk, fmt.Sprintf("io_uring op %d", i)); err != nil {
 			return err
 		}
 		landed(m.Offset()+memOff, op.Off, chunk)
 	}
-	ok("%s engine landed %d reads (%d MiB) from NVMe in device pages", e.Name(), len(ops), size>>20)
+	ok("%s engine landed %d reads (%d MiB) from NVMe in device pages", eng.Name(), len(ops), size>>20)
 	return mp.Unmap() // m stays allocated, as above
 }
 
 // landBeyond2G maps the whole BAR in one registration (past the 2 GiB and
 // 4 GiB marks of the original module's descriptors) and reads into its end.
-func landBeyond2G(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
-	devs, _ := conn.Devices()
+func landBeyond2G(e *env) error {
+	devs, _ := e.conn.Devices()
 	bar := devs[0].MemoryBytes
 	if bar <= 2<<30 {
 		ok("BAR of %d MiB: registration past 2 GiB not tried", bar>>20)
@@ -93,7 +92,7 @@ func landBeyond2G(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 	if err != nil {
 		return err
 	}
-	mp, err := dev.Map(kmod.EmuDevAddr(0, 0), bar)
+	mp, err := e.dev.Map(kmod.EmuDevAddr(0, 0), bar)
 	if err != nil {
 		return fmt.Errorf("one registration of the whole %d MiB BAR: %w", bar>>20, err)
 	}
@@ -104,11 +103,11 @@ func landBeyond2G(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 	const n = 4 << 20
 	const fileOff = 60 << 20
 	memOff := bar - n - 64<<10
-	got, err := unix.Pread(fd, mp.Bytes()[memOff:memOff+n], fileOff)
+	got, err := unix.Pread(e.fd, mp.Bytes()[memOff:memOff+n], fileOff)
 	if err != nil || got != n {
 		return fmt.Errorf("pread at BAR offset %#x: %d, %v", memOff, got, err)
 	}
-	if err := checkBoth(conn, mp, memOff, fileOff, n, "pread past 2 GiB"); err != nil {
+	if err := e.checkBoth(mp, memOff, fileOff, n, "pread past 2 GiB"); err != nil {
 		return err
 	}
 	ok("O_DIRECT pread landed %d MiB at BAR offset %#x (past 2 GiB)", n>>20, memOff)
@@ -128,15 +127,15 @@ func landBeyond2G(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 }
 
 // writeBack: O_DIRECT pwrite from device pages to a file, read back.
-func writeBack(conn *pcibar.Connector, dev *kmod.Device, scratch string) error {
+func writeBack(e *env) error {
 	const size = 2 << 20
-	m, mp, err := mapAlloc(conn, dev, size)
+	m, mp, err := e.mapAlloc(size)
 	if err != nil {
 		return err
 	}
 	want := make([]byte, size)
 	patternAt(want, 7<<30)
-	s, err := conn.NewStream(0)
+	s, err := e.conn.NewStream(0)
 	if err != nil {
 		return err
 	}
@@ -147,7 +146,7 @@ func writeBack(conn *pcibar.Connector, dev *kmod.Device, scratch string) error {
 		return err
 	}
 	s.Close()
-	path := filepath.Join(scratch, "writeback.bin")
+	path := filepath.Join(e.scratch, "writeback.bin")
 	wfd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return err
@@ -173,7 +172,7 @@ func writeBack(conn *pcibar.Connector, dev *kmod.Device, scratch string) error {
 
 // reservedRAM: device 1 is reserved RAM (emu_ram=): O_DIRECT lands there
 // too, checked through the module mapping (no host view of guest RAM).
-func reservedRAM(fd int) error {
+func reservedRAM(e *env) error {
 	if !kmod.Available(1) {
 		ok("no reserved-RAM device: skipped")
 		return nil
@@ -197,7 +196,7 @@ func reservedRAM(fd int) error {
 		return err
 	}
 	scribble(mp.Bytes())
-	if got, err := unix.Pread(fd, mp.Bytes(), fileOff); err != nil || got != n {
+	if got, err := unix.Pread(e.fd, mp.Bytes(), fileOff); err != nil || got != n {
 		return fmt.Errorf("O_DIRECT pread into reserved RAM: %d, %v", got, err)
 	}
 	if err := checkPattern(mp.Bytes(), fileOff, "reserved RAM"); err != nil {

@@ -7,19 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector/pcibar"
+	"phxmount/internal/faultsafe"
 	"phxmount/kmod"
 )
 
 // busyModule: the module cannot go while a mapping exists, even with the
 // device file closed.
-func busyModule(conn *pcibar.Connector, dev *kmod.Device) error {
+func busyModule(*env) error {
 	before, err := kmod.ReadAttrInt(0, "registrations")
 	if err != nil {
 		return err
@@ -53,26 +52,11 @@ func busyModule(conn *pcibar.Connector, dev *kmod.Device) error {
 	return nil
 }
 
-var sink byte
-
-// faults reports whether fn faulted (SIGBUS/SIGSEGV on a mapping).
-func faults(fn func()) (faulted bool) {
-	old := debug.SetPanicOnFault(true)
-	defer debug.SetPanicOnFault(old)
-	defer func() {
-		if recover() != nil {
-			faulted = true
-		}
-	}()
-	fn()
-	return false
-}
-
 // unbind: the device goes away (PCI unbind) under a live mapping: its PTEs
 // are zapped and access faults, the old descriptor refuses new mappings
 // with ENODEV, UNMAP still releases; binding again brings phxfs_dev0 back
 // over the same bytes.
-func unbind() error {
+func unbind(*env) error {
 	const drv = "/sys/bus/pci/drivers/phxfs_emu/"
 	d, err := kmod.Open(0)
 	if err != nil {
@@ -94,8 +78,9 @@ func unbind() error {
 	if kmod.Available(0) {
 		return errors.New("/dev/phxfs_dev0 still there after unbind")
 	}
-	if !faults(func() { sink = mp.Bytes()[4096] }) {
-		return errors.New("access to a mapping of an unbound device did not fault")
+	b := mp.Bytes()
+	if err := faultsafe.Copy("unbound device", b, make([]byte, 1), b[4096:4097]); !errors.Is(err, unix.EFAULT) {
+		return fmt.Errorf("access to a mapping of an unbound device: %v, want a fault", err)
 	}
 	ok("PCI unbind under a live mapping: PTEs zapped, access faults")
 	if _, err := d.Map(kmod.EmuDevAddr(0, 0), 64<<10); !errors.Is(err, unix.ENODEV) {

@@ -27,7 +27,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
 	"phxmount/connector/pcibar"
 	"phxmount/kmod"
 )
@@ -143,25 +142,74 @@ func landed(barOff, fileOff, n int64) {
 	fmt.Printf("PHXFS-LANDED %d %d %d\n", barOff, fileOff, n)
 }
 
+// env is what the in-VM checks share.
+type env struct {
+	conn    *pcibar.Connector
+	dev     *kmod.Device // phxfs_dev0
+	fd      int          // the test file, opened O_DIRECT
+	scratch string       // a directory on the NVMe disk
+}
+
+// inVM is the in-VM checks, in order: the last ones take the module's
+// devices away.
+var inVM = []func(*env) error{
+	landSync, landUring, landBeyond2G, writeBack, revoke, drainChecks,
+	busyModule, reservedRAM, unbind,
+}
+
 func run(file, scratch string) error {
+	e, err := newEnv(file, scratch)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	for _, check := range inVM {
+		if err := check(e); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("vmcheck: %d checks passed\n", checks)
+	return nil
+}
+
+// newEnv opens the pcibar connector, phxfs_dev0 (checked to be the device
+// pcibar sees) and the test file.
+func newEnv(file, scratch string) (*env, error) {
 	if !kmod.Available(0) {
-		return errors.New("kmod: /dev/phxfs_dev0 not available")
+		return nil, errors.New("kmod: /dev/phxfs_dev0 not available")
 	}
-	conn, err := pcibar.New(pcibar.Config{})
+	e := &env{fd: -1, scratch: scratch}
+	if err := e.open(file); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *env) open(file string) (err error) {
+	if e.conn, err = pcibar.New(pcibar.Config{}); err != nil {
+		return err
+	}
+	if e.dev, err = kmod.Open(0); err != nil {
+		return err
+	}
+	if err := e.checkDevice(); err != nil {
+		return err
+	}
+	if e.fd, err = unix.Open(file, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0); err != nil {
+		return fmt.Errorf("open %s O_DIRECT: %w", file, err)
+	}
+	return nil
+}
+
+// checkDevice checks that phxfs_dev0 is pcibar's device 0 and that pcibar
+// streams reach its BAR.
+func (e *env) checkDevice() error {
+	devs, err := e.conn.Devices()
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	devs, err := conn.Devices()
-	if err != nil {
-		return err
-	}
-	dev, err := kmod.Open(0)
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
-	pci, err := dev.PCIAddress()
+	pci, err := e.dev.PCIAddress()
 	if err != nil {
 		return err
 	}
@@ -169,55 +217,33 @@ func run(file, scratch string) error {
 		return fmt.Errorf("phxfs_dev0 is %s, pcibar device 0 is %s", pci, devs[0].PCIAddress)
 	}
 	ok("phxfs_dev0 is the ivshmem device %s, BAR of %d MiB", pci, devs[0].MemoryBytes>>20)
-	view, why, err := conn.ViewKind(0)
+	view, why, err := e.conn.ViewKind(0)
 	if err != nil {
 		return err
 	}
 	ok("pcibar streams reach the BAR through the %q view %s", view, why)
-
-	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open %s O_DIRECT: %w", file, err)
-	}
-	defer unix.Close(fd)
-
-	steps := []func(*pcibar.Connector, *kmod.Device, int) error{
-		landSync, landUring, landBeyond2G,
-	}
-	for _, step := range steps {
-		if err := step(conn, dev, fd); err != nil {
-			return err
-		}
-	}
-	if err := writeBack(conn, dev, scratch); err != nil {
-		return err
-	}
-	if err := revoke(conn, dev, fd); err != nil {
-		return err
-	}
-	if err := drainChecks(conn, dev, fd); err != nil {
-		return err
-	}
-	if err := busyModule(conn, dev); err != nil {
-		return err
-	}
-	if err := reservedRAM(fd); err != nil {
-		return err
-	}
-	if err := unbind(); err != nil {
-		return err
-	}
-	fmt.Printf("vmcheck: %d checks passed\n", checks)
 	return nil
 }
 
-// mapAlloc allocates size bytes of BAR and maps them through the module.
-func mapAlloc(conn *pcibar.Connector, dev *kmod.Device, size int64) (*pcibar.Memory, *kmod.Mapping, error) {
-	m, err := conn.Alloc(0, size)
+func (e *env) close() {
+	if e.fd >= 0 {
+		unix.Close(e.fd)
+	}
+	if e.dev != nil {
+		e.dev.Close()
+	}
+	if e.conn != nil {
+		e.conn.Close()
+	}
+}
+
+// mapAlloc allocates size bytes of BAR and maps them through phxfs_dev0.
+func (e *env) mapAlloc(size int64) (*pcibar.Memory, *kmod.Mapping, error) {
+	m, err := e.conn.Alloc(0, size)
 	if err != nil {
 		return nil, nil, err
 	}
-	mp, err := dev.Map(m.Addr(), size)
+	mp, err := e.dev.Map(m.Addr(), size)
 	if err != nil {
 		m.Close()
 		return nil, nil, err
@@ -227,11 +253,11 @@ func mapAlloc(conn *pcibar.Connector, dev *kmod.Device, size int64) (*pcibar.Mem
 
 // checkBoth checks the pattern in device memory through the module
 // mapping (CPU) and through a pcibar stream (the BAR view).
-func checkBoth(conn connector.Connector, mp *kmod.Mapping, memOff, fileOff, n int64, what string) error {
+func (e *env) checkBoth(mp *kmod.Mapping, memOff, fileOff, n int64, what string) error {
 	if err := checkPattern(mp.Bytes()[memOff:memOff+n], fileOff, what+" (module mapping)"); err != nil {
 		return err
 	}
-	s, err := conn.NewStream(0)
+	s, err := e.conn.NewStream(0)
 	if err != nil {
 		return err
 	}

@@ -11,31 +11,32 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector/pcibar"
 	"phxmount/kmod"
 )
 
-// revoke: the vendor takes the memory back (the emu backend's test hook
-// runs the free-callback path): PTEs zapped, I/O into it fails, UNMAP
-// still cleans up.
-func revoke(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
+// revokeRange has the vendor take [addr, addr+size) back: the emu
+// backend's test hook runs its free-callback path.
+func revokeRange(addr uint64, size int) error {
+	return os.WriteFile(kmod.SysfsDir(0)+"/revoke", []byte(fmt.Sprintf("%#x %#x", addr, size)), 0)
+}
+
+// revoke: the vendor takes the memory back: PTEs zapped, I/O into it
+// fails, UNMAP still cleans up.
+func revoke(e *env) error {
 	const size = 1 << 20
-	before, err := kmod.ReadAttrInt(0, "registrations")
+	before := registrations()
+	m, mp, err := e.mapAlloc(size)
 	if err != nil {
 		return err
 	}
-	m, mp, err := mapAlloc(conn, dev, size)
-	if err != nil {
+	if err := revokeRange(m.Addr(), size); err != nil {
 		return err
 	}
-	hook := kmod.SysfsDir(0) + "/revoke"
-	if err := os.WriteFile(hook, []byte(fmt.Sprintf("%#x %#x", m.Addr(), size)), 0); err != nil {
-		return err
-	}
-	if _, err := unix.Pread(fd, mp.Bytes(), 0); !errors.Is(err, unix.EFAULT) {
+	if _, err := unix.Pread(e.fd, mp.Bytes(), 0); !errors.Is(err, unix.EFAULT) {
 		return fmt.Errorf("O_DIRECT pread into revoked registration: %v, want EFAULT", err)
 	}
 	ok("I/O into a revoked registration fails with EFAULT")
@@ -46,7 +47,7 @@ func revoke(conn *pcibar.Connector, dev *kmod.Device, fd int) error {
 	if err := mp.Unmap(); err != nil {
 		return fmt.Errorf("UNMAP of a revoked registration: %w", err)
 	}
-	if n, _ := kmod.ReadAttrInt(0, "registrations"); n != before {
+	if n := registrations(); n != before {
 		return fmt.Errorf("registrations %d after UNMAP of the revoked one, %d before", n, before)
 	}
 	ok("UNMAP of a revoked registration releases it")
@@ -92,69 +93,39 @@ func smapsHas(addr uintptr, flags ...string) bool {
 // device's lock) succeeds; with the locks held they waited for the
 // revocation, and a GUP holding pins on the revoked pages while faulting
 // on the next one deadlocked against it.
-func revokeUnlocked(conn *pcibar.Connector) error {
+func revokeUnlocked(e *env, _ int64) error {
 	const vma = 2 << 20
 	const size = 1 << 20
-	before := registrations()
-	d, err := kmod.Open(0)
+	r, err := e.newRawMapping(vma, size)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	m, err := conn.Alloc(0, size)
-	if err != nil {
-		return err
+	defer r.close()
+	defer unix.Munmap(r.b)
+	patternAt(r.b[:held], 13<<30)
+	if res, err := resident(r.b); err != nil || !res {
+		return fmt.Errorf("mincore of a mapped page: %v, %v (want resident)", res, err)
 	}
-	defer m.Close()
-	b, err := rawMap(d, vma, size, m.Addr())
-	if err != nil {
-		return err
-	}
-	defer unix.Munmap(b)
-	patternAt(b[:held], 13<<30)
-	if r, err := resident(b); err != nil || !r {
-		return fmt.Errorf("mincore of a mapped page: %v, %v (want resident)", r, err)
-	}
-	pp, err := holdPages(b[:held])
+	pp, err := holdPages(r.b[:held])
 	if err != nil {
 		return err
 	}
 	revoked := make(chan error, 1)
-	hook := kmod.SysfsDir(0) + "/revoke"
-	go func() {
-		revoked <- os.WriteFile(hook, []byte(fmt.Sprintf("%#x %#x", m.Addr(), size)), 0)
-	}()
-	if err := revokeWaiting(b, revoked); err != nil {
+	go func() { revoked <- revokeRange(r.m.Addr(), size) }()
+	if err := revokeWaiting(r.b, revoked); err != nil {
 		pp.close()
 		return err
 	}
-	if err := whileRevoking(d, b[size:], pp, revoked); err != nil {
+	if err := whileRevoking(r.d, r.b[size:], pp, revoked); err != nil {
 		return err
 	}
-	got, err := pp.read(held)
-	pp.close()
-	if err != nil {
-		<-revoked
-		return err
-	}
-	select {
-	case err := <-revoked:
-		if err != nil {
-			return fmt.Errorf("revoke: %w", err)
-		}
-	case <-time.After(10 * time.Second):
-		return errors.New("revocation still waiting 10 s after the pipe let go")
-	}
-	if err := checkPattern(got, 13<<30, "bytes read from the pipe"); err != nil {
+	if err := pp.letGo(13<<30, revoked, "the revocation"); err != nil {
 		return err
 	}
 	ok("the revocation returned once the pipe let go; its %d KiB are the device memory's", held>>10)
-	args := mapArgs(d, b, size, m.Addr())
-	if err := d.Ioctl(kmod.IoctlUnmap, &args); err != nil {
+	args := mapArgs(r.d, r.b, size, r.m.Addr())
+	if err := r.d.Ioctl(kmod.IoctlUnmap, &args); err != nil {
 		return fmt.Errorf("UNMAP of the revoked registration: %w", err)
-	}
-	if n := registrations(); n != before {
-		return fmt.Errorf("registrations %d after UNMAP, want %d", n, before)
 	}
 	return nil
 }
@@ -180,6 +151,17 @@ func revokeWaiting(b []byte, revoked chan error) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// resident reports whether the first page of b has a PTE (mincore).
+func resident(b []byte) (bool, error) {
+	vec := []byte{0}
+	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])),
+		uintptr(os.Getpagesize()), uintptr(unsafe.Pointer(&vec[0])))
+	if e != 0 {
+		return false, e
+	}
+	return vec[0]&1 != 0, nil
 }
 
 // whileRevoking: a faulting GUP on the VMA (at free, a page with no
