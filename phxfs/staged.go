@@ -4,7 +4,6 @@ import (
 	"maps"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -222,5 +221,3 @@ func fail(xfers []xfer, idx []int, err error) {
 const packAlign = 64
 
 func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
-
-func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }

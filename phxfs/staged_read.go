@@ -3,6 +3,7 @@ package phxfs
 import (
 	"context"
 	"runtime/trace"
+	"unsafe"
 
 	"phxmount/connector"
 	"phxmount/internal/errs"
@@ -246,3 +247,6 @@ func (l *Lib) readBuffered(eng ioengine.Engine, x *xfer, buf []byte) int64 {
 	}
 	return op[0].Result
 }
+
+// addrOf is where a slot's (or any buffer's) bytes start, for the engine.
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }

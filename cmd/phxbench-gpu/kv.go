@@ -31,25 +31,20 @@ const (
 )
 
 type kvOpts struct {
-	file, out, scatter, blocks, threads string
-	trace, cpuprofile                   string
-	workers                             int
-	bounce, share                       int64
+	common
+	scatter, blocks, threads, trace string
+	share                           int64
 }
 
 func kvMain(args []string) error {
 	var o kvOpts
 	fs := flag.NewFlagSet("kv", flag.ExitOnError)
-	fs.StringVar(&o.file, "file", "", "the blocks' file (hot: it is read once first)")
-	fs.StringVar(&o.out, "out", "", "JSON results")
+	o.register(fs, "the blocks' file (hot: it is read once first)")
 	fs.StringVar(&o.scatter, "scatter", "auto,kernel,batch,copies", "PHX_SCATTER methods to compare")
 	fs.StringVar(&o.blocks, "blocks", "16,64,256,1024", "block sizes in KiB")
 	fs.StringVar(&o.threads, "threads", "1,4", "client goroutines")
-	fs.IntVar(&o.workers, "workers", 16, "phxfs workers")
-	fs.Int64Var(&o.bounce, "bounce", 4, "bounce size in MiB")
 	fs.Int64Var(&o.share, "share", 0, "least KiB of a batch per worker (0: the library's default)")
 	fs.StringVar(&o.trace, "trace", "", "write a runtime trace of the runs here")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the runs here")
 	fs.Parse(args)
 	if o.file == "" || o.out == "" {
 		return fmt.Errorf("kv: -file and -out please")

@@ -67,36 +67,47 @@ func main() {
 
 // benchOpts are bench's flags.
 type benchOpts struct {
+	common
+	threads int
+	sweepW  string // the sweep's axes, comma-separated
+	sweepB  string
+	sweepE  string
+	sweepS  string
+	sweepR  string
+	cold    bool
+	vendor  string
+}
+
+// common are the flags bench and kv share: the input, the output, the
+// library's shape and the profile.
+type common struct {
 	file, out  string
-	threads    int
-	sweepW     string // the sweep's axes, comma-separated
-	sweepB     string
-	sweepE     string
-	sweepS     string
-	sweepR     string
 	workers    int
 	bounce     int64 // MiB
-	cold       bool
-	vendor     string
 	cpuprofile string
+}
+
+// register adds the common flags to fs; what says what -file is.
+func (c *common) register(fs *flag.FlagSet, what string) {
+	fs.StringVar(&c.file, "file", "", what)
+	fs.StringVar(&c.out, "out", "", "JSON results")
+	fs.IntVar(&c.workers, "workers", 16, "phxfs workers")
+	fs.Int64Var(&c.bounce, "bounce", 4, "phxfs bounce size in MiB")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile here")
 }
 
 func parseBenchFlags(args []string) benchOpts {
 	var o benchOpts
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
-	fs.StringVar(&o.file, "file", "", "safetensors file (on the backing file system, not the mount)")
-	fs.StringVar(&o.out, "out", "", "JSON results")
+	o.register(fs, "safetensors file (on the backing file system, not the mount)")
 	fs.IntVar(&o.threads, "threads", 16, "reader threads of the read ceilings (= phxfs workers chosen)")
 	fs.StringVar(&o.sweepW, "sweep-workers", "8,16", "phxfs worker counts to sweep (hot)")
 	fs.StringVar(&o.sweepB, "sweep-bounce", "1,2,4", "bounce sizes in MiB to sweep (hot)")
 	fs.StringVar(&o.sweepE, "sweep-engines", "io_uring,sync", "engines to sweep (hot)")
 	fs.StringVar(&o.sweepS, "sweep-buffers", "2,4", "bounce buffers per worker to sweep (hot)")
 	fs.StringVar(&o.sweepR, "sweep-round", "256", "phxfs round sizes per worker in MiB to sweep (hot; -1: one round)")
-	fs.IntVar(&o.workers, "workers", 16, "phxfs workers for the hot/cold loads")
-	fs.Int64Var(&o.bounce, "bounce", 2, "phxfs bounce size (MiB) for the hot/cold loads")
 	fs.BoolVar(&o.cold, "cold", true, "also measure cold (drop_caches)")
 	fs.StringVar(&o.vendor, "vendor", "nvidia", "nvidia, or emu (staged emulated device: a dry run without a GPU)")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the hot sweep here")
 	fs.Parse(args)
 	return o
 }

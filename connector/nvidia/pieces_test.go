@@ -85,10 +85,10 @@ func waitFence(t *testing.T, s connector.Stream, enqueueErr error) {
 		t.Fatal(enqueueErr)
 	}
 	fe, err := s.Fence()
-	if err != nil {
-		t.Fatal(err)
+	if err == nil {
+		err = fe.Wait()
 	}
-	if err := fe.Wait(); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := fe.Wait(); !errors.Is(err, unix.EINVAL) {
