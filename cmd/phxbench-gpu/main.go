@@ -14,6 +14,9 @@
 //	                                            shape) through the library,
 //	                                            per block size, client
 //	                                            threads and scatter method
+//	phxbench-gpu two -file FILE -out JSON      the file's halves onto two
+//	                                            GPUs at once: one shared
+//	                                            pool, or one per GPU
 //
 // Cold runs write 3 to /proc/sys/vm/drop_caches (root). Every phxfs load is
 // checked against the file (sampled ranges and every tensor's first and last
@@ -45,7 +48,7 @@ const (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: phxbench-gpu gen|bench|kv [flags]")
+		fmt.Fprintln(os.Stderr, "usage: phxbench-gpu gen|bench|kv|two [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -56,6 +59,8 @@ func main() {
 		err = benchMain(os.Args[2:])
 	case "kv":
 		err = kvMain(os.Args[2:])
+	case "two":
+		err = twoMain(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
