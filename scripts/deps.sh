@@ -10,6 +10,9 @@ have() { command -v "$1" >/dev/null; }
 have getfattr && have setfattr || need+=(attr) # user.phx.* and user.* xattrs from the shell
 have flock && have mountpoint || need+=(util-linux)
 have python3 || need+=(python3) # POSIX lock checks, the Python client's tests
+# The Python client's planner tests compare with numpy slicing. A python3
+# that is not Debian's (pyenv) finds Debian's numpy through the tests.
+python3 -c 'import numpy' 2>/dev/null || [ -d /usr/lib/python3/dist-packages/numpy ] || need+=(python3-numpy)
 # The race detector (make unit) needs cgo: a C compiler that builds and
 # links a program against libc, not just a gcc on the PATH.
 cc_works() {

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Tier 4: the GPU path on a real NVIDIA GPU (make gpu-test).
 #
-#   bash scripts/gpu-test.sh build   here (needs Go): binaries into .devcarry/
+#   bash scripts/gpu-test.sh build   here (needs Go): binaries into .devcarry/,
+#                                    the reference programs of ../shared/reference
+#                                    into .devcarry/ref/ (built on the GPU machine
+#                                    with nvcc; never copied into the tree), the
+#                                    commit into .devcarry/commit
 #   bash scripts/gpu-test.sh run     on the GPU machine (no Go needed): the
 #                                    nvidia connector tests, the phxfs suites on
 #                                    the nvidia connector, the Python client's
@@ -9,14 +13,26 @@
 #                                    nvidia over a generated safetensors file,
 #                                    loaded by the Python client + torch and
 #                                    compared with safetensors.torch.load_file
-#   bash scripts/gpu-test.sh bench   the benchmark (after run; same file)
+#   bash scripts/gpu-test.sh bench   the benchmark (after run; same file): the Go
+#                                    bench, the reference programs, the Python
+#                                    loads (hot, cold), KV blocks, rank shards,
+#                                    saving; then gpu_report.py: $OUT/bench.md and
+#                                    $OUT/gpu-latest.json (for docs/bench/)
+#   bash scripts/gpu-test.sh report  gpu_report.py over the raw files in $RAW
+#                                    (PHX_GPU_RAW; no GPU needed: raw.tgz of
+#                                    several runs unpacked into one folder)
 #   bash scripts/gpu-test.sh all     run, then bench
 #   bash scripts/gpu-test.sh         build, then run where there is a GPU;
 #                                    elsewhere SKIP (exit 0) and say why
 #
-# Environment: OUT (logs and results; default .devcarry/out), PHX_GPU_SIZE
+# Environment: OUT (what comes back: gpu-test.log, raw.tgz, bench.md,
+# gpu-latest.json; default .devcarry/out), PHX_GPU_RAW (the raw outputs,
+# default $PHX_GPU_WORK/raw), PHX_GPU_SIZE
 # (data bytes of the generated file, default 8GiB), PHX_GPU_WORK (work
-# directory on a real disk, default /var/tmp/phxgpu).
+# directory on a real disk, default /var/tmp/phxgpu), PHX_BENCH_ONLY (the
+# bench steps to run, of: go refs py kv shard save; default all of them, in
+# one device call of about 5-8 minutes), PHX_EXTRA_ROWS (JSON files of more
+# report rows, space-separated).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.devcarry
@@ -24,14 +40,34 @@ OUT=${OUT:-$CARRY/out}
 WORK=${PHX_GPU_WORK:-/var/tmp/phxgpu}
 SIZE=${PHX_GPU_SIZE:-8GiB}
 FILE=$WORK/backing/model.safetensors
+KVFILE=$WORK/backing/kv.bin
+REF=$CARRY/ref
 MNT=$WORK/mnt
-mkdir -p "$OUT"
+# The device tool brings back at most 8 files from $OUT: the raw outputs
+# (logs, JSON, the reference programs' stdout) go to $RAW, packed into
+# $OUT/raw.tgz after every step (pack); $OUT keeps gpu-test.log, raw.tgz,
+# bench.md and gpu-latest.json.
+RAW=${PHX_GPU_RAW:-$WORK/raw}
+mkdir -p "$OUT" "$RAW"
 LOG=$OUT/gpu-test.log
 fails=0
 
 say() { echo "$*" | tee -a "$LOG"; }
-pass() { say "PASS $*"; }
-fail() { say "FAIL $*"; fails=$((fails + 1)); }
+# pack refreshes $OUT/raw.tgz (after every PASS or FAIL: a run cut short
+# still brings back what it measured).
+pack() {
+	[ -n "$(ls -A "$RAW" 2>/dev/null)" ] || return 0
+	tar -czf "$OUT/raw.tgz.tmp" -C "$RAW" . 2>/dev/null && mv "$OUT/raw.tgz.tmp" "$OUT/raw.tgz"
+}
+pass() {
+	say "PASS $*"
+	pack
+}
+fail() {
+	say "FAIL $*"
+	fails=$((fails + 1))
+	pack
+}
 
 build() {
 	cd "$ROOT" || exit 1
@@ -45,7 +81,16 @@ build() {
 		echo "FAIL build"
 		exit 1
 	}
-	echo "build: $(ls "$CARRY" | grep -v '^out$' | tr '\n' ' ')in .devcarry/ (CGO_ENABLED=0)"
+	mkdir -p "$REF"
+	if ls "$ROOT"/../shared/reference/*.cu >/dev/null 2>&1; then
+		cp "$ROOT"/../shared/reference/*.cu "$REF"/
+	else
+		echo "WARN build: no ../shared/reference/*.cu: the benchmark's reference rows will be 'not run'"
+	fi
+	local dirty=
+	[ -z "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ] || dirty=-dirty
+	echo "$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)$dirty" >"$CARRY/commit"
+	echo "build: $(ls "$CARRY" | grep -v '^out$' | tr '\n' ' ')in .devcarry/ (CGO_ENABLED=0); commit $(cat "$CARRY/commit")"
 }
 
 # why_no_gpu prints why this machine cannot run the GPU tier, or nothing.
@@ -77,15 +122,15 @@ unmount() {
 mount_phx() {
 	mkdir -p "$MNT"
 	unmount
-	"$CARRY/phxmount" --vendor nvidia "$@" "$WORK/backing" "$MNT" >>"$OUT/phxmount.log" 2>&1 &
+	"$CARRY/phxmount" --vendor nvidia "$@" "$WORK/backing" "$MNT" >>"$RAW/phxmount.log" 2>&1 &
 	DAEMON=$!
 	for _ in $(seq 100); do
-		mountpoint -q "$MNT" && grep -q "mounted;" "$OUT/phxmount.log" && return 0
+		mountpoint -q "$MNT" && grep -q "mounted;" "$RAW/phxmount.log" && return 0
 		kill -0 "$DAEMON" 2>/dev/null || break
 		sleep 0.1
 	done
 	fail "phxmount --vendor nvidia did not mount (see phxmount.log)"
-	tail -5 "$OUT/phxmount.log" | tee -a "$LOG"
+	tail -5 "$RAW/phxmount.log" | tee -a "$LOG"
 	return 1
 }
 
@@ -111,6 +156,14 @@ json.dump({"metadata": {}, "weight_map": wm}, open(os.path.join(d, "model.safete
 PY
 }
 
+gen_kv() { # the KV benchmark's hot 4 GiB file (random bytes; any file does)
+	[ -f "$KVFILE" ] && return 0
+	timeout 300 "$CARRY/phxbench-gpu" gen -out "$KVFILE" -size 4GiB -seed 3 >/dev/null 2>&1 || {
+		fail "generate $KVFILE"
+		return 1
+	}
+}
+
 gen_file() {
 	[ -f "$FILE" ] && return 0
 	mkdir -p "$WORK/backing"
@@ -124,20 +177,20 @@ run() {
 	need_binaries
 	say "=== gpu-test run: $(date -u +%FT%TZ) $(nvidia-smi -L 2>&1 | head -1); kernel $(uname -r); python $(python3 -c 'import sys; print(sys.version.split()[0])')"
 	say "--- connector/nvidia tests"
-	if timeout 150 ./.devcarry/nvidia.test -test.v -test.count=1 >"$OUT/nvidia-test.log" 2>&1; then
-		pass "connector/nvidia: $(grep -c '^--- PASS' "$OUT/nvidia-test.log") tests passed, $(grep -c -- '--- SKIP' "$OUT/nvidia-test.log") skipped"
+	if timeout 150 ./.devcarry/nvidia.test -test.v -test.count=1 >"$RAW/nvidia-test.log" 2>&1; then
+		pass "connector/nvidia: $(grep -c '^--- PASS' "$RAW/nvidia-test.log") tests passed, $(grep -c -- '--- SKIP' "$RAW/nvidia-test.log") skipped"
 	else
-		fail "connector/nvidia: $(grep -E '^(--- FAIL|FAIL|panic)' "$OUT/nvidia-test.log" | head -5 | tr '\n' ' ')"
+		fail "connector/nvidia: $(grep -E '^(--- FAIL|FAIL|panic)' "$RAW/nvidia-test.log" | head -5 | tr '\n' ' ')"
 	fi
 	say "--- phxfs suites on the nvidia connector (staged transport)"
-	if (cd phxfs && PHX_TEST_CONNECTOR=nvidia timeout 170 ../.devcarry/phxfs.test -test.v -test.count=1 -test.timeout=160s) >"$OUT/phxfs-test.log" 2>&1; then
-		pass "phxfs on nvidia: $(grep -c -- '--- PASS' "$OUT/phxfs-test.log") (sub)tests passed, $(grep -c -- '--- SKIP' "$OUT/phxfs-test.log") skipped"
+	if (cd phxfs && PHX_TEST_CONNECTOR=nvidia timeout 170 ../.devcarry/phxfs.test -test.v -test.count=1 -test.timeout=160s) >"$RAW/phxfs-test.log" 2>&1; then
+		pass "phxfs on nvidia: $(grep -c -- '--- PASS' "$RAW/phxfs-test.log") (sub)tests passed, $(grep -c -- '--- SKIP' "$RAW/phxfs-test.log") skipped"
 	else
-		fail "phxfs on nvidia: $(grep -E -- '--- FAIL|^FAIL|panic' "$OUT/phxfs-test.log" | head -5 | tr '\n' ' ')"
+		fail "phxfs on nvidia: $(grep -E -- '--- FAIL|^FAIL|panic' "$RAW/phxfs-test.log" | head -5 | tr '\n' ' ')"
 	fi
-	grep -E '^ +[a-z_]+_test\.go:[0-9]+: ' "$OUT/phxfs-test.log" | sed 's/^ */why: /' | sort | uniq -c | head -5 | tee -a "$LOG"
+	grep -E '^ +[a-z_]+_test\.go:[0-9]+: ' "$RAW/phxfs-test.log" | sed 's/^ */why: /' | sort | uniq -c | head -5 | tee -a "$LOG"
 	say "--- the Python client's unit tests (emu mounts included)"
-	if (cd python && PHXMOUNT_BIN=$CARRY/phxmount timeout 120 python3 -m unittest discover -s tests) >>"$LOG" 2>&1; then
+	if (cd python && PHXMOUNT_BIN=$CARRY/phxmount timeout 240 python3 -m unittest discover -s tests) >>"$LOG" 2>&1; then
 		pass "python unit tests"
 	else
 		fail "python unit tests (see gpu-test.log)"
@@ -146,36 +199,115 @@ run() {
 	gen_file || return
 	gen_shards || fail "generate the sharded checkpoint"
 	mount_phx || return
-	if PYTHONUNBUFFERED=1 timeout 300 python3 python/tools/gpu_e2e.py --mount-file "$MNT/model.safetensors" --backing-file "$FILE" --shard-dir sharded 2>&1 | tee -a "$LOG"; then
+	if PYTHONUNBUFFERED=1 timeout 480 python3 python/tools/gpu_e2e.py --mount-file "$MNT/model.safetensors" \
+		--backing-file "$FILE" --shard-dir sharded --slices 200 2>&1 | tee -a "$LOG"; then
 		pass "end to end"
 	else
 		fail "end to end"
 	fi
-	grep -E "registered .* buffer" "$OUT/phxmount.log" | head -2 | sed -e 's/^time="[^"]*" //' | tee -a "$LOG"
+	grep -E "registered .* buffer" "$RAW/phxmount.log" | head -2 | sed -e 's/^time="[^"]*" //' | tee -a "$LOG"
 	unmount
 }
+
+# build_refs builds the reference programs in .devcarry/ref with this
+# machine's nvcc, by the build line in each file's header (plus -arch=sm_90;
+# without it when that fails).
+build_refs() {
+	local nvcc p line
+	nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+	if [ -z "$nvcc" ]; then
+		fail "no nvcc: the reference programs cannot be built (their rows will be 'not run')"
+		return 1
+	fi
+	for p in staged_ceiling kv_blocks; do
+		if [ ! -f "$REF/$p.cu" ]; then
+			fail "no .devcarry/ref/$p.cu ('bash scripts/gpu-test.sh build' copies ../shared/reference there)"
+			continue
+		fi
+		[ "$REF/$p" -nt "$REF/$p.cu" ] && continue
+		line=$(sed -n 's|^// Build: *||p' "$REF/$p.cu" | sed 's/ *;.*//' | head -1)
+		[ -n "$line" ] || line="nvcc -O2 -std=c++17 -o $p $p.cu -lpthread"
+		# shellcheck disable=SC2086 # the build line is words
+		(cd "$REF" && timeout 300 $nvcc ${line#nvcc } -arch=sm_90) >"$RAW/ref-build-$p.log" 2>&1 ||
+			(cd "$REF" && timeout 300 $nvcc ${line#nvcc }) >>"$RAW/ref-build-$p.log" 2>&1 ||
+			fail "build the reference $p (see ref-build-$p.log)"
+	done
+}
+
+# run_refs runs the reference programs on the files the project's rows use;
+# their stdout is what gpu_report.py parses.
+run_refs() {
+	say "--- reference programs (../shared/reference, built here)"
+	if [ -x "$REF/staged_ceiling" ]; then
+		timeout 300 "$REF/staged_ceiling" "$FILE" >"$RAW/ref-staged_ceiling.txt" 2>&1 || fail "staged_ceiling.cu run"
+		tee -a "$LOG" <"$RAW/ref-staged_ceiling.txt"
+	fi
+	if [ -x "$REF/kv_blocks" ]; then
+		timeout 300 "$REF/kv_blocks" "$KVFILE" >"$RAW/ref-kv_blocks.txt" 2>&1 || fail "kv_blocks.cu run"
+		tee -a "$LOG" <"$RAW/ref-kv_blocks.txt"
+	fi
+	pack
+}
+
+# py_tool NAME TIMEOUT ARGS...: one of the Python benchmark tools.
+py_tool() {
+	local name=$1 limit=$2
+	shift 2
+	say "--- $name"
+	if PYTHONUNBUFFERED=1 timeout "$limit" python3 "python/tools/$name.py" "$@" 2>&1 | tee -a "$LOG"; then
+		pass "$name"
+	else
+		fail "$name (see gpu-test.log)"
+	fi
+}
+
+report() {
+	local machine
+	machine="$(nvidia-smi -L 2>/dev/null | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $(free -g | awk '/^Mem:/{print $2}') GiB"
+	# shellcheck disable=SC2086 # PHX_EXTRA_ROWS: JSON files of more rows, space-separated
+	python3 python/tools/gpu_report.py --go "$RAW/bench-go.json" --py "$RAW/bench-py.json" --kv "$RAW/bench-kv.json" \
+		--shard "$RAW/bench-shard.json" --save "$RAW/bench-save.json" --ref-staged "$RAW/ref-staged_ceiling.txt" \
+		--ref-kv "$RAW/ref-kv_blocks.txt" --rows ${PHX_EXTRA_ROWS:-} --commit "$(cat "$CARRY/commit" 2>/dev/null || echo unknown)" \
+		--machine "$machine" --json-out "$OUT/gpu-latest.json" "$ROOT/docs/bench/gpu-latest.json" --md-out "$OUT/bench.md" |
+		tee -a "$LOG" || fail "gpu_report"
+}
+
+# step NAME: whether PHX_BENCH_ONLY (default: every step) includes NAME.
+step() { [[ " ${PHX_BENCH_ONLY:-go refs py kv shard save} " == *" $1 "* ]]; }
 
 bench() {
 	cd "$ROOT" || exit 1
 	need_binaries
 	gen_file || return
-	say "=== benchmark: file -> GPU memory, $SIZE safetensors, hot and cold"
-	timeout 300 "$CARRY/phxbench-gpu" bench -file "$FILE" -out "$OUT/bench-go.json" -sweep-engines io_uring -sweep-buffers 2 -sweep-bounce 2,4 -sweep-round 64,256 2>&1 | tee -a "$LOG" || fail "Go benchmark"
+	gen_kv || return
+	say "=== benchmark: file -> GPU memory, $SIZE safetensors, hot and cold; KV blocks; rank shards; saving"
+	# A step that does not run must not leave an older run's figures behind.
+	rm -f "$RAW"/bench-*.json "$RAW"/ref-*.txt "$OUT/gpu-latest.json" "$OUT/bench.md"
+	step refs && build_refs
+	if step go; then
+		timeout 300 "$CARRY/phxbench-gpu" bench -file "$FILE" -out "$RAW/bench-go.json" -sweep-engines io_uring -sweep-buffers 2 -sweep-bounce 2,4 -sweep-round 64,256 2>&1 | tee -a "$LOG" || fail "Go benchmark"
+	fi
+	step refs && run_refs
 	local w e b
-	read -r w e b < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["chosen"]["workers"], d["env"]["engine"], d["chosen"]["buffers"])' "$OUT/bench-go.json" 2>/dev/null)
+	read -r w e b < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["chosen"]["workers"], d["env"]["engine"], d["chosen"]["buffers"])' "$RAW/bench-go.json" 2>/dev/null)
 	say "phxmount for the benchmark: --workers ${w:-16} --engine ${e:-io_uring}, PHX_STAGED_BUFFERS=${b:-2} (the Go sweep's best at this shape)"
 	PHX_STAGED_BUFFERS=${b:-2} mount_phx --workers "${w:-16}" --engine "${e:-io_uring}" || return
-	PYTHONUNBUFFERED=1 timeout 300 python3 python/tools/gpu_bench.py --mount-file "$MNT/model.safetensors" --backing-file "$FILE" \
-		--out "$OUT/bench-py.json" 2>&1 | tee -a "$LOG" || fail "Python benchmark"
+	step py && py_tool gpu_bench 420 --mount-file "$MNT/model.safetensors" --backing-file "$FILE" --out "$RAW/bench-py.json"
+	step kv && py_tool gpu_kv 300 --mount-file "$MNT/kv.bin" --backing-file "$KVFILE" --out "$RAW/bench-kv.json"
+	step shard && py_tool gpu_bench_shard 300 --mount-file "$MNT/model.safetensors" --backing-file "$FILE" \
+		--out "$RAW/bench-shard.json"
+	step save && py_tool gpu_bench_save 420 --source "$MNT/model.safetensors" --mount-dir "$MNT" \
+		--backing-dir "$WORK/backing" --out "$RAW/bench-save.json"
 	unmount
-	python3 python/tools/gpu_report.py "$OUT/bench-go.json" "$OUT/bench-py.json" "$OUT/bench.md" | tee -a "$LOG"
+	report
 }
 
-trap unmount EXIT
+trap 'unmount; pack' EXIT
 case "${1:-}" in
 build) build ;;
 run) run ;;
 bench) bench ;;
+report) report ;;
 all)
 	run
 	bench

@@ -1,28 +1,44 @@
 """phxmount's Python client: file bytes into GPU memory through the ioctls of
 a phxmount mount (docs/abi.md). Pure Python: fcntl for the ioctls, ctypes
-for the CUDA handles (libcuda.so.1), torch for the tensors.
+for the CUDA driver (libcuda.so.1), torch for the tensors.
 
-    from phxmount import available, load_safetensors
-    ok = available("/mnt/models/model.safetensors")
-    print(ok)                       # on the mount? which transport? why not?
-    tensors = load_safetensors("/mnt/models/model.safetensors", device=0)
+    import phxmount
+    print(phxmount.available("/mnt/models/model.safetensors"))  # how, or why not
+    with phxmount.safe_open("/mnt/models/model.safetensors", "pt", device="cuda:0") as f:
+        w = f.get_slice("layers.0.weight")[:, :1024]
+    tensors = phxmount.load_safetensors("/mnt/models/model.safetensors", device=0,
+                                        shard=(0, rank, world))     # only this rank's bytes
+    phxmount.save_safetensors(tensors, "/mnt/models/out.safetensors", fsync=True)
 
-The torch helpers live in phxmount.torch_helpers and are imported lazily, so
-the ABI, the client and the safetensors parser work without torch.
+The torch parts (torch_helpers, torch_mem, torch_load, torch_save) are
+imported lazily: the ABI, the client, the planner (slicing), the fetch
+engine and the safetensors parser work without torch. docs/python.md has
+the whole API.
 """
 
 from . import abi, safetensors
-from .client import EmuBuffer, PhxError, PhxFile, phx_info_xattr
+from .client import EmuBuffer, PhxError, PhxFile, mount_counters, phx_info_xattr
+from .regcache import close_caches, prune_caches
 
-__all__ = ["abi", "safetensors", "PhxFile", "PhxError", "EmuBuffer", "phx_info_xattr",
-           "available", "load_safetensors", "read_into", "register_tensor", "Availability", "load_sharded"]
+__all__ = ["abi", "safetensors", "PhxFile", "PhxError", "EmuBuffer", "phx_info_xattr", "mount_counters",
+           "close_caches", "prune_caches", "available", "Availability", "read_into", "register_tensor",
+           "register_tensors", "safe_open", "load_safetensors", "load_into", "iter_tensors", "save_safetensors",
+           "load_sharded", "LoadStats", "SaveStats", "PhxFallbackWarning", "load_safetensors_emu"]
+
+_LAZY = {
+    "torch_helpers": ("available", "Availability", "read_into", "register_tensor"),
+    "torch_load": ("safe_open", "load_safetensors", "load_into", "iter_tensors", "PhxFallbackWarning"),
+    "torch_save": ("save_safetensors",),
+    "torch_mem": ("register_tensors",),
+    "sharded": ("load_sharded",),
+    "loader": ("LoadStats", "load_safetensors_emu"),
+    "savefile": ("SaveStats",),
+}
 
 
 def __getattr__(name):
-    if name in ("available", "load_safetensors", "read_into", "register_tensor", "Availability", "load_safetensors_emu"):
-        from . import torch_helpers
-        return getattr(torch_helpers, name)
-    if name == "load_sharded":
-        from .sharded import load_sharded
-        return load_sharded
+    import importlib
+    for mod, names in _LAZY.items():
+        if name in names:
+            return getattr(importlib.import_module(f".{mod}", __name__), name)
     raise AttributeError(name)

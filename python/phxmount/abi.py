@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import errno as _errno
 import struct
+from array import array
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 MAGIC = 0x4D584850  # the bytes "PHXM"
 VERSION = 1
@@ -49,6 +50,10 @@ INFO_READ_ONLY = 1 << 1
 INFO_HOST_ADDRESSABLE = 1 << 2
 INFO_CACHESTAT = 1 << 3
 INFO_ENGINE_FALLBACK = 1 << 4
+INFO_NETWORK_BACKING = 1 << 5
+
+# INFO's cache field (offset 52; 0 from a daemon older than it).
+CACHES = {0: "unknown", 1: "off", 2: "watch", 3: "revalidate", 4: "exclusive"}
 
 # INFO's counters in wire order (docs/abi.md; the golden vectors carry the
 # Go table's names, and test_abi checks these against them).
@@ -206,6 +211,42 @@ def decode_batch_resp(b: bytes, count: int) -> Tuple[int, List[int]]:
     return failed, results
 
 
+def encode_batch_cols(capacity: int, cols) -> bytearray:
+    """encode_batch from extent columns (extents.Cols): the same bytes,
+    packed by slice assignment rather than one struct call per extent."""
+    n = len(cols)
+    if not 1 <= capacity <= MAX_EXTENTS:
+        raise ValueError(f"batch capacity {capacity} not in 1..{MAX_EXTENTS}")
+    if n > capacity:
+        raise ValueError(f"{n} extents do not fit a batch of {capacity}")
+    b = bytearray(batch_size(capacity))
+    _BATCH_HEAD.pack_into(b, 0, MAGIC, VERSION, 0, n, 0)
+    if n == 0:
+        return b
+    if max(cols.bufs) > MAX_OFFSET or max(cols.lens) > MAX_OFFSET or max(cols.files) + max(cols.lens) > MAX_OFFSET:
+        for _, off, length, fo in cols:
+            _check_extent(off, length, fo)  # names the bad field
+    body = memoryview(b)[BATCH_HEADER:BATCH_HEADER + n * EXTENT_SIZE].cast("Q")
+    body[0::5] = cols.ids
+    body[1::5] = cols.bufs
+    body[2::5] = cols.lens
+    body[3::5] = cols.files
+    return b
+
+
+def decode_batch_cols(b: bytes, count: int):
+    """(failed, results as an array('q')) of a batch reply of count extents."""
+    if len(b) < BATCH_HEADER + count * EXTENT_SIZE:
+        raise ABIError(f"batch reply of {len(b)} bytes for {count} extents")
+    _check_header(bytes(b[:8]), 8, "BATCH reply")
+    _, _, _, n, failed = _BATCH_HEAD.unpack_from(b, 0)
+    if n != count:
+        raise ABIError(f"batch reply counts {n} extents, {count} sent")
+    res = array("q")
+    res.frombytes(bytes(memoryview(b)[BATCH_HEADER:BATCH_HEADER + count * EXTENT_SIZE]))
+    return failed, res[4::5]
+
+
 def batch_capacity_for(n: int) -> int:
     """The capacity a batch of n extents is sent with: exactly n (any 1..409 is valid)."""
     if not 1 <= n <= MAX_EXTENTS:
@@ -236,6 +277,7 @@ class Info:
     dio_mem_align: int
     dio_offset_align: int
     devices: int
+    cache: int  # how the kernel caches the file (CACHES)
     vendor: str
     engine: str
     pci_address: str
@@ -246,6 +288,10 @@ class Info:
     @property
     def transport_name(self) -> str:
         return TRANSPORTS.get(self.transport, f"transport({self.transport})")
+
+    @property
+    def cache_name(self) -> str:
+        return CACHES.get(self.cache, f"cache({self.cache})")
 
     @property
     def passthrough(self) -> bool:
@@ -266,7 +312,7 @@ def decode_info(b: bytes) -> Info:
     f = _INFO_HEAD.unpack_from(b, 0)
     counters = dict(zip(COUNTER_NAMES, struct.unpack_from(f"<{len(COUNTER_NAMES)}Q", b, COUNTERS_OFFSET)))
     return Info(device=f[3], transport=f[4], flags=f[5], workers=f[6], page_size=f[7], bounce_size=f[8],
-                dio_mem_align=f[9], dio_offset_align=f[10], devices=f[11], vendor=_cstr(f[13]),
+                dio_mem_align=f[9], dio_offset_align=f[10], devices=f[11], cache=f[12], vendor=_cstr(f[13]),
                 engine=_cstr(f[14]), pci_address=_cstr(f[15]), device_name=_cstr(f[16]),
                 passthrough_why=_cstr(f[17]), counters=counters)
 

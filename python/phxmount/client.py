@@ -10,11 +10,8 @@ import errno
 import fcntl
 import mmap
 import os
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as _FutureTimeout
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from . import abi
@@ -69,6 +66,19 @@ class PhxFile:
         _ioctl(self.fd, abi.CMD_INFO, b, "INFO", self.path)
         return abi.decode_info(b)
 
+    def device_by_pci(self, pci: str) -> int:
+        """The mount's index of the device at PCI address pci (a client's
+        CUDA ordinal is its own: CUDA_VISIBLE_DEVICES renumbers GPUs);
+        ENODEV when no device of the mount is there."""
+        want = normalize_pci(pci)
+        info = self.info(0)
+        for dev in range(info.devices):
+            if dev:
+                info = self.info(dev)
+            if normalize_pci(info.pci_address) == want:
+                return dev
+        raise PhxError(errno.ENODEV, f"phx {self.path}: no device of the mount is at PCI address {want}")
+
     def register(self, vendor: int, device: int, handle: bytes, size: int) -> abi.Registered:
         b = abi.encode_register(vendor, device, size, handle)
         _ioctl(self.fd, abi.CMD_REGISTER, b, "REGISTER", self.path)
@@ -97,6 +107,19 @@ class PhxFile:
         for e, r in zip(extents, results):
             e.result = r
         return failed, results
+
+    def batch_cols(self, cols, write: bool = False) -> None:
+        """One BATCH ioctl of 1..409 extents given as columns (extents.Cols);
+        raises PhxError naming the first extent that did not move exactly
+        its length (the others have moved)."""
+        n = len(cols)
+        cap = abi.batch_capacity_for(n)
+        b = abi.encode_batch_cols(cap, cols)
+        what = "BATCH_WRITE" if write else "BATCH_READ"
+        _ioctl(self.fd, abi.cmd_batch(write, cap), b, what, self.path)
+        failed, res = abi.decode_batch_cols(b, n)
+        if failed:
+            raise extent_error(f"phx {what.lower()} {self.path}", cols, res)
 
     def batch_read_all(self, extents: Sequence[abi.Extent], timeout: Optional[float] = None,
                        on_abandon=None) -> None:
@@ -130,6 +153,36 @@ class PhxFile:
                                               f"{e.file_offset}: {os.strerror(-e.result)}")
                 raise PhxError(errno.EIO, f"phx batch read {self.path}: extent {e.length} bytes at file offset "
                                           f"{e.file_offset}: only {e.result} bytes (file shorter than its header says?)")
+
+
+def normalize_pci(s: str) -> str:
+    """A PCI address as sysfs writes it ("0000:3b:00.0"), from that or the
+    CUDA driver's form ("00000000:3B:00.0"); other text only lower-cased."""
+    try:
+        dom, bus, rest = s.strip().split(":")
+        dev, fn = rest.split(".")
+        return f"{int(dom, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn, 16):x}"
+    except ValueError:
+        return s.strip().lower()
+
+
+def extent_error(what: str, cols, results) -> PhxError:
+    """The error of the first extent whose result is not its length."""
+    for i, r in enumerate(results):
+        buf_id, off, length, fo = cols.extent(i)
+        if r == length:
+            continue
+        where = f"{what}: extent {length} bytes at file offset {fo}, buffer {buf_id} offset {off}"
+        if r < 0:
+            return PhxError(-r, f"{where}: {os.strerror(-r)}")
+        return PhxError(errno.EIO, f"{where}: only {r} bytes (end of file?)")
+    return PhxError(errno.EIO, f"{what}: the daemon counted failed extents, none found")
+
+
+def mount_counters(path: Union[str, os.PathLike], device: int = 0) -> Dict[str, int]:
+    """The daemon's counters (INFO) of the mount holding path."""
+    with PhxFile(path) as f:
+        return dict(f.info(device).counters)
 
 
 def phx_info_xattr(path: Union[str, os.PathLike]) -> Dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 CUDA_SUCCESS = 0
@@ -21,6 +22,23 @@ class CudaError(RuntimeError):
 
 class CUipcMemHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_SIZE)]
+
+
+# cuPointerGetAttributes attributes (cuda.h CUpointer_attribute) and the
+# names pointer_info gives them; each answer fits the 8 bytes it is given.
+CU_MEMORYTYPE_DEVICE = 2
+_ATTRS = ((2, "memory_type"), (7, "buffer_id"), (9, "device"), (10, "ipc_capable"),
+          (11, "base"), (12, "size"))
+
+
+@dataclass(frozen=True)
+class PointerInfo:
+    memory_type: int  # 2: device memory
+    buffer_id: int  # unique per allocation in this process; 0: no allocation here
+    device: int  # ordinal
+    base: int  # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+    size: int  # CU_POINTER_ATTRIBUTE_RANGE_SIZE
+    ipc_capable: bool  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
 
 
 _lock = threading.Lock()
@@ -48,6 +66,9 @@ class Driver:
             "cuMemcpyHtoD_v2": [u64, vp, sz],
             "cuMemsetD8_v2": [u64, ctypes.c_ubyte, sz],
             "cuCtxSynchronize": [],
+            "cuPointerGetAttributes": [ctypes.c_uint, P(ctypes.c_int), P(vp), u64],
+            "cuMemGetInfo_v2": [P(sz), P(sz)],
+            "cuDeviceGetPCIBusId": [ctypes.c_char_p, i32, i32],
             "cuGetErrorName": [ctypes.c_int, P(ctypes.c_char_p)],
         }
         for name, args in sig.items():
@@ -98,6 +119,37 @@ class Driver:
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
         self.check("cuMemGetAddressRange_v2", self.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ptr))
         return base.value, size.value
+
+    def pointer_info(self, device: int, ptr: int) -> "PointerInfo":
+        """The allocation holding ptr, from cuPointerGetAttributes (which,
+        unlike cuPointerGetAttribute, answers zeros rather than an error for
+        an address that is no allocation: buffer_id 0)."""
+        self.use(device)
+        n = len(_ATTRS)
+        vals = (ctypes.c_uint64 * n)()
+        ptrs = (ctypes.c_void_p * n)(*[ctypes.addressof(vals) + 8 * i for i in range(n)])
+        attrs = (ctypes.c_int * n)(*[a for a, _ in _ATTRS])
+        self.check("cuPointerGetAttributes", self.cuPointerGetAttributes(n, attrs, ptrs, ptr))
+        v = dict(zip((name for _, name in _ATTRS), vals))
+        return PointerInfo(memory_type=v["memory_type"] & 0xFFFFFFFF, buffer_id=v["buffer_id"],
+                           device=v["device"] & 0xFFFFFFFF, base=v["base"], size=v["size"],
+                           ipc_capable=bool(v["ipc_capable"] & 0xFF))
+
+    def pci_bus_id(self, device: int) -> str:
+        """The device's PCI address as the driver writes it
+        ("00000000:3B:00.0"; client.normalize_pci makes it sysfs's)."""
+        dev = ctypes.c_int()
+        self.check("cuDeviceGet", self.cuDeviceGet(ctypes.byref(dev), device))
+        buf = ctypes.create_string_buffer(64)
+        self.check("cuDeviceGetPCIBusId", self.cuDeviceGetPCIBusId(buf, 64, dev.value))
+        return buf.value.decode()
+
+    def mem_info(self, device: int) -> Tuple[int, int]:
+        """(free, total) bytes of the device, as the driver reports them."""
+        self.use(device)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.check("cuMemGetInfo_v2", self.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)))
+        return free.value, total.value
 
     def ipc_handle(self, device: int, ptr: int) -> bytes:
         """The 64-byte CUipcMemHandle of the allocation whose base is ptr."""

@@ -1,14 +1,15 @@
 """The safetensors load through the mount, independent of where the buffer
 lives: parse the header, plan every tensor's extent (cut at 128 MiB), submit
-them all as BATCH ioctls, wait with a timeout. torch_helpers puts the buffer
-in GPU memory; load_safetensors_emu (here) in the emulated device's memory."""
+them all as BATCH ioctls, wait with a timeout, into one buffer registered
+for the load: load_safetensors_emu (here) in the emulated device's memory.
+The GPU loaders (torch_load.py) run on the fetch engine (fetch.py)."""
 
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import abi
 from .client import EmuBuffer, PhxFile
@@ -28,6 +29,7 @@ class LoadStats:
     seconds: float = 0.0  # whole load: header, allocation, registration, I/O, tensors
     io_seconds: float = 0.0  # the BATCH ioctls alone
     extra: Dict[str, float] = field(default_factory=dict)
+    plans: List[Tuple[str, str, str]] = field(default_factory=list)  # (tensor, strategy, why)
 
     @property
     def gbps(self) -> float:
@@ -50,7 +52,7 @@ def load_registered(f: PhxFile, h: Header, buf_id: int, chunk: int = DEFAULT_CHU
         stats.tensors = len(h.tensors)
 
 
-def load_into(path: Union[str, os.PathLike], vendor: int, device: int,
+def load_via(path: Union[str, os.PathLike], vendor: int, device: int,
               allocate: Callable[[Header], Tuple[Any, bytes]],
               tensors: Callable[[Any, Header], Dict[str, Any]],
               release: Callable[[Any], None], chunk: int = DEFAULT_CHUNK,
@@ -114,5 +116,5 @@ def load_safetensors_emu(path: Union[str, os.PathLike], device: int = 0, chunk: 
     def tensors(buf: EmuBuffer, h: Header) -> Dict[str, bytes]:
         return {t.name: bytes(buf.view[t.begin:t.end]) for t in h.tensors}
 
-    return load_into(path, abi.VENDOR_EMU, device, allocate, tensors, EmuBuffer.close,
+    return load_via(path, abi.VENDOR_EMU, device, allocate, tensors, EmuBuffer.close,
                      chunk, timeout, stats)

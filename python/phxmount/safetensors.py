@@ -11,7 +11,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 # Bytes per element of each safetensors dtype.
 DTYPE_SIZES = {
@@ -145,22 +145,41 @@ def plan_extents(h: Header, chunk: int = DEFAULT_CHUNK, base: int = 0) -> List[E
     return out
 
 
+def encode_header(tensors: Sequence[Tuple[str, str, Sequence[int], int]],
+                  metadata: Optional[Dict[str, str]] = None, align: int = 8) -> Tuple[bytes, List[int]]:
+    """The first bytes of a safetensors file whose tensors, (name, dtype,
+    shape, nbytes), follow in this order: the 8-byte little-endian header
+    length and the JSON header, padded with spaces so the data starts at a
+    multiple of align. Returns them and each tensor's data offset."""
+    hdr: Dict[str, object] = {}
+    if metadata:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise SafetensorsError("metadata must map strings to strings")
+        hdr["__metadata__"] = dict(metadata)
+    pos, offsets = 0, []
+    for name, dtype, shape, nbytes in tensors:
+        numel = 1
+        for x in shape:
+            numel *= x
+        if dtype not in DTYPE_SIZES or numel * DTYPE_SIZES[dtype] != nbytes:
+            raise SafetensorsError(f"{name}: {nbytes} bytes for {dtype}{list(shape)}")
+        if name in hdr:
+            raise SafetensorsError(f"tensor name {name!r} twice")
+        hdr[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        offsets.append(pos)
+        pos += nbytes
+    body = json.dumps(hdr, separators=(",", ":")).encode()
+    body += b" " * ((-(8 + len(body))) % align)
+    return struct.pack("<Q", len(body)) + body, offsets
+
+
 def write_file(path: Union[str, os.PathLike], tensors: Sequence[Tuple[str, str, Sequence[int], bytes]],
                metadata: Optional[Dict[str, str]] = None, align: int = 8) -> Header:
     """Writes a safetensors file from (name, dtype, shape, raw bytes) in order
     (tests and tools). The header is padded with spaces to a multiple of align."""
-    hdr: Dict[str, object] = {}
-    if metadata:
-        hdr["__metadata__"] = dict(metadata)
-    pos = 0
-    for name, dtype, shape, data in tensors:
-        hdr[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + len(data)]}
-        pos += len(data)
-    body = json.dumps(hdr, separators=(",", ":")).encode()
-    body += b" " * ((-(8 + len(body))) % align)
+    head, _ = encode_header([(n, dt, sh, len(data)) for n, dt, sh, data in tensors], metadata, align)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(body)))
-        f.write(body)
+        f.write(head)
         for _, _, _, data in tensors:
             f.write(data)
-    return parse_header_bytes(struct.pack("<Q", len(body)) + body)
+    return parse_header_bytes(head)

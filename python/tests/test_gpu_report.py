@@ -1,5 +1,7 @@
-"""tools/gpu_report.py prints only what the raw results hold: a row whose
-measurement is absent says "not run"."""
+"""tools/gpu_report.py and gpu_rows.py print and record only what the raw
+results hold: the rows of docs/bench/gpu-latest.json come from the run's
+files (the reference programs' stdout parsed in their printf formats), a
+row whose inputs are absent is "not run", and met is computed."""
 
 import json
 import os
@@ -11,14 +13,158 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
 
 import gpu_report  # noqa: E402
+import gpu_rows  # noqa: E402
+
+ROWS = ["hot_registered", "hot_registered_vs_pinned", "hot_end_to_end", "hot_vs_safetensors", "cold", "kv_16k",
+        "kv_64k", "kv_256k", "kv_1m", "save_nofsync", "save_fsync", "shard_row_vs_full", "shard_col_vs_full",
+        "shard_row_vs_safetensors", "shard_col_vs_safetensors"]
 
 
 def result(name, gbps, **extra):
     return dict(name=name, bytes=1 << 30, seconds=1 / gbps, gbps=gbps, **extra)
 
 
+def timed(name, seconds):
+    return dict(name=name, seconds=seconds)
+
+
+# The reference programs' output, in their printf formats.
+STAGED = ("C ceiling pinned H2D 1 GiB             %6.2f GB/s\n" % 55.0 +
+          "A bounce  threads=%2d chunk=%2zu MiB       %6.2f GB/s\n".replace("%2zu", "%2d") % (8, 2, 40.0) +
+          "A bounce  threads=%2d chunk=%2zu MiB       %6.2f GB/s\n".replace("%2zu", "%2d") % (32, 2, 50.0) +
+          "B pagecache-DMA win=%4zu MiB streams=%d  %6.2f GB/s (register time %.2f s summed)\n".replace("%4zu", "%4d")
+          % (256, 4, 22.0, 0.4) + "verify sample: ok\n")
+KV = "C ceiling pinned H2D 1 GiB                        %7.2f GB/s\n" % 54.0
+for kib, p, a, b, d in ((16, 5.7, 5.7, 18.0, 13.0), (64, 17, 17, 47, 49), (256, 34, 34, 47.5, 48.8), (1024, 44, 44, 47.7, 48.5)):
+    KV += "P %4d KiB blocks: pread into pinned host only     %7.2f GB/s  %8.0f blocks/s\n" % (kib, p, 1000)
+    KV += "A %4d KiB blocks: pread + one copy per block      %7.2f GB/s  %8.0f blocks/s\n" % (kib, a, 1000)
+    KV += "B %4d KiB blocks: gather + 1 copy + scatter kernel %7.2f GB/s  %8.0f blocks/s\n" % (kib, b, 1000)
+    KV += "D %4d KiB blocks: gather + cudaMemcpyBatchAsync    %7.2f GB/s  %8.0f blocks/s\n" % (kib, d, 1000)
+
+
+def full_inputs():
+    go = {"results": [result("ceiling pinned H2D 4MiB copies", 53.0), result("ceiling cold O_DIRECT read 16x4MiB", 1.8),
+                      result("ceiling cold buffered read 16x4MiB", 1.5)]}
+    py = {"results": [result("phxmount load_into registered hot", 49.0), result("a phxmount ioctl (python client) hot", 45.0),
+                      result("c safetensors load_file cuda hot", 5.0), result("a phxmount ioctl (python client) cold", 1.75)]}
+    kv = {"results": [result(f"kv {k}KiB {t} thread", g, block=k << 10, threads=t, mismatches=0)
+                      for k, g1, g4 in ((16, 17.0, 16.0), (64, 45.0, 46.0), (256, 47.0, 48.0), (1024, 48.0, 48.0))
+                      for t, g in ((1, g1), (4, g4))]}
+    save = {"results": [result("phxmount save_safetensors", 9.0), result("safetensors save_file", 2.0),
+                        result("phxmount save_safetensors fsync", 1.5), result("safetensors save_file fsync", 0.4),
+                        result("disk write ceiling fsync buffered", 1.6), result("disk write ceiling fsync O_DIRECT", 1.4)]}
+    shard = {"results": [timed("phxmount full load_safetensors", 0.2), timed("phxmount shard rows", 0.03),
+                         timed("phxmount shard cols", 0.15), timed("safetensors get_slice rows", 0.5),
+                         timed("safetensors get_slice cols", 0.6)]}
+    return dict(go=go, py=py, kv=kv, save=save, shard=shard, ref_staged=STAGED, ref_kv=KV)
+
+
+class RowsTest(unittest.TestCase):
+    def test_references_parsed(self):
+        s = gpu_rows.parse_staged(STAGED)
+        self.assertEqual((s["pinned"], s["best"], s["verify"]), (55.0, 50.0, "ok"))
+        self.assertIn("32 threads x 2 MiB", s["best_name"])
+        k = gpu_rows.parse_kv(KV)
+        self.assertEqual(k["pinned"], 54.0)
+        self.assertEqual(k["sizes"][16 << 10], {"P": 5.7, "A": 5.7, "B": 18.0, "D": 13.0})
+        self.assertEqual(gpu_rows.parse_kv(KV + "B MISMATCH\n")["mismatch"], ["B"])
+
+    def test_every_row_from_the_inputs(self):
+        rows = {r["name"]: r for r in gpu_rows.build(full_inputs())}
+        self.assertEqual(list(rows), ROWS)
+        self.assertEqual((rows["hot_registered"]["baseline"], rows["hot_registered"]["met"]), (50.0, True))
+        self.assertAlmostEqual(rows["hot_registered_vs_pinned"]["ratio"], 49 / 55)
+        self.assertFalse(rows["hot_registered_vs_pinned"]["met"])
+        self.assertEqual(rows["hot_vs_safetensors"]["ratio"], 9.0)
+        self.assertEqual(rows["cold"]["baseline"], 1.8)
+        self.assertEqual((rows["kv_16k"]["value"], rows["kv_16k"]["baseline"]), (16.0, 18.0), "worse of the threads")
+        self.assertEqual(rows["kv_64k"]["baseline"], 49.0)
+        self.assertAlmostEqual(rows["save_nofsync"]["ratio"], 4.5)
+        fs = rows["save_fsync"]
+        self.assertEqual((fs["ceiling"]["baseline"], fs["ceiling"]["met"], fs["met"]), (1.6, True, True))
+        self.assertEqual((rows["shard_row_vs_full"]["unit"], rows["shard_row_vs_full"]["met"]), ("s", True))
+        self.assertAlmostEqual(rows["shard_row_vs_full"]["ratio"], 0.2 / 0.03)
+        self.assertAlmostEqual(rows["shard_col_vs_safetensors"]["ratio"], 4.0)
+        self.assertFalse(rows["shard_col_vs_safetensors"]["met"])
+
+    def test_nothing_measured_every_row_not_run(self):
+        for r in gpu_rows.build({}):
+            self.assertEqual((r["status"], r["value"], r["ratio"], r["met"]), ("not run", None, None, False), r["name"])
+            self.assertTrue(r["missing"], r["name"])
+
+    def test_a_failed_check_is_not_a_figure(self):
+        inp = full_inputs()
+        inp["kv"]["results"][0]["mismatches"] = 3
+        inp["kv"]["results"][3] = {"name": "kv 64KiB 4 thread", "error": "TimeoutError: ..."}
+        rows = {r["name"]: r for r in gpu_rows.build(inp)}
+        for name in ("kv_16k", "kv_64k"):
+            self.assertEqual((rows[name]["status"], rows[name]["value"], rows[name]["met"]), ("failed", None, False))
+
+    def test_extra_rows(self):
+        inp = {"extra": [{"rows": [{"name": "two_gpu", "value": 100.0, "baseline": 107.6, "target": 0.9}]}]}
+        r = gpu_rows.build(inp)[-1]
+        self.assertEqual(r["name"], "two_gpu")
+        self.assertAlmostEqual(r["ratio"], 100 / 107.6)
+        self.assertTrue(r["met"])
+
+
+class ReportTest(unittest.TestCase):
+    def test_main_writes_json_and_markdown(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths = {}
+            for k, v in full_inputs().items():
+                paths[k] = os.path.join(d, k)
+                with open(paths[k], "w") as f:
+                    f.write(v if isinstance(v, str) else json.dumps(v))
+            outs = [os.path.join(d, "a", "gpu-latest.json"), os.path.join(d, "b.json")]
+            md = os.path.join(d, "bench.md")
+            args = [f"--{k.replace('_', '-')}={p}" for k, p in paths.items()] + [
+                "--commit", "abc123", "--machine", "1x H200", "--md-out", md, "--json-out"] + outs
+            with open(os.devnull, "w") as null:
+                old, sys.stdout = sys.stdout, null
+                try:
+                    gpu_report.main(args)
+                finally:
+                    sys.stdout = old
+            for p in outs:
+                with open(p) as f:
+                    doc = json.load(f)
+                self.assertEqual(set(doc) >= {"date", "commit", "machine", "rows"}, True)
+                self.assertEqual((doc["commit"], doc["machine"]), ("abc123", "1x H200"))
+                self.assertEqual([r["name"] for r in doc["rows"]], ROWS)
+                for r in doc["rows"]:
+                    self.assertTrue({"name", "value", "baseline", "ratio", "target", "met"} <= set(r))
+            with open(md) as f:
+                text = f.read()
+            self.assertIn("| kv_16k | 16.00 GB/s | 18.00 GB/s kv_blocks.cu best of A/B/D (B) | 0.89 | 0.9 | NO |", text)
+            self.assertIn("## File loads in detail", text)
+
+    def test_absent_inputs_are_not_run(self):
+        doc, _ = gpu_report.build_doc(gpu_report.argparse.Namespace(
+            go="/nonexistent", py="", kv="", shard="", save="", ref_staged="", ref_kv="", rows=[], commit="c",
+            machine="m", date="d"))
+        self.assertTrue(all(r["status"] == "not run" for r in doc["rows"]))
+        self.assertEqual(doc["inputs"]["go"], "absent: /nonexistent")
+        text = gpu_report.markdown(doc, gpu_report.render({}, {}))
+        self.assertIn("| hot_registered | not run (value; baseline) |", text)
+
+
+class ToolHelpersTest(unittest.TestCase):
+    def test_helpers(self):
+        import benchlib
+        import gpu_bench
+        self.assertEqual(gpu_bench.sweep("1x0,4x512"), [(1, 0), (4, 512)])
+        self.assertEqual([benchlib.parse_size(s) for s in ("2GiB", "16KiB", "1000")], [2 << 30, 16 << 10, 1000])
+        calls = []
+        best, note = benchlib.best_of(3, lambda: len(calls), before=lambda: calls.append(1))
+        self.assertEqual((len(calls), note >= 1), (3, True))
+        ap = benchlib.tool_args(gpu_bench.__doc__)
+        a = ap.parse_args(["--mount-file", "m", "--backing-file", "b", "--out", "o"])
+        self.assertEqual((a.mount_file, a.backing_file, a.out), ("m", "b", "o"))
+
+
 def table_rows(text):
-    """The main table's rows by path label."""
+    """The detail table's rows by path label."""
     rows = {}
     for line in text.splitlines():
         if line.startswith("| ") and not line.startswith("| path") and not line.startswith("| ---"):
@@ -27,12 +173,11 @@ def table_rows(text):
     return rows
 
 
-class ReportTest(unittest.TestCase):
+class DetailTableTest(unittest.TestCase):
     def test_cufile_not_run_without_measurement(self):
         g = {"results": [result("phxfs in-process library (Go) hot", 10.0), result("ceiling pinned H2D 4MiB copies", 20.0)]}
         rows = table_rows(gpu_report.render(g, {"results": []}))
         self.assertEqual(rows[gpu_report.CUFILE_LABEL][1], "not run")
-        self.assertNotIn("fails", rows[gpu_report.CUFILE_LABEL])
 
     def test_nothing_measured_every_row_not_run(self):
         text = gpu_report.render({}, {})
@@ -41,46 +186,26 @@ class ReportTest(unittest.TestCase):
             self.assertEqual(rows[label][1:], ["not run", "", "", ""], label)
         for prefix in gpu_report.CEILINGS:
             self.assertEqual(rows[prefix][1], "not run", prefix)
-        self.assertEqual(rows[gpu_report.CUFILE_LABEL][1], "not run")
         targets = [line for line in text.splitlines() if line.startswith("- ")]
         self.assertEqual(len(targets), 5)
         for line in targets:
             self.assertTrue(line.endswith(": not run"), line)
         self.assertIn("chosen: not run", text)
-        self.assertIn("| not run | |", text)
 
     def test_measured_rows_come_from_results(self):
         g = {"results": [result("phxfs in-process library (Go) hot", 9.0), result("ceiling pinned H2D 4MiB copies", 10.0),
-                         result("e cuFile read", 3.0, note="compat mode")],
-             "chosen": {"workers": 16}}
+                         result("e cuFile read", 3.0, note="compat mode")], "chosen": {"workers": 16}}
         p = {"results": [result("c safetensors load_file cuda hot", 1.5)]}
         text = gpu_report.render(g, p)
         rows = table_rows(text)
         self.assertEqual(rows["(b) phxfs from Go, hot"][1:4], ["9.00", "0.90 of pinned H2D", "6.0x"])
         self.assertEqual(rows[gpu_report.CUFILE_LABEL + ": e cuFile read"][1], "3.00")
-        self.assertEqual(rows["(a) phxmount ioctl, Python client, hot"][1], "not run")
         self.assertIn("- hot >= 0.9x pinned-copy ceiling (phxfs, Go): MET (0.90)", text)
-        self.assertIn("- hot >= 0.9x pinned-copy ceiling (phxmount, Python): not run", text)
 
     def test_cufile_failure_reported_from_results(self):
         g = {"results": [{"name": "e cuFile read", "error": "cuFileHandleRegister 5027"}]}
-        rows = table_rows(gpu_report.render(g, {}))
-        row = rows[gpu_report.CUFILE_LABEL + ": e cuFile read"]
+        row = table_rows(gpu_report.render(g, {}))[gpu_report.CUFILE_LABEL + ": e cuFile read"]
         self.assertEqual((row[1], row[4]), ("fails", "cuFileHandleRegister 5027"))
-
-    def test_main_writes_markdown_without_python_results(self):
-        with tempfile.TemporaryDirectory() as d:
-            go_json, md = os.path.join(d, "go.json"), os.path.join(d, "out.md")
-            with open(go_json, "w") as f:
-                json.dump({"results": []}, f)
-            with open(os.devnull, "w") as null:
-                old, sys.stdout = sys.stdout, null
-                try:
-                    gpu_report.main(go_json, None, md)
-                finally:
-                    sys.stdout = old
-            with open(md) as f:
-                self.assertEqual(table_rows(f.read())[gpu_report.CUFILE_LABEL][1], "not run")
 
 
 if __name__ == "__main__":

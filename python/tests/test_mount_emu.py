@@ -5,97 +5,34 @@ otherwise."""
 
 import errno
 import os
-import random
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 import unittest
 from unittest import mock
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+from mountutil import MountedCase, make_file, why_not
 
 import phxmount  # noqa: E402
-from phxmount import abi, safetensors as st  # noqa: E402
+from phxmount import abi  # noqa: E402
 from phxmount.client import EmuBuffer, PhxError, PhxFile  # noqa: E402
 from phxmount.loader import LoadStats, load_safetensors_emu  # noqa: E402
 
-PHXMOUNT = os.environ.get("PHXMOUNT_BIN", os.path.join(ROOT, "bin", "phxmount"))
-
-
-def why_not():
-    if os.geteuid() != 0:
-        return "not root (mounting FUSE needs root)"
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse"
-    if not os.access(PHXMOUNT, os.X_OK):
-        return f"no {PHXMOUNT} (run make build)"
-    return None
-
-
-class Mount:
-    def __init__(self, backing, staged):
-        self.backing = backing
-        self.mnt = tempfile.mkdtemp(prefix="phxpy-mnt-")
-        self.log = open(os.path.join(os.path.dirname(backing), f"phxmount-{int(staged)}.log"), "w+")
-        env = dict(os.environ, PHXMOUNT_EMU_STAGED="1" if staged else "0")
-        self.p = subprocess.Popen([PHXMOUNT, "--vendor", "emu", "--workers", "3", backing, self.mnt],
-                                  stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        # phxmount wait: the one readiness check (it returns once the mount
-        # serves requests).
-        if subprocess.run([PHXMOUNT, "wait", "--timeout", "15", self.mnt]).returncode == 0:
-            return
-        self.close()
-        self.log.seek(0)
-        raise RuntimeError("phxmount did not mount:\n" + self.log.read())
-
-    def close(self):
-        if os.path.ismount(self.mnt):
-            subprocess.run(["umount", self.mnt], check=False)
-        try:
-            self.p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-        os.rmdir(self.mnt)
-        self.log.close()
-
-
-def make_model(path, seed=7):
-    rnd = random.Random(seed)
-    specs = [("embed", "BF16", (300, 1000)), ("odd", "U8", (13,)), ("w1", "F32", (513, 1001)), ("flag", "BOOL", (7,)),
-             ("none", "F16", (0, 3)), ("bias", "I64", (4099,)), ("w2", "F64", (77777,))]
-    ts = []
-    for name, dt, shape in specs:
-        n = st.DTYPE_SIZES[dt]
-        for s in shape:
-            n *= s
-        ts.append((name, dt, shape, rnd.randbytes(n)))
-    return st.write_file(path, ts, metadata={"format": "pt"}), {name: data for name, _, _, data in ts}
+# Big enough for more than 409 extents of 4 KiB (test_load_many_extents).
+MODEL = [("embed", "BF16", (300, 1000)), ("odd", "U8", (13,)), ("w1", "F32", (513, 1001)), ("flag", "BOOL", (7,)),
+         ("none", "F16", (0, 3)), ("bias", "I64", (4099,)), ("w2", "F64", (77777,))]
 
 
 @unittest.skipIf(why_not(), f"SKIP: {why_not()}")
-class EmuMountTest(unittest.TestCase):
-    staged = False
-
+class EmuMountTest(MountedCase):
     @classmethod
-    def setUpClass(cls):
-        cls.work = tempfile.mkdtemp(prefix="phxpy-", dir="/var/tmp")
-        backing = os.path.join(cls.work, "backing")
-        os.mkdir(backing)
-        cls.header, cls.data = make_model(os.path.join(backing, "model.safetensors"))
+    def populate(cls, backing):
+        cls.header, ts = make_file(os.path.join(backing, "model.safetensors"), specs=MODEL)
+        cls.data = {name: data for name, (_, _, data) in ts.items()}
         with open(os.path.join(backing, "small.bin"), "wb") as f:
             f.write(bytes(range(256)) * 1000 + b"tail")
-        cls.m = Mount(backing, cls.staged)
-        cls.path = os.path.join(cls.m.mnt, "model.safetensors")
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.m.close()
-        shutil.rmtree(cls.work)
+    @property
+    def path(self):
+        return self.m.path("model.safetensors")
 
     def test_available_is_honest(self):
         a = phxmount.available(self.path)

@@ -1,69 +1,123 @@
-"""The Python half of the GPU benchmark: file -> GPU memory for one
-safetensors file, page cache hot and cold: (a) phxmount's ioctl path through
-this client, (c) safetensors.torch.load_file(device="cuda"), (d) a read into
-pageable memory then .cuda(). Raw numbers to --out (JSON)."""
+"""The Python half of the GPU benchmark: one safetensors file into GPU
+memory, hot and cold, every side the best of N runs of the same shape:
 
-import argparse
+* phxmount load_into, registered: the tensors allocated and their memory
+  registered BEFORE the clock (as the reference pipelines allocate theirs),
+  then only the load is timed (the row hot_registered);
+* phxmount load_safetensors end to end: header, allocation, registration
+  (cached registrations reused, as in a process that loads repeatedly),
+  reads and tensors (hot_end_to_end); also its first load in a fresh state
+  (every allocation and registration new), for the record;
+* safetensors.torch.load_file(device="cuda:0"); a read into pageable memory
+  then .cuda();
+* cold: each run of each side after sync + drop_caches.
+
+Raw numbers to --out (JSON), progress on stdout; a stage that hangs ends
+the run (exit 3) naming the stage."""
+
 import ctypes
-import json
 import os
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib import tool_args, Watchdog, best_of, drop_caches, failed, record, say, warm, write_json
 
+import phxmount  # noqa: E402
 from phxmount.loader import LoadStats  # noqa: E402
 from phxmount.safetensors import read_header  # noqa: E402
-from phxmount.torch_helpers import load_safetensors  # noqa: E402
+
+E2E = "a phxmount ioctl (python client)"
 
 
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+def fresh():
+    """No cached allocation nor registration: torch's cache emptied and
+    the registrations of what it freed released."""
+    import gc
+    import torch
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    phxmount.prune_caches()
 
 
-def warm(path):
-    with open(path, "rb", buffering=0) as f:
-        while f.read(64 << 20):
-            pass
+def registered(a, h, wd):
+    import torch
+    from phxmount.torch_helpers import torch_dtype
+    wd.stage("hot, registered: allocate and register every tensor (untimed)", 120)
+    fresh()
+    tensors = {t.name: torch.empty(t.shape, dtype=torch_dtype(t.dtype), device="cuda:0") for t in h.tensors}
+    made = phxmount.register_tensors(a.mount_file, tensors.values())
+    torch.cuda.synchronize()
+    out = []
+    for i, (threads, flush) in enumerate([(a.threads, a.flush_mib)] + sweep(a.sweep)):
+        wd.stage(f"hot, registered: {a.reps} loads, {threads} threads, batches of {flush or 'all'} MiB", 120)
+        s = LoadStats()
+
+        def run():
+            phxmount.load_into(a.mount_file, tensors, stats=s, threads=threads, flush_bytes=(flush or 1 << 42) << 20)
+            torch.cuda.synchronize()
+            return f"{s.extents} extents, {s.ioctls} ioctls, {s.extra.get('registered')} registrations in the load"
+
+        best, note = best_of(a.reps, run)
+        name = "phxmount load_into registered hot" + (f" [{threads} threads, {flush or 'all'} MiB]" if i else "")
+        out.append(record(name, h.data_len, best, note=note, registrations_before=made, threads=threads,
+                          flush_mib=flush))
+    return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mount-file", required=True)
-    ap.add_argument("--backing-file", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--cold", type=int, default=1)
-    a = ap.parse_args()
+def sweep(spec: str):
+    """[(threads, MiB a batch; 0: everything in one)] from "1x0,4x512"."""
+    return [tuple(int(x) for x in item.split("x")) for item in spec.split(",") if item]
+
+
+def end_to_end(a, h, wd, cold: bool):
+    import torch
+    s = LoadStats()
+
+    def run():
+        out = phxmount.load_safetensors(a.mount_file, 0, stats=s, threads=a.threads)
+        torch.cuda.synchronize()
+        del out
+        return (f"{s.extents} extents, {s.ioctls} ioctls, transport {s.transport}, io {s.io_seconds:.3f}s, "
+                f"registered {s.extra.get('registered')}, cache hits {s.extra.get('cache_hits')}")
+
+    out = []
+    if not cold:
+        wd.stage("hot, end to end: the first load in a fresh state", 120)
+        fresh()
+        best, note = best_of(1, run)
+        out.append(record("phxmount load_safetensors first load hot", h.data_len, best, note=note))
+    reps = a.cold_reps if cold else a.reps
+    wd.stage(f"{'cold' if cold else 'hot'}, end to end: {reps} loads", 60 + reps * (60 if cold else 10))
+    best, note = best_of(reps, run, drop_caches if cold else None)
+    out.append(record(f"{E2E} {'cold' if cold else 'hot'}", h.data_len, best, note=note))
+    return out
+
+
+def safetensors_side(a, h, wd, cold: bool):
     import torch
     from safetensors.torch import load_file
 
-    h = read_header(a.backing_file)
-    nbytes = h.data_len
-    size = os.path.getsize(a.backing_file)
-    torch.cuda.init()
-    torch.empty(1, device="cuda:0")
-    res = {"file": a.backing_file, "data_bytes": nbytes, "file_bytes": size, "torch": torch.__version__,
-           "results": []}
-
-    def phx():
-        s = LoadStats()
-        out = load_safetensors(a.mount_file, device=0, stats=s)
-        torch.cuda.synchronize()
-        del out
-        return f"{s.extents} extents, {s.ioctls} ioctl(s), transport {s.transport}, io {s.io_seconds:.3f}s"
-
-    def st():
+    def run():
         out = load_file(a.backing_file, device="cuda:0")
         torch.cuda.synchronize()
         del out
         return "backing path"
 
-    def pageable():
+    reps = a.cold_reps if cold else a.reps
+    wd.stage(f"safetensors load_file, {'cold' if cold else 'hot'}: {reps} loads", 60 + reps * 60)
+    fresh()
+    best, note = best_of(reps, run, drop_caches if cold else None)
+    return [record(f"c safetensors load_file cuda {'cold' if cold else 'hot'}", h.data_len, best, note=note)]
+
+
+def pageable_side(a, h, wd, cold: bool):
+    import torch
+    size = os.path.getsize(a.backing_file)
+
+    def run():
         cpu = torch.empty(size, dtype=torch.uint8)
+        mv = memoryview((ctypes.c_ubyte * size).from_address(cpu.data_ptr())).cast("B")
         with open(a.backing_file, "rb", buffering=0) as f:
-            mv = memoryview((ctypes.c_char * size).from_address(cpu.data_ptr())).cast("B")
             got = 0
             while got < size:
                 n = f.readinto(mv[got:])
@@ -75,33 +129,44 @@ def main():
         del g, cpu
         return "whole file: read() then .cuda(), no tensor views"
 
-    methods = [("a phxmount ioctl (python client)", phx, 3), ("c safetensors load_file cuda", st, 2),
-               ("d pageable read + .cuda()", pageable, 2)]
-    warm(a.backing_file)
-    for name, fn, reps in methods:
-        best, note = None, ""
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            note = fn()
-            d = time.perf_counter() - t0
-            best = d if best is None else min(best, d)
-            torch.cuda.empty_cache()
-        r = {"name": name + " hot", "bytes": nbytes, "seconds": best, "gbps": nbytes / best / 1e9, "note": note}
-        res["results"].append(r)
-        print(f"{r['name']:<44} {r['gbps']:8.2f} GB/s  {best:7.3f}s  {note}", flush=True)
+    reps = 1 if cold else 2
+    wd.stage(f"pageable read + .cuda(), {'cold' if cold else 'hot'}", 60 + reps * 60)
+    best, note = best_of(reps, run, drop_caches if cold else None)
+    return [record(f"d pageable read + .cuda() {'cold' if cold else 'hot'}", h.data_len, best, note=note)]
+
+
+def main() -> int:
+    ap = tool_args(__doc__)
+    ap.add_argument("--cold", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=3, help="runs of each hot side (best taken)")
+    ap.add_argument("--cold-reps", type=int, default=2, help="runs of each cold side, caches dropped before each")
+    ap.add_argument("--threads", type=int, default=4, help="client threads (ioctl streams) of the loads")
+    ap.add_argument("--flush-mib", type=int, default=512, help="MiB of requests a BATCH task gathers (0: all)")
+    ap.add_argument("--sweep", default="1x0,4x0,8x256", help="more THREADSxMIB loads of the registered side, "
+                                                             "recorded beside the default's")
+    a = ap.parse_args()
+    import torch
+    wd = Watchdog("gpu_bench")
+    h = read_header(a.backing_file)
+    torch.cuda.init()
+    torch.empty(1, device="cuda:0")
+    res = {"file": a.backing_file, "data_bytes": h.data_len, "file_bytes": os.path.getsize(a.backing_file),
+           "torch": torch.__version__, "threads": a.threads, "reps": a.reps, "cold_reps": a.cold_reps, "results": []}
+    say(str(phxmount.available(a.mount_file)))
+    steps = [(registered, None), (end_to_end, False), (safetensors_side, False), (pageable_side, False)]
     if a.cold:
-        for name, fn, _ in methods:
-            drop_caches()
-            t0 = time.perf_counter()
-            note = fn()
-            d = time.perf_counter() - t0
-            torch.cuda.empty_cache()
-            r = {"name": name + " cold", "bytes": nbytes, "seconds": d, "gbps": nbytes / d / 1e9, "note": note}
-            res["results"].append(r)
-            print(f"{r['name']:<44} {r['gbps']:8.2f} GB/s  {d:7.3f}s  {note}", flush=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+        steps += [(end_to_end, True), (safetensors_side, True), (pageable_side, True)]
+    wd.stage("warm the file", 120)
+    warm(a.backing_file)
+    for fn, cold in steps:
+        try:
+            res["results"] += fn(a, h, wd) if cold is None else fn(a, h, wd, cold)
+        except Exception as e:  # the other sides still run
+            res["results"].append(failed(f"{fn.__name__}{' cold' if cold else ''}", e))
+    wd.done()
+    write_json(a.out, res)
+    return 1 if any("error" in r for r in res["results"]) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,120 +1,180 @@
-"""End to end on a GPU: the Python client + torch loading a safetensors file
-through a phxmount mount (--vendor nvidia) must equal
-safetensors.torch.load_file of the same file, tensor by tensor. Prints
-PASS/FAIL lines; exit status 1 on any FAIL."""
+"""End to end on a GPU (the acceptance of issues 9 and 15): the Python
+client + torch on a phxmount mount (--vendor nvidia) against safetensors
+on the same file. Prints a PASS or FAIL line per check and INFO lines with
+what was measured; exit status 1 on any FAIL. Each section runs under a
+time limit (a hang ends the run, exit 3, naming the section) and a section
+that raises is one FAIL, not the end of the run.
+
+Sections: basics (available, read_into), whole-file loads, the sharded
+checkpoint (gpu_e2e.py); safe_open, random slices, prefetch, the pread
+fallback, iter_tensors (e2e_read.py); save round trips (e2e_save.py); rank
+shards with the bytes counter, load_into and registration reuse, a
+freed-and-reused address, peak memory, owned deletion (e2e_mem.py); and,
+last, no buffer left registered once the caches are closed."""
 
 import argparse
-import ctypes
 import os
 import sys
 import time
+import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib import Watchdog, say
 
 import phxmount  # noqa: E402
 from phxmount import cuda  # noqa: E402
 from phxmount.loader import LoadStats  # noqa: E402
-from phxmount.torch_helpers import load_safetensors, read_into  # noqa: E402
-
-fails = 0
 
 
-def report(ok, what):
-    global fails
-    print(("PASS " if ok else "FAIL ") + what, flush=True)
-    fails += 0 if ok else 1
+class Ctx:
+    """What every section uses: the paths, PASS/FAIL accounting, the
+    mount's counters, and safetensors' load of the file (the reference)."""
+
+    def __init__(self, a):
+        self.a, self.fails, self.passes = a, 0, 0
+        self.mount_file, self.backing_file = a.mount_file, a.backing_file
+        self.mnt = os.path.dirname(a.mount_file)
+        self.backing = os.path.dirname(a.backing_file)
+        self._ref = None
+
+    def check(self, ok, what: str) -> bool:
+        print(("PASS " if ok else "FAIL ") + what, flush=True)
+        self.passes += 1 if ok else 0
+        self.fails += 0 if ok else 1
+        return bool(ok)
+
+    def info(self, what: str) -> None:
+        print("INFO " + what, flush=True)
+
+    def counters(self) -> dict:
+        return phxmount.mount_counters(self.mnt)
+
+    def ref(self) -> dict:
+        """safetensors.torch.load_file of the file onto cuda:0 (8 GiB: kept
+        until drop_ref)."""
+        if self._ref is None:
+            from safetensors.torch import load_file
+            self._ref = load_file(self.backing_file, device="cuda:0")
+        return self._ref
+
+    def drop_ref(self) -> None:
+        import gc
+        import torch
+        self._ref = None
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        phxmount.prune_caches()
+
+    def compare(self, mine: dict, ref: dict, what: str) -> bool:
+        """Names, then dtype, shape, device and values of every tensor."""
+        import torch
+        bad = [] if sorted(mine) == sorted(ref) else [f"names differ: {sorted(set(mine) ^ set(ref))[:5]}"]
+        for k, r in ref.items():
+            m = mine.get(k)
+            if m is None:
+                continue
+            if m.dtype != r.dtype or tuple(m.shape) != tuple(r.shape) or m.device != r.device:
+                bad.append(f"{k}: {(m.dtype, tuple(m.shape), m.device)} vs {(r.dtype, tuple(r.shape), r.device)}")
+            elif not torch.equal(m, r):
+                bad.append(f"{k}: torch.equal is False")
+        return self.check(not bad, f"{what}: {len(ref) - len(bad)}/{len(ref)} tensors equal" +
+                          ("" if not bad else "; " + "; ".join(bad[:5])))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mount-file", required=True)
-    ap.add_argument("--backing-file", required=True)
-    ap.add_argument("--shard-dir", default="", help="a directory of shards beside the file (relative), loaded with load_sharded")
-    a = ap.parse_args()
+def basics(c: Ctx) -> None:
+    import ctypes
     import torch
-    from safetensors.torch import load_file
-
-    av = phxmount.available(a.mount_file)
-    print(av, flush=True)
-    report(av.ok and av.transport == "staged" and av.vendor == "nvidia",
-           f"available(): on mount={av.on_mount} vendor={av.vendor} transport={av.transport}")
-    off = phxmount.available(a.backing_file)
-    report(not off.ok and not off.on_mount, f"available() off the mount: {off.reason}")
-
-    # torch's own IPC handle vs cuIpcGetMemHandle of the allocation's base.
+    av = phxmount.available(c.mount_file)
+    c.info(str(av))
+    c.check(av.ok and av.transport == "staged" and av.vendor == "nvidia",
+            f"available(): on mount={av.on_mount} vendor={av.vendor} transport={av.transport}")
+    off = phxmount.available(c.backing_file)
+    c.check(not off.ok and not off.on_mount, f"available() off the mount: {off.reason}")
     t = torch.empty(4 << 20, dtype=torch.uint8, device="cuda:0")
-    drv = cuda.driver()
-    base, size = drv.address_range(0, t.data_ptr())
-    ours = drv.ipc_handle(0, base)
-    try:
-        sh = t.untyped_storage()._share_cuda_()
-        theirs = sh[1]
-        print(f"INFO torch _share_cuda_ handle: {len(theirs)} bytes, equal to cuIpcGetMemHandle(base): {theirs == ours}, "
-              f"contains it at {theirs.find(ours)}, first bytes {theirs[:4].hex()}; "
-              f"storage offset in its allocation {sh[3]}, ours {t.data_ptr() - base}", flush=True)
-    except Exception as e:  # informational only
-        print(f"INFO torch _share_cuda_ unavailable: {e!r}", flush=True)
-
-    # read_into a torch-allocated tensor (registration of its allocation).
-    with open(a.backing_file, "rb") as f:
+    pi = cuda.driver().pointer_info(0, t.data_ptr())
+    c.info(f"cuPointerGetAttributes of a torch tensor: base {pi.base:#x} size {pi.size} buffer id {pi.buffer_id} "
+           f"memory type {pi.memory_type} IPC capable {pi.ipc_capable}; tensor at +{t.data_ptr() - pi.base}")
+    c.check(pi.buffer_id and pi.base <= t.data_ptr() < pi.base + pi.size, "the allocation holding a torch tensor")
+    with open(c.backing_file, "rb") as f:
         f.seek(12345)
         want = f.read((10 << 20) + 3)
     dst = torch.zeros(len(want), dtype=torch.uint8, device="cuda:0")
-    n = read_into(dst, a.mount_file, file_offset=12345)
+    n = phxmount.read_into(dst, c.mount_file, file_offset=12345)
     host = dst.cpu()
-    got = ctypes.string_at(host.data_ptr(), host.numel())
-    report(n == len(want) and got == want, f"read_into a torch tensor: {n} bytes at file offset 12345")
+    c.check(n == len(want) and ctypes.string_at(host.data_ptr(), host.numel()) == want,
+            f"read_into a torch tensor: {n} bytes at file offset 12345")
 
-    # The whole file, one batch, against safetensors.
-    s = LoadStats()
-    t0 = time.perf_counter()
-    mine = load_safetensors(a.mount_file, device=0, stats=s)
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    print(f"INFO phxmount load: {len(mine)} tensors, {s.bytes / 1e9:.2f} GB in {dt:.2f}s, {s.extents} extents, "
-          f"{s.ioctls} ioctls, transport {s.transport}", flush=True)
-    ref = load_file(a.backing_file, device="cuda:0")
-    report(sorted(mine) == sorted(ref), f"same tensor names ({len(ref)})")
-    bad = []
-    for k, r in ref.items():
-        m = mine.get(k)
-        if m is None or m.dtype != r.dtype or tuple(m.shape) != tuple(r.shape) or m.device != r.device:
-            bad.append(f"{k}: {None if m is None else (m.dtype, tuple(m.shape), m.device)} vs {(r.dtype, tuple(r.shape), r.device)}")
-            continue
-        if not torch.equal(m, r):
-            bad.append(f"{k}: torch.equal is False")
-            continue
-        if m.numel() and not torch.equal(m.reshape(-1).view(torch.uint8), r.reshape(-1).view(torch.uint8)):
-            bad.append(f"{k}: bytes differ")
-    report(not bad, f"every tensor torch.equal to safetensors.torch.load_file (dtype, shape, device, bytes): "
-                    f"{len(ref) - len(bad)}/{len(ref)}" + ("" if not bad else "; " + "; ".join(bad[:5])))
-    del mine, ref
-    torch.cuda.synchronize()
 
-    # A sharded checkpoint: every shard to a device, in parallel.
-    if a.shard_dir:
-        from phxmount.sharded import load_sharded, shard_files
-        from safetensors.torch import load_file as lf
-        devs = list(range(torch.cuda.device_count()))
+def whole_file(c: Ctx) -> None:
+    import torch
+    ref = c.ref()
+    for owned in (True, False):
+        s = LoadStats()
         t0 = time.perf_counter()
-        per = []
-        got = load_sharded(os.path.join(os.path.dirname(a.mount_file), a.shard_dir), devices=devs, stats=per)
+        mine = phxmount.load_safetensors(c.mount_file, 0, stats=s, owned=owned)
         torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        total = sum(s.bytes for s in per)
-        print(f"INFO sharded load: {len(per)} shards onto devices {devs}, {total / 1e9:.2f} GB in {dt:.2f}s", flush=True)
-        ref = {}
-        for f in shard_files(os.path.join(os.path.dirname(a.backing_file), a.shard_dir)):
-            ref.update(lf(f, device="cuda:0"))
-        bad = [k for k, r in ref.items() if k not in got or got[k].dtype != r.dtype or not torch.equal(got[k].to(r.device), r)]
-        report(sorted(got) == sorted(ref) and not bad,
-               f"sharded checkpoint ({len(per)} shards, {len(ref)} tensors) equals safetensors per shard; bad: {bad[:3]}")
-        del got, ref
-        torch.cuda.synchronize()
-    with phxmount.PhxFile(os.path.dirname(a.mount_file)) as root:
-        live = root.info().counters["buffers_live"]
-    report(live == 0, f"no buffer left registered after the loads (buffers_live={live})")
-    return 1 if fails else 0
+        c.info(f"load_safetensors owned={owned}: {len(mine)} tensors, {s.bytes / 1e9:.2f} GB in "
+               f"{time.perf_counter() - t0:.3f}s, {s.extents} extents, {s.ioctls} ioctls, transport {s.transport}, "
+               f"registrations {s.extra.get('registered')}, cache hits {s.extra.get('cache_hits')}")
+        c.compare(mine, ref, f"load_safetensors(owned={owned}) vs safetensors.torch.load_file")
+        del mine
+
+
+def sharded_checkpoint(c: Ctx) -> None:
+    import torch
+    from phxmount.sharded import shard_files
+    from safetensors.torch import load_file
+    devs = list(range(torch.cuda.device_count()))
+    per = []
+    got = phxmount.load_sharded(os.path.join(c.mnt, c.a.shard_dir), devices=devs, stats=per)
+    ref = {}
+    for f in shard_files(os.path.join(c.backing, c.a.shard_dir)):
+        ref.update(load_file(f, device="cuda:0"))
+    got = {k: v.to("cuda:0") for k, v in got.items()}
+    c.compare(got, ref, f"load_sharded ({len(per)} shard files onto devices {devs}) vs safetensors per file")
+    some = sorted(ref)[::3]
+    part = phxmount.load_sharded(os.path.join(c.mnt, c.a.shard_dir), devices=devs, names=some, shard=(0, 1, 2))
+    from phxmount.slicing import shard_index
+    want = {k: ref[k][shard_index(ref[k].shape, 0, 1, 2) or ()] for k in some}
+    c.compare({k: v.to("cuda:0") for k, v in part.items()}, want, "load_sharded(names=..., shard=(0, 1, 2))")
+
+
+def no_buffer_left(c: Ctx) -> None:
+    phxmount.close_caches()
+    deadline = time.monotonic() + 10  # the daemon releases on FUSE's release, after close(2) returns
+    while c.counters()["buffers_live"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    live = c.counters()["buffers_live"]
+    c.check(live == 0, f"no buffer left registered once the registration caches are closed (buffers_live={live})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mount-file", required=True)
+    ap.add_argument("--backing-file", required=True)
+    ap.add_argument("--shard-dir", default="", help="a directory of shard files beside the file (relative)")
+    ap.add_argument("--slices", type=int, default=200)
+    a = ap.parse_args()
+    import torch
+    import e2e_mem
+    import e2e_read
+    import e2e_save
+    torch.cuda.init()
+    c, wd = Ctx(a), Watchdog("gpu_e2e")
+    sections = [("basics", basics, 60), ("whole-file loads", whole_file, 120)]
+    if a.shard_dir:
+        sections.append(("sharded checkpoint", sharded_checkpoint, 120))
+    sections += e2e_read.SECTIONS + e2e_save.SECTIONS + e2e_mem.SECTIONS + [("no buffer left", no_buffer_left, 30)]
+    for name, fn, limit in sections:
+        wd.stage(name, limit)
+        try:
+            fn(c)
+        except Exception as e:
+            traceback.print_exc()
+            c.check(False, f"{name}: {type(e).__name__}: {e}")
+    wd.done()
+    say(f"gpu_e2e: {c.passes} passed, {c.fails} failed")
+    return 1 if c.fails else 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,26 @@
-"""Ratios from one GPU benchmark run: reads the Go and Python JSON files,
-prints the table (ratios first) and writes it as Markdown.
+"""The report of one GPU benchmark run (scripts/gpu-test.sh bench):
+docs/bench/gpu-latest.json, {"date", "commit", "machine", "rows": [...]}
+with the rows of issues 9 and 15 (gpu_rows.py computes them, ratios to the
+reference programs and ceilings measured in the same run), and a Markdown
+file with the ratio table first, then the detail table of the file loads
+(paths against their ceilings and safetensors).
+
+    gpu_report.py --go bench-go.json --py bench-py.json --kv bench-kv.json \
+        --shard bench-shard.json --save bench-save.json \
+        --ref-staged ref-staged_ceiling.txt --ref-kv ref-kv_blocks.txt \
+        [--rows more.json ...] --commit C --machine M --json-out gpu-latest.json --md-out bench.md
 
 Every figure comes from the raw results; a row whose measurement is absent
-says "not run" (nothing here is typed in by hand)."""
+says "not run" (nothing here is typed in by hand). An input file that is
+absent is a measurement that did not run."""
 
+import argparse
+import datetime
 import json
+import os
 import sys
+
+import gpu_rows
 
 NOT_RUN = "not run"
 
@@ -121,6 +136,7 @@ def build_targets(r):
 
 
 def render(g, p):
+    """The detail table of the file loads (paths, ceilings, sweep)."""
     r = index(g, p)
     lines = ["| path | GB/s | ratio to ceiling | vs safetensors | note |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in build_rows(r)]
@@ -130,18 +146,84 @@ def render(g, p):
     return "\n".join(lines + ["", "Targets:"] + build_targets(r) + ["", f"chosen: {chosen}", ""] + sweep) + "\n"
 
 
-def main(go_json, py_json, md_out):
-    with open(go_json) as f:
-        g = json.load(f)
-    p = {"results": []}
-    if py_json:
-        with open(py_json) as f:
-            p = json.load(f)
-    text = render(g, p)
-    with open(md_out, "w") as f:
+def fmt(v, unit):
+    if v is None:
+        return NOT_RUN
+    return f"{v:.4f} s" if unit == "s" else f"{v:.2f} {unit}"
+
+
+def row_line(r) -> str:
+    unit = r.get("unit", "GB/s")
+    if r.get("status", "measured") != "measured" or r.get("ratio") is None:
+        why = "; ".join(r.get("missing") or [])
+        return f"| {r['name']} | {r.get('status') or NOT_RUN}{f' ({why})' if why else ''} | {fmt(r.get('baseline'), unit)} " \
+               f"{r.get('baseline_name', '')} | | {r.get('target')} | no |"
+    extra = ""
+    c = r.get("ceiling")
+    if c:
+        extra = f"; {c['baseline_name']}: {fmt(c['baseline'], unit)}, ratio " + \
+                (f"{c['ratio']:.2f} (target {c['target']})" if c.get("ratio") is not None else NOT_RUN)
+    return (f"| {r['name']} | {fmt(r['value'], unit)} | {fmt(r['baseline'], unit)} {r.get('baseline_name', '')}{extra} "
+            f"| {r['ratio']:.2f} | {r['target']} | {'yes' if r['met'] else 'NO'} |")
+
+
+def markdown(doc: dict, detail: str) -> str:
+    lines = [f"GPU benchmark {doc['date']}, commit {doc['commit']}, {doc['machine']}", "",
+             "| row | value | baseline | ratio | target | met |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [row_line(r) for r in doc["rows"]]
+    b = doc.get("baselines", {})
+    lines += [""] + [f"- {r['name']}: {r['note']}" for r in doc["rows"] if r.get("note")]
+    lines += ["", "Ratios: GB/s rows are value / baseline; time rows (s) are baseline / value (a speed-up). "
+                  "Every ratio is better higher; met = ratio >= target.",
+              f"Reference check: staged_ceiling.cu verify sample {b.get('staged_verify') or NOT_RUN}; "
+              f"kv_blocks.cu mismatches {b.get('kv_mismatch') if b.get('kv_mismatch') is not None else NOT_RUN}.",
+              "", "## File loads in detail", "", detail]
+    return "\n".join(lines)
+
+
+def read(path, as_json=True):
+    """A file's JSON (or text); None when absent (the step did not run)."""
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f) if as_json else f.read()
+
+
+def build_doc(a) -> dict:
+    inp = {k: read(getattr(a, k)) for k in ("go", "py", "kv", "shard", "save")}
+    inp.update(ref_staged=read(a.ref_staged, False), ref_kv=read(a.ref_kv, False),
+               extra=[d for d in (read(x) for x in a.rows) if d])
+    b = gpu_rows.baselines(inp)
+    return {"date": a.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": a.commit, "machine": a.machine, "rows": gpu_rows.build(inp),
+            "baselines": {k: v for k, v in b.items() if k != "kv"}, "reference_kv": b["kv"],
+            "inputs": {k: (getattr(a, k) if inp.get(k) is not None else f"absent: {getattr(a, k)}")
+                       for k in ("go", "py", "kv", "shard", "save", "ref_staged", "ref_kv")}}, inp
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="the GPU benchmark report")
+    for k in ("go", "py", "kv", "shard", "save", "ref-staged", "ref-kv"):
+        ap.add_argument(f"--{k}", default="")
+    ap.add_argument("--rows", nargs="*", default=[], help="JSON files of more rows ({\"rows\": [...]})")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--machine", default="unknown")
+    ap.add_argument("--date", default="")
+    ap.add_argument("--json-out", nargs="+", required=True)
+    ap.add_argument("--md-out", required=True)
+    a = ap.parse_args(argv)
+    doc, inp = build_doc(a)
+    text = markdown(doc, render(inp.get("go") or {}, inp.get("py") or {}))
+    for path in a.json_out:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+    with open(a.md_out, "w") as f:
         f.write(text)
     print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "-" else None, sys.argv[3])
+    sys.exit(main())

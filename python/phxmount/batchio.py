@@ -1,0 +1,183 @@
+"""Moving extents from client threads. BatchIO sends BATCH ioctls on a
+mount: every thread of its pool has its own descriptor of the file (its own
+ioctl stream; the daemon serves them concurrently), and every ioctl carries
+up to 409 extents. PreadIO is the fallback off a mount: pread into host
+memory, said so by whoever chose it. Both take extents as columns
+(extents.Cols) and return futures; wait_all waits with a deadline and keeps
+the destination memory alive while an abandoned request may still land."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import errno
+import os
+import threading
+import time
+from typing import Dict, Iterable, List, Optional, Union
+
+from . import abi
+from .client import PhxError, PhxFile
+from .extents import Cols
+
+_kept_lock = threading.Lock()
+_kept: Dict[int, object] = {}
+
+
+def keep_alive(futures: Iterable[cf.Future], objs) -> None:
+    """Holds objs until every future is done: the daemon may still write
+    into memory that a timed-out request named."""
+    futures = list(futures)
+    if not futures:
+        return
+    key = id(objs)
+    with _kept_lock:
+        _kept[key] = objs
+    left = [len(futures)]
+
+    def done(_f) -> None:
+        with _kept_lock:
+            left[0] -= 1
+            if left[0] == 0:
+                _kept.pop(key, None)
+
+    for f in futures:
+        f.add_done_callback(done)
+
+
+def wait_all(futures: List[cf.Future], timeout: Optional[float], what: str, keep=None) -> None:
+    """Waits for every future; raises the first failure, or TimeoutError
+    after timeout seconds (keeping keep alive until they finish)."""
+    done, not_done = cf.wait(futures, timeout=timeout)
+    if not_done:
+        keep_alive(not_done, keep)
+        raise TimeoutError(f"{what}: {len(not_done)} of {len(futures)} requests not done after {timeout} s")
+    for f in futures:
+        f.result()
+
+
+class _Submitter:
+    """A pool of client threads, each with its own descriptor (opened on
+    first use, closed once every request has finished)."""
+
+    def __init__(self, path: Union[str, os.PathLike], threads: int):
+        self.path = os.fspath(path)
+        self.threads = max(1, threads)
+        self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="phx-io")
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._handles: List[object] = []
+        self._live: List[cf.Future] = []
+        self.calls = 0  # ioctls (or preads) issued
+        self.closed = False
+
+    def _handle(self):
+        h = getattr(self._local, "h", None)
+        if h is None:
+            h = self._open()
+            with self._lock:
+                self._handles.append(h)
+            self._local.h = h
+        return h
+
+    def _open(self):
+        raise NotImplementedError
+
+    def _close_handle(self, h) -> None:
+        raise NotImplementedError
+
+    def run(self, cols: Cols) -> None:
+        """Moves every extent of cols on the calling thread."""
+        raise NotImplementedError
+
+    def submit(self, cols: Cols) -> cf.Future:
+        fut = self._pool.submit(self.run, cols)
+        with self._lock:
+            self._live = [f for f in self._live if not f.done()]
+            self._live.append(fut)
+        return fut
+
+    def close(self) -> None:
+        """Stops the pool; the descriptors close when the last request has
+        finished (at once when none is in flight)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._pool.shutdown(wait=False)
+        with self._lock:
+            pending = [f for f in self._live if not f.done()]
+        if not pending:
+            self._close_all()
+            return
+        threading.Thread(target=lambda: (cf.wait(pending), self._close_all()), daemon=True,
+                         name="phx-io-close").start()
+
+    def _close_all(self) -> None:
+        with self._lock:
+            hs, self._handles = self._handles, []
+        for h in hs:
+            self._close_handle(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class BatchIO(_Submitter):
+    """BATCH_READ (or BATCH_WRITE) ioctls on a file of a mount."""
+
+    kind = "mount"
+
+    def __init__(self, path: Union[str, os.PathLike], threads: int = 4, write: bool = False):
+        super().__init__(path, threads)
+        self.write = write
+
+    def _open(self) -> PhxFile:
+        return PhxFile(self.path, os.O_WRONLY if self.write else os.O_RDONLY)
+
+    def _close_handle(self, h: PhxFile) -> None:
+        h.close()
+
+    def run(self, cols: Cols) -> None:
+        f = self._handle()
+        for part in cols.split(abi.MAX_EXTENTS):
+            self.calls += 1
+            f.batch_cols(part, self.write)
+
+
+class PreadIO(_Submitter):
+    """pread into host memory: views maps a buffer id to a writable
+    memoryview (the host buffers a backend allocated)."""
+
+    kind = "pread"
+
+    def __init__(self, path: Union[str, os.PathLike], views: Dict[int, memoryview], threads: int = 4):
+        super().__init__(path, threads)
+        self.views = views
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def _close_handle(self, h: int) -> None:
+        os.close(h)
+
+    def run(self, cols: Cols) -> None:
+        fd = self._handle()
+        for buf_id, off, length, fo in cols:
+            mv = self.views[buf_id][off:off + length]
+            got = 0
+            while got < length:
+                self.calls += 1
+                n = os.preadv(fd, [mv[got:]], fo + got)
+                if n <= 0:
+                    raise PhxError(errno.EIO, f"pread {self.path}: {length} bytes at file offset {fo}: "
+                                              f"only {got} (file shorter than its header says?)")
+                got += n
+
+
+def timed(fn, *args) -> float:
+    """Seconds fn(*args) took."""
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0

@@ -1,0 +1,317 @@
+"""Reading planned tensors and slices, whatever the memory: the engine
+under safe_open, load_safetensors, load_into and iter_tensors. Pure
+Python, no torch.
+
+A Fetcher plans each request (slicing.choose), asks its backend for the
+destination memory and its registration, turns the plan into extents and
+hands them to its I/O (batchio.BatchIO on a mount, PreadIO off one) in
+tasks of a few BATCH ioctls, so that the next request's allocation and
+registration overlap the reads already in flight. A request of up to 409
+extents is one BATCH ioctl. Pending.result() waits (with the request's
+deadline) and lets the backend build the result: a view, or a slice on the
+device after a covering read.
+
+A backend provides:
+    alloc(plan) -> mem        the destination of plan.read_bytes bytes
+    scratch(nbytes) -> mem    memory for the planner's measurement
+    locate(mem) -> (id, off)  the registered buffer holding mem
+    finish(mem, plan)         the result the caller gets
+    release(mem)              scratch memory is no longer needed
+    prepare()                 before a group of requests (sync, prune)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Dict, Iterable, List, Optional, Union
+
+from .batchio import wait_all
+from .client import PhxError
+from .extents import Cols, Run
+from .loader import DEFAULT_TIMEOUT
+from .safetensors import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo, read_header
+from .slicing import CostModel, Plan, choose, fit, level_runs, shard_index
+
+MAX_EXTENTS = 409
+PROBE_MAX = 32 << 20  # bytes the planner's measurement reads at most
+PROBE_MIN, PROBE_MIN_PIECES = 64 << 10, 8  # below that it would measure noise
+_costs: Dict[tuple, CostModel] = {}  # the measured cost model of each file (device, inode) and I/O kind
+
+
+class Pending:
+    """A request in flight; result() waits for it and returns the result."""
+
+    def __init__(self, fetcher: "Fetcher", plan: Plan, mem, deadline: float):
+        self.fetcher, self.plan, self.mem, self.deadline = fetcher, plan, mem, deadline
+        self.futures: list = []
+        self._done = False
+        self._result = None
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def result(self):
+        if self._done:
+            return self._result
+        what = f"phx read of {self.plan.name}" + ("" if self.plan.index is None else f"[{self.plan.index}]")
+        try:
+            wait_all(self.futures, max(0.0, self.deadline - time.monotonic()), what, keep=self.mem)
+        except PhxError as e:
+            raise PhxError(e.errno, f"{self.plan.name}: {e.strerror}") from None
+        self._result = self.fetcher.backend.finish(self.mem, self.plan)
+        self._done, self.mem = True, None
+        return self._result
+
+
+class _Batch:
+    """Extents gathered from requests until a task's worth is ready."""
+
+    def __init__(self):
+        self.cols, self.nbytes, self.waiting = Cols(), 0, []
+
+
+class Fetcher:
+    def __init__(self, path: Union[str, os.PathLike], backend, io, *, chunk: int = DEFAULT_CHUNK,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT, strategy: str = "auto",
+                 flush_bytes: int = 512 << 20, task_extents: int = 4 * MAX_EXTENTS,
+                 max_temp: int = 1 << 30, header: Optional[Header] = None):
+        self.path = os.fspath(path)
+        self.backend, self.io = backend, io
+        self.chunk, self.strategy, self.max_temp = chunk, strategy, max_temp
+        self.timeout = 1e9 if timeout is None else timeout
+        self.flush_bytes, self.task_extents = flush_bytes, task_extents
+        self.header = header if header is not None else read_header(self.path)
+        self.tensors: Dict[str, TensorInfo] = {t.name: t for t in self.header.tensors}
+        st = os.stat(self.path)
+        self._cost_key = (st.st_dev, st.st_ino, getattr(io, "kind", ""))
+        self.cost = _costs.get(self._cost_key) or CostModel()  # measured once a file and I/O kind
+        self._probes = 0
+        self.plans: List[Plan] = []  # every plan started, in order
+        self.read_bytes = 0  # bytes requested from the I/O
+
+    def info(self, name: str) -> TensorInfo:
+        t = self.tensors.get(name)
+        if t is None:
+            raise KeyError(f"{self.path} has no tensor {name!r}")
+        return t
+
+    def plan(self, name: str, index=None) -> Plan:
+        """The plan for a tensor (index None) or a slice of it."""
+        info = self.info(name)
+        p = choose(info, index, self.cost, self.strategy, self.max_temp)
+        if (self.strategy == "auto" and len(p.alternatives) > 1 and self._cost_key not in _costs
+                and self._probes < 3 and self.calibrate(p)):
+            p = choose(info, index, self.cost, self.strategy, self.max_temp)
+        return p
+
+    def start(self, plans: Iterable[Plan], timeout: Optional[float] = None) -> List[Pending]:
+        """Starts every plan; the reads of the first overlap the allocation
+        and registration of the next."""
+        self.backend.prepare()
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        b, out = _Batch(), []
+        for p in plans:
+            pend = Pending(self, p, self.backend.alloc(p), deadline)
+            out.append(pend)
+            self.plans.append(p)
+            if p.read_bytes == 0:
+                continue
+            buf_id, off = self.backend.locate(pend.mem)
+            p.cols(buf_id, off, self.header.data_start, self.chunk, into=b.cols)
+            b.nbytes += p.read_bytes
+            b.waiting.append(pend)
+            self._flush(b, final=False)
+        self._flush(b, final=True)
+        return out
+
+    def _flush(self, b: _Batch, final: bool) -> None:
+        n, te = len(b.cols), self.task_extents
+        whole = final or b.nbytes >= self.flush_bytes
+        upto = n if whole else n - n % te
+        if upto == 0:
+            return
+        for i in range(0, upto, te):
+            fut = self.io.submit(b.cols.part(i, min(i + te, upto)))
+            for pend in b.waiting:
+                pend.futures.append(fut)
+        self.read_bytes += b.nbytes if whole else sum(b.cols.lens[:upto])
+        if whole:
+            b.cols, b.nbytes, b.waiting = Cols(), 0, []
+        else:
+            b.cols = b.cols.part(upto, n)
+            b.nbytes = b.cols.nbytes
+            b.waiting = b.waiting[-1:]  # only the last request can have extents left
+
+    def calibrate(self, plan: Plan) -> bool:
+        """Measures this file's cost per extent and bandwidth by reading
+        the first pieces of plan's exact extents, then the one extent that
+        covers them (a few MiB at most), each the best of two."""
+        self._probes += 1
+        self.backend.prepare()
+        es = DTYPE_SIZES[plan.dtype]
+        pieces = _first_pieces(level_runs(plan.sel, es, plan.exact), MAX_EXTENTS)
+        while len(pieces) > 2 and pieces[-1][0] + pieces[-1][1] - pieces[0][0] > PROBE_MAX:
+            pieces = pieces[:len(pieces) // 2]
+        if len(pieces) < PROBE_MIN_PIECES:
+            return False
+        length = pieces[0][1]
+        span = pieces[-1][0] + pieces[-1][1] - pieces[0][0]
+        if not PROBE_MIN <= span <= 2 * PROBE_MAX or any(n != length for _, n in pieces):
+            return False
+        mem = self.backend.scratch(max(span, length * len(pieces)))
+        buf_id, off = self.backend.locate(mem)
+        base = self.header.data_start + plan.info.begin
+        small, big = Cols(), Cols()
+        for k, (src, n) in enumerate(pieces):
+            small.add(buf_id, off + k * n, n, base + src)
+        big.add(buf_id, off, span, base + pieces[0][0])
+        t_small = min(_timed(self.io.run, small) for _ in range(2))
+        t_big = min(_timed(self.io.run, big) for _ in range(2))
+        self.backend.release(mem)
+        self.cost = _costs[self._cost_key] = fit(len(pieces), length, t_small, span, t_big,
+                                                 f"{plan.name}, {self.io.kind} I/O")
+        return True
+
+    def close(self) -> None:
+        self.io.close()
+
+
+def _first_pieces(runs: List[Run], k: int) -> List[tuple]:
+    """(source offset, length) of the first k pieces of runs."""
+    out: List[tuple] = []
+    for r in runs:
+        for j in range(min(r.count, k - len(out))):
+            out.append((r.src + j * r.src_step, r.length))
+        if len(out) >= k:
+            break
+    return out
+
+
+def _timed(fn, arg) -> float:
+    t0 = time.perf_counter()
+    fn(arg)
+    return time.perf_counter() - t0
+
+
+def select(fetcher: Fetcher, names=None, shard: Optional[tuple] = None, strict: bool = True) -> List[Plan]:
+    """Plans for the tensors of fetcher's file in data order: those names
+    keeps (a collection, or a predicate of the name; None: all), each
+    sharded (dim, rank, world) when shard is given. With strict, a name
+    that the file lacks is a KeyError."""
+    ts = fetcher.header.tensors
+    if names is not None:
+        keep = names if callable(names) else set(names).__contains__
+        if strict and not callable(names):
+            missing = sorted(set(names) - set(fetcher.tensors))
+            if missing:
+                raise KeyError(f"{fetcher.path} has no tensor {missing[0]!r}"
+                               + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        ts = [t for t in ts if keep(t.name)]
+    return [fetcher.plan(t.name, shard_index(t.shape, *shard) if shard else None) for t in ts]
+
+
+def stream(fetcher: Fetcher, plans: List[Plan], window: int):
+    """Yields (name, result) in plan order, keeping up to window bytes of
+    requests in flight ahead of the one yielded."""
+    q: deque = deque()
+    i, inflight = 0, 0
+    while i < len(plans) or q:
+        group = []
+        while i < len(plans) and (inflight < window or not (q or group)):
+            group.append(plans[i])
+            inflight += plans[i].read_bytes
+            i += 1
+        if group:
+            q.extend(zip(group, fetcher.start(group)))
+        p, pend = q.popleft()
+        inflight -= p.read_bytes
+        yield p.name, pend.result()
+
+
+class SliceView:
+    """get_slice's answer: the shape and dtype of a tensor, and its slices
+    by indexing (each one request of exactly the extents it covers)."""
+
+    def __init__(self, owner: "SafeOpen", info: TensorInfo):
+        self._owner, self._info = owner, info
+
+    def get_shape(self) -> List[int]:
+        return list(self._info.shape)
+
+    def get_dtype(self) -> str:
+        return self._info.dtype
+
+    def __getitem__(self, index):
+        return self._owner._get(self._info.name, index)
+
+
+class SafeOpen:
+    """safetensors.safe_open's interface over a Fetcher: keys(), metadata(),
+    get_tensor(name), get_slice(name)[...], plus prefetch(items) and
+    available() (how the bytes travel, and why)."""
+
+    def __init__(self, fetcher: Fetcher, availability):
+        self.fetcher = fetcher
+        self._availability = availability
+        self._landing: Dict[tuple, List[Pending]] = {}
+        self.served_from_prefetch = 0
+
+    def keys(self) -> List[str]:
+        return sorted(self.fetcher.tensors)
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        return dict(self.fetcher.header.metadata) or None
+
+    def available(self):
+        return self._availability
+
+    def get_tensor(self, name: str):
+        return self._get(name, None)
+
+    def get_slice(self, name: str) -> SliceView:
+        return SliceView(self, self.fetcher.info(name))
+
+    def explain(self, name: str, index=None) -> Plan:
+        """The plan a request would get (what it reads, and why)."""
+        return self.fetcher.plan(name, index)
+
+    def prefetch(self, items: Iterable) -> List[Plan]:
+        """Starts many requests at once: names, or (name, index) pairs;
+        later get_tensor / get_slice calls for them take what landed."""
+        plans = [self.fetcher.plan(*((it, None) if isinstance(it, str) else it)) for it in items]
+        for p, pend in zip(plans, self.fetcher.start(plans)):
+            self._landing.setdefault(p.key, []).append(pend)
+        return plans
+
+    def wait_prefetched(self) -> None:
+        """Waits until every prefetched request has landed."""
+        for q in self._landing.values():
+            for pend in q:
+                wait_all(pend.futures, max(0.0, pend.deadline - time.monotonic()), f"prefetch of {pend.plan.name}")
+
+    def _get(self, name: str, index):
+        p = self.fetcher.plan(name, index)
+        q = self._landing.get(p.key)
+        if q:
+            pend = q.pop(0)
+            if not q:
+                del self._landing[p.key]
+            self.served_from_prefetch += 1
+        else:
+            pend = self.fetcher.start([p])[0]
+        return pend.result()
+
+    def close(self) -> None:
+        self._landing.clear()
+        self.fetcher.close()
+
+    def __enter__(self) -> "SafeOpen":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __iter__(self):
+        return iter(self.keys())

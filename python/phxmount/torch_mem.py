@@ -1,0 +1,226 @@
+"""torch tensors as the fetch engine's destinations (fetch.py), and their
+registrations with the mount. Kept thin: the planning, batching and
+waiting are torch-free and tested on the emulated device.
+
+A tensor's memory is registered whole-allocation at a time: the CUDA
+allocation holding it (for torch, a segment of its caching allocator) is
+found with cuPointerGetAttributes (RANGE_START_ADDR, RANGE_SIZE,
+BUFFER_ID) and registered once through the mount's RegCache; later loads
+into any tensor of that segment reuse the registration, and a segment that
+torch freed and whose address came back as another allocation has another
+BUFFER_ID, so it is registered afresh.
+
+Backends (see fetch.py for the protocol):
+* CudaBackend (owned=True): each request in its own torch.empty;
+* ArenaBackend (owned=False): one torch.empty for a whole load, views;
+* GivenBackend: the caller's tensors (load_into);
+* HostTorchBackend: off a mount, pread into (pinned) host memory, then a
+  copy to the device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Dict, Iterable, Optional, Tuple
+
+from . import abi, cuda
+from .client import PhxFile
+from .hostbackends import HostMemory
+from .regcache import Alloc, RegCache, cache_for, mount_root
+from .slicing import Plan
+from .torch_helpers import torch_dtype
+
+ALIGN = 256  # sub-allocations of an arena start at multiples of this
+
+
+def device_index(tensor) -> int:
+    if tensor.device.type != "cuda":
+        raise ValueError(f"tensor is on {tensor.device}, not a CUDA device")
+    return tensor.device.index if tensor.device.index is not None else 0
+
+
+def tensor_alloc(tensor) -> Alloc:
+    """The CUDA allocation holding tensor's first byte."""
+    dev, ptr, drv = device_index(tensor), tensor.data_ptr(), cuda.driver()
+    pi = drv.pointer_info(dev, ptr)
+    if pi.buffer_id == 0 or pi.memory_type != cuda.CU_MEMORYTYPE_DEVICE:
+        raise ValueError(f"tensor memory at {ptr:#x} is not a CUDA device allocation (memory type {pi.memory_type})")
+
+    def export() -> bytes:
+        try:
+            return drv.ipc_handle(dev, pi.base)
+        except cuda.CudaError as e:
+            hint = "" if pi.ipc_capable else (": the driver says this memory cannot use CUDA IPC (torch's "
+                                              "expandable_segments, or a memory pool?)")
+            raise ValueError(f"cuIpcGetMemHandle of the allocation at {pi.base:#x} (+{pi.size}): {e}{hint}") from None
+
+    return Alloc(pi.base, pi.size, pi.buffer_id, export)
+
+
+def _probe(device: int):
+    drv = cuda.driver()
+
+    def probe(base: int) -> Optional[int]:
+        try:
+            pi = drv.pointer_info(device, base)
+        except cuda.CudaError:
+            return None
+        return pi.buffer_id if pi.buffer_id and pi.base == base else None
+
+    return probe
+
+
+_mount_devices: Dict[tuple, int] = {}
+
+
+def mount_device(path, device: int) -> int:
+    """The mount's index of this process's CUDA device (by PCI address)."""
+    root = mount_root(path)
+    k = (root, os.stat(root).st_dev, device)
+    if k not in _mount_devices:
+        with PhxFile(root) as f:
+            _mount_devices[k] = f.device_by_pci(cuda.driver().pci_bus_id(device))
+    return _mount_devices[k]
+
+
+def cuda_cache(path, device: int) -> RegCache:
+    """The registration cache of path's mount for this process's CUDA
+    device device (registered under the mount's index of that GPU)."""
+    return cache_for(path, abi.VENDOR_NVIDIA, mount_device(path, device), _probe(device))
+
+
+def locate_tensor(cache: RegCache, tensor) -> Tuple[int, int]:
+    """(buffer id, offset) of tensor's bytes, registering their allocation
+    if it is not yet."""
+    return cache.locate(tensor_alloc(tensor), tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
+def register_tensors(path, tensors: Iterable) -> int:
+    """Registers the allocations holding tensors with the mount of path (in
+    its cache): later loads into them skip REGISTER. Returns the number of
+    registrations made now."""
+    made = 0
+    for t in tensors:
+        if t.numel() == 0:
+            continue  # no memory, nothing to register
+        cache = cuda_cache(path, device_index(t))
+        before = cache.registered
+        locate_tensor(cache, t)
+        made += cache.registered - before
+    return made
+
+
+def to_tensor(mem, plan: Plan):
+    """plan's result from the uint8 tensor its bytes landed in: a view when
+    they are the result, else the post slice copied (owning its memory)."""
+    import torch
+    dt = torch_dtype(plan.dtype)
+    if plan.out_bytes == 0:
+        return torch.empty(plan.out_shape, dtype=dt, device=mem.device)
+    post = plan.post()
+    if post is None:
+        return mem.view(dt).reshape(plan.out_shape)
+    t = mem.view(dt).reshape(plan.temp_shape())[post]
+    return t.clone(memory_format=torch.contiguous_format).reshape(plan.out_shape)
+
+
+class CudaBackend:
+    """owned=True: each request in its own torch.empty, so a result owns
+    its memory (deleting it frees it to torch's caching allocator, which
+    keeps the segment and its registration for the next load)."""
+
+    def __init__(self, device: int, cache: RegCache):
+        self.device, self.cache = device, cache
+        self.counts0 = (cache.registered, cache.hits)  # for a load's stats
+
+    def prepare(self) -> None:
+        import torch
+        # Memory that torch hands out may have been freed with kernels still
+        # queued on it; the daemon's copies do not wait for the stream.
+        torch.cuda.synchronize(self.device)
+        self.cache.prune()
+
+    def alloc(self, plan: Plan):
+        return self.scratch(plan.read_bytes)
+
+    def scratch(self, nbytes: int):
+        import torch
+        return torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
+
+    def locate(self, mem) -> Tuple[int, int]:
+        return locate_tensor(self.cache, mem)
+
+    def finish(self, mem, plan: Plan):
+        out = to_tensor(mem, plan)
+        if not plan.trivial:
+            import torch
+            # mem goes back to torch now: the slice must have read it before
+            # a later read of the daemon lands in the same memory.
+            torch.cuda.current_stream(self.device).synchronize()
+        return out
+
+    def release(self, mem) -> None:
+        pass
+
+
+class ArenaBackend(CudaBackend):
+    """owned=False: one allocation for the whole load, results are views of
+    it (as safetensors' own loader shares one mmap): one registration, and
+    the memory is freed when the last view is."""
+
+    def __init__(self, device: int, cache: RegCache):
+        super().__init__(device, cache)
+        self.arena, self.pos = None, 0
+
+    def reserve(self, plans: Iterable[Plan]) -> None:
+        total = sum(-(-p.read_bytes // ALIGN) * ALIGN for p in plans)
+        self.arena, self.pos = self.scratch(max(total, 1)), 0
+
+    def alloc(self, plan: Plan):
+        if self.arena is None:
+            raise RuntimeError("ArenaBackend.reserve(plans) first")
+        m = self.arena[self.pos:self.pos + plan.read_bytes]
+        self.pos += -(-plan.read_bytes // ALIGN) * ALIGN
+        return m
+
+
+class GivenBackend(CudaBackend):
+    """load_into: the caller's tensors, one per tensor of the file."""
+
+    def __init__(self, device: int, cache: RegCache, tensors: Dict[str, object]):
+        super().__init__(device, cache)
+        self.tensors = tensors
+
+    def alloc(self, plan: Plan):
+        import torch
+        t = self.tensors[plan.name]
+        n = t.numel() * t.element_size()
+        if not t.is_contiguous() or t.device.type != "cuda" or device_index(t) != self.device:
+            raise ValueError(f"{plan.name}: load_into needs contiguous tensors on cuda:{self.device}, got {t.device}")
+        if n != plan.read_bytes:
+            raise ValueError(f"{plan.name}: the tensor holds {n} bytes, the file's {plan.read_bytes}")
+        return t.as_strided((t.numel(),), (1,)).view(torch.uint8) if n else t
+
+    def finish(self, mem, plan: Plan):
+        return self.tensors[plan.name]
+
+
+class HostTorchBackend(HostMemory):
+    """Off a mount: pread into host memory (pinned when the result goes to
+    a GPU), then a copy to the device. Slower, and said so by available()."""
+
+    def __init__(self, device: str, pinned: bool):
+        super().__init__()
+        self.device, self.pinned = device, pinned
+
+    def new(self, nbytes: int):
+        import torch
+        t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+        raw = (ctypes.c_ubyte * nbytes).from_address(t.data_ptr()) if nbytes else bytearray()
+        return t, memoryview(raw).cast("B")
+
+    def finish(self, mem, plan: Plan):
+        self.release(mem)
+        out = to_tensor(mem[1], plan)
+        return out if self.device == "cpu" else out.to(self.device)

@@ -1,0 +1,156 @@
+"""safe_open's engine (phxmount.fetch with the emu backend) on a real emu
+mount, byte for byte against numpy: every tensor, random slices with each
+strategy, one BATCH per request, prefetch, rank shards with the bytes
+counter, the planner's measurement, and the pread fallback off the mount.
+Needs root, /dev/fuse, bin/phxmount and numpy; skips saying which is
+missing."""
+
+import os
+import random
+import shutil
+import unittest
+
+from mountutil import SPECS, WHY_NO_NUMPY, MountedCase, as_array, make_file, np, same, why_not
+
+from phxmount.client import PhxError  # noqa: E402
+from phxmount.fetch import select, stream  # noqa: E402
+import phxmount  # noqa: E402
+from phxmount.hostbackends import open_emu  # noqa: E402
+from phxmount.slicing import random_index, shard_index  # noqa: E402
+
+WHY = why_not() or WHY_NO_NUMPY
+
+
+def delta(before, after):
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+@unittest.skipIf(WHY, f"SKIP: {WHY}")
+class FetchEmuTest(MountedCase):
+    @classmethod
+    def populate(cls, backing):
+        cls.header, ts = make_file(os.path.join(backing, "model.safetensors"), metadata={"format": "pt", "k": "v"})
+        cls.arrays = {n: as_array(*v) for n, v in ts.items()}
+
+    @property
+    def path(self):
+        return self.m.path("model.safetensors")
+
+    def test_every_tensor(self):
+        with open_emu(self.path) as f:
+            self.assertEqual(f.keys(), sorted(self.arrays))
+            self.assertEqual(f.metadata(), {"format": "pt", "k": "v"})
+            for name, want in self.arrays.items():
+                self.assertTrue(same(f.get_tensor(name), want), name)
+                s = f.get_slice(name)
+                self.assertEqual((s.get_shape(), s.get_dtype()), (list(want.shape), dict((n, d) for n, d, _ in SPECS)[name]))
+            with self.assertRaises(KeyError):
+                f.get_tensor("nope")
+
+    def test_random_slices_every_strategy(self):
+        rng = random.Random(11)
+        names = [n for n, a in self.arrays.items() if a.ndim]
+        for strategy, count in (("auto", 200), ("exact", 60), ("cover", 60)):
+            with open_emu(self.path, strategy=strategy) as f:
+                for _ in range(count):
+                    name = rng.choice(names)
+                    idx = random_index(rng, self.arrays[name].shape)
+                    got = f.get_slice(name)[idx]
+                    self.assertTrue(same(got, self.arrays[name][idx]), (strategy, name, idx))
+
+    def test_one_request_is_one_batch_of_exactly_its_extents(self):
+        with open_emu(self.path, strategy="exact") as f:
+            f.get_tensor("odd")  # the first call opens the I/O descriptors
+            for idx, extents, nbytes in (((slice(3, 9),), 1, 6 * 257 * 4), ((slice(None), slice(3, 9)), 129, 129 * 6 * 4)):
+                c0 = self.counters()
+                got = f.get_slice("w1")[idx]
+                d = delta(c0, self.counters())
+                self.assertTrue(same(got, self.arrays["w1"][idx]))
+                self.assertEqual((d.get("lib_batches"), d.get("ioctl_extents"), d.get("ioctl_bytes_read")),
+                                 (1, extents, nbytes), idx)
+
+    def test_prefetch_is_served_from_what_landed(self):
+        items = ["embed", "cube", ("w1", (slice(None), slice(0, 100, 3))), ("wide", (Ellipsis, 5)), ("none", None)]
+        with open_emu(self.path) as f:
+            f.prefetch(items)
+            f.wait_prefetched()
+            c0 = self.counters()
+            got = [f.get_tensor(it) if isinstance(it, str) else f.get_slice(it[0])[it[1] if it[1] is not None else ()]
+                   for it in items]
+            d = delta(c0, self.counters())
+            self.assertEqual(f.served_from_prefetch, len(items))
+        self.assertNotIn("ioctl_extents", d, "a prefetched request was read again")
+        for it, g in zip(items, got):
+            name, idx = (it, ()) if isinstance(it, str) else (it[0], it[1] or ())
+            self.assertTrue(same(g, self.arrays[name][idx]), it)
+
+    def test_rank_shards(self):
+        for dim in (0, 1):
+            for world in (2, 4, 8):
+                for rank in range(world):
+                    self.check_shard(dim, rank, world)
+
+    def check_shard(self, dim, rank, world):
+        with open_emu(self.path) as f:
+            f.get_tensor("odd")
+            c0 = self.counters()
+            plans = select(f.fetcher, shard=(dim, rank, world))
+            got = {p.name: x.result() for p, x in zip(plans, f.fetcher.start(plans))}
+            d = delta(c0, self.counters())
+        nbytes = 0
+        for name, a in self.arrays.items():
+            idx = shard_index(a.shape, dim, rank, world)
+            want = a if idx is None else np.array_split(a, world, axis=dim)[rank]
+            self.assertTrue(same(got[name], want), (name, dim, rank, world))
+            nbytes += want.nbytes
+        if dim == 0:  # row shards read exactly their bytes
+            self.assertEqual(d.get("ioctl_bytes_read", 0), nbytes, (rank, world))
+        self.assertEqual(sorted(got), sorted(self.arrays))
+
+    def test_the_planner_measures_this_file(self):
+        with open_emu(self.path) as f:
+            p = f.explain("wide", (slice(None), slice(0, 1000)))
+            self.assertTrue(f.fetcher.cost.source.startswith("measured on this file"), f.fetcher.cost.source)
+            self.assertIn("exact: 16 extent(s) of 1000 B", p.why)
+            self.assertIn("whole rows then slice on the device", p.why)
+            self.assertTrue(same(f.get_slice("wide")[:, :1000], self.arrays["wide"][:, :1000]))
+
+    def test_stream_in_order(self):
+        with open_emu(self.path) as f:
+            plans = select(f.fetcher, names=lambda n: n != "odd", shard=(1, 1, 3))
+            got = list(stream(f.fetcher, plans, window=4096))
+        self.assertEqual([n for n, _ in got], [t.name for t in self.header.tensors if t.name != "odd"])
+        for name, a in got:
+            idx = shard_index(self.arrays[name].shape, 1, 1, 3)
+            self.assertTrue(same(a, self.arrays[name][idx or ()]), name)
+
+    def test_pread_off_the_mount_says_so(self):
+        off = os.path.join(self.m.backing, "model.safetensors")
+        with phxmount.safe_open(off, framework="np") as f:  # no torch needed for numpy
+            av = f.available()
+            self.assertFalse(av.ok)
+            self.assertIn("not on a phxmount mount", av.reason)
+            self.assertIn("reading with pread into host memory", str(av))
+            self.assertTrue(same(f.get_slice("cube")[1:, ::2, -3], self.arrays["cube"][1:, ::2, -3]))
+            self.assertEqual(f.fetcher.io.kind, "pread")
+
+    def test_a_short_file_names_the_tensor(self):
+        src = os.path.join(self.m.backing, "model.safetensors")
+        cut = os.path.join(self.m.backing, "cut.safetensors")
+        shutil.copy(src, cut)
+        try:
+            with open_emu(self.m.path("cut.safetensors")) as f:
+                os.truncate(cut, os.path.getsize(cut) - 100)
+                with self.assertRaises(PhxError) as e:
+                    f.get_tensor("wide")
+            self.assertIn("wide", str(e.exception))
+        finally:
+            os.remove(cut)
+
+
+class FetchEmuStagedTest(FetchEmuTest):
+    staged = True
+
+
+if __name__ == "__main__":
+    unittest.main()

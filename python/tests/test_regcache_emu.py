@@ -1,0 +1,146 @@
+"""The registration cache and the threaded BATCH submission on a real emu
+mount: a registration is made once per allocation, a stale one (the same
+address, another allocation) is replaced, freed ones are pruned, close
+releases all; several client threads each with their own descriptor land
+every byte. Needs root, /dev/fuse and bin/phxmount."""
+
+import concurrent.futures as cf
+import errno
+import gc
+import os
+import random
+import threading
+import time
+import unittest
+
+from mountutil import MountedCase, why_not
+
+from phxmount import abi  # noqa: E402
+from phxmount.batchio import BatchIO, keep_alive, wait_all  # noqa: E402
+from phxmount.client import EmuBuffer, PhxError, mount_counters  # noqa: E402
+from phxmount.extents import Cols  # noqa: E402
+from phxmount.hostbackends import emu_alloc  # noqa: E402
+from phxmount.regcache import Alloc, RegCache, cache_for, close_caches, mount_root  # noqa: E402
+
+MiB = 1 << 20
+
+
+@unittest.skipIf(why_not(), f"SKIP: {why_not()}")
+class RegCacheTest(MountedCase):
+    @classmethod
+    def populate(cls, backing):
+        cls.data = random.Random(4).randbytes(8 * MiB)
+        with open(os.path.join(backing, "blob.bin"), "wb") as f:
+            f.write(cls.data)
+
+    @property
+    def path(self):
+        return self.m.path("blob.bin")
+
+    def live(self):
+        return self.counters()["buffers_live"]
+
+    def test_one_registration_per_allocation(self):
+        self.assertEqual(mount_root(self.path), os.path.realpath(self.m.mnt))
+        buf = EmuBuffer(MiB)
+        c = RegCache(self.m.mnt, abi.VENDOR_EMU, 0)
+        try:
+            a = emu_alloc(buf)
+            n0 = mount_counters(self.m.mnt)["buffers_registered"]
+            ids = {c.locate(a, a.base + k * 4096, 4096)[0] for k in range(10)}
+            self.assertEqual((len(ids), c.registered, c.hits), (1, 1, 9))
+            self.assertEqual(mount_counters(self.m.mnt)["buffers_registered"], n0 + 1)
+            with self.assertRaises(ValueError):
+                c.locate(a, a.base + MiB - 10, 11)
+            # The same address, another allocation: the old registration goes.
+            other = Alloc(a.base, a.size, a.key + 1, buf.handle)
+            self.assertNotIn(c.get(other).id, ids)
+            self.assertEqual((c.stale, len(c)), (1, 1))
+            # Freed allocations are let go by prune().
+            c.probe = lambda base: None
+            live = self.live()
+            self.assertEqual(c.prune(), 1)
+            self.assertEqual(self.live(), live - 1)
+        finally:
+            c.close()
+            buf.close()
+
+    def test_device_by_pci(self):
+        from phxmount.client import PhxFile, normalize_pci
+        self.assertEqual(normalize_pci("00000000:3B:00.0"), "0000:3b:00.0")
+        self.assertEqual(normalize_pci("not pci"), "not pci")
+        with PhxFile(self.m.mnt) as f:
+            pci = f.info(0).pci_address
+            dom, rest = pci.split(":", 1)
+            self.assertEqual(f.device_by_pci(f"0000{dom}:{rest}".upper()), 0)
+            with self.assertRaises(PhxError) as e:
+                f.device_by_pci("0000:ff:1f.7")
+            self.assertEqual(e.exception.errno, errno.ENODEV)
+
+    def test_close_releases_everything(self):
+        live0 = self.live()
+        c = cache_for(self.path, abi.VENDOR_EMU, 0)
+        self.assertIs(cache_for(self.m.mnt, abi.VENDOR_EMU, 0), c, "one cache per mount, vendor and device")
+        bufs = [EmuBuffer(256 << 10) for _ in range(5)]
+        try:
+            for b in bufs:
+                c.get(emu_alloc(b))
+            self.assertEqual(self.live(), live0 + 5)
+            close_caches()  # the daemon releases on the descriptor's release, which close(2) does not wait for
+            deadline = time.monotonic() + 10
+            while self.live() != live0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.assertEqual(self.live(), live0)
+            self.assertIsNot(cache_for(self.path, abi.VENDOR_EMU, 0), c)
+        finally:
+            close_caches()
+            for b in bufs:
+                b.close()
+
+    def test_threads_each_with_their_own_stream(self):
+        rng = random.Random(9)
+        bs, n = 16 << 10, 300
+        src = [rng.randrange(len(self.data) // bs) for _ in range(n)]
+        slots = list(range(n))
+        rng.shuffle(slots)
+        buf = EmuBuffer(n * bs)
+        c = cache_for(self.path, abi.VENDOR_EMU, 0)
+        try:
+            buf_id = c.get(emu_alloc(buf)).id
+            cols = Cols()
+            for s, d in zip(src, slots):
+                cols.add(buf_id, d * bs, bs, s * bs)
+            with BatchIO(self.path, threads=4) as io:
+                wait_all([io.submit(part) for part in cols.split(40)], 30, "kv blocks")
+                self.assertEqual(io.calls, 8)
+                self.assertIn(len(io._handles), range(1, 5), "a descriptor per thread that ran")
+            for s, d in zip(src, slots):
+                self.assertEqual(bytes(buf.view[d * bs:(d + 1) * bs]), self.data[s * bs:(s + 1) * bs])
+        finally:
+            close_caches()
+            buf.close()
+
+    def test_a_timeout_keeps_the_memory_alive(self):
+        gate = threading.Event()
+        with cf.ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(gate.wait)
+
+            class Mem:
+                pass
+            mem = Mem()
+            import weakref
+            ref = weakref.ref(mem)
+            with self.assertRaises(TimeoutError):
+                wait_all([fut], 0.05, "slow", keep=mem)
+            del mem
+            gc.collect()
+            self.assertIsNotNone(ref(), "freed while the request may still write into it")
+            gate.set()
+            fut.result()
+        gc.collect()
+        self.assertIsNone(ref())
+        keep_alive([], object())  # nothing in flight: nothing kept
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,88 @@
+"""Saving a safetensors file through BATCH_WRITE (phxmount.savefile) from
+the emulated device's memory on a real emu mount: the file is byte for
+byte what safetensors.write_file writes for the same tensors (header
+layout, padding, data order), with and without fsync, and a bad source
+names its extent. Needs root, /dev/fuse and bin/phxmount."""
+
+import errno
+import os
+import struct
+import unittest
+
+from mountutil import SPECS, MountedCase, make_file, why_not
+
+from phxmount import abi, safetensors as st  # noqa: E402
+from phxmount.client import EmuBuffer, PhxError  # noqa: E402
+from phxmount.hostbackends import emu_alloc  # noqa: E402
+from phxmount.regcache import cache_for, close_caches  # noqa: E402
+from phxmount.savefile import Source, save  # noqa: E402
+
+
+@unittest.skipIf(why_not(), f"SKIP: {why_not()}")
+class SaveEmuTest(MountedCase):
+    @classmethod
+    def populate(cls, backing):
+        cls.want = os.path.join(cls.work, "want.safetensors")
+        _, cls.tensors = make_file(cls.want, seed=3, metadata={"format": "pt"})
+
+    def sources(self, buf, buf_id, pad=4099):
+        """Each tensor's bytes in buf at an odd offset, as save sources."""
+        out, pos = [], 0
+        for name, _, _ in SPECS:
+            dt, shape, data = self.tensors[name]
+            buf.view[pos:pos + len(data)] = data
+            out.append(Source(name, dt, tuple(shape), len(data), buf_id, pos))
+            pos += len(data) + pad
+        return out
+
+    def save_and_read(self, name, fsync):
+        total = sum(len(d) + 4099 for _, _, d in self.tensors.values())
+        buf = EmuBuffer(total)
+        try:
+            buf_id = cache_for(self.m.mnt, abi.VENDOR_EMU, 0).get(emu_alloc(buf)).id
+            c0 = self.counters()
+            stats = save(self.m.path(name), self.sources(buf, buf_id), {"format": "pt"}, fsync=fsync, threads=3)
+            written = self.counters()["ioctl_bytes_written"] - c0["ioctl_bytes_written"]
+        finally:
+            close_caches()
+            buf.close()
+        with open(os.path.join(self.backing, name), "rb") as f:
+            return f.read(), stats, written
+
+    def test_same_bytes_as_safetensors_layout(self):
+        with open(self.want, "rb") as f:
+            want = f.read()
+        for fsync in (False, True):
+            got, stats, written = self.save_and_read(f"out-{fsync}.safetensors", fsync)
+            self.assertEqual(got, want, f"fsync={fsync}")
+            nbytes = sum(len(d) for _, _, d in self.tensors.values())
+            self.assertEqual((stats.bytes, written), (nbytes, nbytes))
+            self.assertEqual(stats.tensors, len(SPECS))
+            (n,) = struct.unpack_from("<Q", got)
+            self.assertEqual((8 + n) % 8, 0)
+            self.assertTrue(got[8:8 + n].rstrip(b" ").endswith(b"}"))
+            h = st.parse_header_bytes(got, len(got))
+            self.assertEqual([t.name for t in h.tensors], [s[0] for s in SPECS])
+            if fsync:
+                self.assertGreaterEqual(stats.fsync_seconds, 0)
+
+    def test_nothing_to_save(self):
+        stats = save(self.m.path("empty.safetensors"), [])
+        with open(os.path.join(self.backing, "empty.safetensors"), "rb") as f:
+            got = f.read()
+        self.assertEqual(st.parse_header_bytes(got, len(got)).tensors, ())
+        self.assertEqual(stats.bytes, 0)
+
+    def test_a_bad_buffer_names_the_extent(self):
+        with self.assertRaises(PhxError) as e:
+            save(self.m.path("bad.safetensors"), [Source("x", "U8", (10,), 10, 999999, 0)])
+        self.assertEqual(e.exception.errno, errno.ENOENT)
+        self.assertIn("buffer 999999", str(e.exception))
+
+
+class SaveEmuStagedTest(SaveEmuTest):
+    staged = True
+
+
+if __name__ == "__main__":
+    unittest.main()

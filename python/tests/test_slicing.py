@@ -1,0 +1,182 @@
+"""The read planner (phxmount.slicing, phxmount.extents) against numpy:
+index semantics, the bytes every level reads (applied to the tensor's raw
+bytes, byte for byte), coalescing, the cost model's choice, shards. No
+mount needed."""
+
+import random
+import unittest
+
+from mountutil import WHY_NO_NUMPY, np
+
+from phxmount import abi  # noqa: E402
+from phxmount.extents import Cols, Run, coalesce, cut, to_cols  # noqa: E402
+from phxmount.safetensors import DTYPE_SIZES, TensorInfo  # noqa: E402
+from phxmount.slicing import (CostModel, Plan, choose, exact_level, fit, level_runs, level_size,  # noqa: E402
+                              normalize, random_index, shard_bounds, shard_index)
+
+SHAPES = [(5,), (4, 6), (3, 4, 5), (), (0, 3), (2, 1, 3, 4), (7, 1), (1, 9)]
+
+
+def level_plan(info, index, L):
+    """The plan of level L (choose() picks one level; tests want all)."""
+    sel = normalize(index, info.shape)
+    es = DTYPE_SIZES[info.dtype]
+    ex = exact_level(sel)
+    return Plan(info, sel, L, ex, level_runs(sel, es, L), level_size(sel, es, L)[1], "test")
+
+
+def apply(plan, raw):
+    """The bytes plan's pieces gather from raw (the tensor's bytes)."""
+    out = bytearray(plan.read_bytes)
+    for r in plan.runs:
+        for k in range(r.count):
+            s, d = r.src + k * r.src_step, r.dst + k * r.dst_step
+            out[d:d + r.length] = raw[s:s + r.length]
+    return bytes(out)
+
+
+@unittest.skipIf(WHY_NO_NUMPY, f"SKIP: {WHY_NO_NUMPY}")
+class SlicingTest(unittest.TestCase):
+    def test_normalize_matches_numpy(self):
+        rng = random.Random(3)
+        for shape in SHAPES:
+            a = np.empty(shape)
+            for _ in range(300):
+                idx = random_index(rng, shape)
+                self.assertEqual(normalize(idx, shape).out_shape, a[idx].shape, (shape, idx))
+
+    def test_bad_indices(self):
+        for idx, err in [((slice(None, None, -1),), ValueError), ((slice(None, None, 0),), ValueError),
+                         ((True,), TypeError), (([1, 2],), TypeError), ((0, 0, 0), IndexError),
+                         ((Ellipsis, Ellipsis), IndexError), ((4,), IndexError), ((-5,), IndexError), ("a", TypeError)]:
+            with self.assertRaises(err, msg=repr(idx)):
+                normalize(idx, (4, 6))
+        self.assertEqual(normalize((np.int64(-1), None), (4, 6)).out_shape, (1, 6))
+
+    def test_every_level_reads_the_slice(self):
+        rng = random.Random(5)
+        for shape in SHAPES:
+            for dtype in ("U8", "F32", "BF16"):
+                info = TensorInfo("t", dtype, shape, 0, 0)
+                raw = rng.randbytes(DTYPE_SIZES[dtype] * int(np.prod(shape, dtype=np.int64)))
+                want_all = np.frombuffer(raw, dtype={"U8": "u1", "F32": "<f4", "BF16": "<u2"}[dtype]).reshape(shape)
+                for _ in range(40):
+                    idx = random_index(rng, shape)
+                    want = want_all[idx]
+                    sel = normalize(idx, shape)
+                    for L in range(exact_level(sel) + 1):
+                        got = self.result(level_plan(info, idx, L), raw)
+                        self.assertEqual(got.shape, want.shape, (shape, idx, L))
+                        self.assertEqual(got.tobytes(), np.ascontiguousarray(want).tobytes(), (shape, idx, L))
+
+    def result(self, plan, raw):
+        from phxmount.hostbackends import host_result
+        return host_result(apply(plan, raw), plan)
+
+    def test_exact_plans(self):
+        info = TensorInfo("w", "F32", (100, 64), 1000, 1000 + 100 * 64 * 4)
+        rows = choose(info, (slice(10, 20),), CostModel())
+        self.assertEqual((rows.strategy, rows.extents, rows.read_bytes), ("exact", 1, 10 * 64 * 4))
+        self.assertEqual(rows.runs, [Run(1, 10 * 256, 2560, 0, 2560, 2560)])
+        cols = choose(info, (slice(None), slice(8, 16)), CostModel(extent_s=0))
+        self.assertEqual((cols.strategy, cols.extents, cols.read_bytes), ("exact", 100, 100 * 8 * 4))
+        c = cols.cols(7, 4096, 64, 1 << 20)
+        self.assertEqual(c.extent(0), (7, 4096, 32, 64 + 1000 + 32))
+        self.assertEqual(c.extent(99), (7, 4096 + 99 * 32, 32, 64 + 1000 + 99 * 256 + 32))
+        whole = choose(info, None, CostModel())
+        self.assertEqual((whole.strategy, whole.extents, whole.read_bytes, whole.post()), ("exact", 1, 25600, None))
+
+    def test_cover_chosen_when_extents_cost(self):
+        info = TensorInfo("w", "BF16", (4096, 4096), 0, 4096 * 4096 * 2)
+        col = (slice(None), slice(0, 512))
+        cheap = choose(info, col, CostModel(extent_s=1e-9, bytes_per_s=10e9))
+        self.assertEqual((cheap.strategy, cheap.extents), ("exact", 4096))
+        dear = choose(info, col, CostModel(extent_s=20e-6, bytes_per_s=50e9))
+        self.assertEqual((dear.strategy, dear.extents, dear.read_bytes), ("cover", 1, 4096 * 4096 * 2))
+        self.assertIn("whole rows then slice on the device", dear.why)
+        self.assertIn("exact: 4096 extent(s)", dear.why)
+        small = choose(info, col, CostModel(extent_s=20e-6, bytes_per_s=50e9), max_temp=1 << 20)
+        self.assertEqual(small.strategy, "exact", "a cover bigger than max_temp is not taken")
+        self.assertEqual(choose(info, col, CostModel(extent_s=1e-9), strategy="cover").strategy, "cover")
+        self.assertEqual(choose(info, col, CostModel(extent_s=1), strategy="exact").strategy, "exact")
+        self.assertEqual(choose(info, (slice(5, 5),), CostModel()).strategy, "empty")
+
+    def test_fit_recovers_the_model(self):
+        a, bw = 3e-6, 40e9
+        k, small, big = 409, 2048, 409 * 16384
+        m = fit(k, small, k * (a + small / bw), big, a + big / bw, "synthetic")
+        self.assertAlmostEqual(m.extent_s, a, delta=1e-9)
+        self.assertAlmostEqual(m.bytes_per_s / bw, 1, delta=1e-6)
+        self.assertTrue(m.source.startswith("measured"))
+
+    def test_coalesce_and_cut(self):
+        self.assertEqual(coalesce([Run(4, 0, 10, 0, 10, 10)]), [Run(1, 0, 40, 0, 40, 40)])
+        self.assertEqual(coalesce([Run(1, 0, 5, 0, 5, 5), Run(1, 5, 7, 5, 7, 7), Run(1, 20, 3, 12, 3, 3)]),
+                         [Run(1, 0, 12, 0, 12, 12), Run(1, 20, 3, 12, 3, 3)])
+        self.assertEqual(coalesce([Run(3, 0, 20, 0, 10, 10)]), [Run(3, 0, 20, 0, 10, 10)])
+        self.assertEqual(cut([Run(1, 100, 25, 0, 25, 25)], 10),
+                         [Run(2, 100, 10, 0, 10, 10), Run(1, 120, 5, 20, 5, 5)])
+        c = to_cols(cut([Run(1, 100, 25, 0, 25, 25)], 10), 9, 1000, 5)
+        self.assertEqual(list(c), [(9, 1000, 10, 105), (9, 1010, 10, 115), (9, 1020, 5, 125)])
+        # A full-width slice of a 3-D tensor coalesces into one extent.
+        info = TensorInfo("c", "U8", (4, 5, 6), 0, 120)
+        p = choose(info, (slice(1, 3),), CostModel())
+        self.assertEqual(p.runs, [Run(1, 30, 60, 0, 60, 60)])
+
+    def test_shards(self):
+        for size in range(0, 21):
+            for world in range(1, 10):
+                parts = np.array_split(np.arange(size), world)
+                for rank in range(world):
+                    lo, hi = shard_bounds(size, rank, world)
+                    self.assertEqual(list(range(lo, hi)), list(parts[rank]))
+        self.assertIsNone(shard_index((5,), 1, 0, 2))
+        self.assertEqual(shard_index((10, 6), 1, 1, 4), (slice(None), slice(2, 4)))
+        for bad in [(0, 2, 2), (0, -1, 2), (0, 0, 0), (-1, 0, 2)]:
+            with self.assertRaises(ValueError):
+                shard_index((4, 4), *bad)
+
+    def test_random_index_covers_the_kinds(self):
+        rng = random.Random(1)
+        kinds = set()
+        for _ in range(2000):
+            for x in random_index(rng, (40, 50)):
+                if x is Ellipsis or x is None:
+                    kinds.add(repr(x))
+                elif isinstance(x, int):
+                    kinds.add("negative int" if x < 0 else "int")
+                elif x.step:
+                    kinds.add("step")
+                else:
+                    kinds.add("slice")
+        self.assertEqual(kinds, {"Ellipsis", "None", "int", "negative int", "step", "slice"})
+
+
+class BatchColsTest(unittest.TestCase):
+    def test_same_bytes_as_encode_batch(self):
+        rng = random.Random(2)
+        ext = [abi.Extent(rng.randrange(1, 9), rng.randrange(1 << 40), rng.randrange(1, 1 << 30), rng.randrange(1 << 50))
+               for _ in range(300)]
+        cols = Cols()
+        for e in ext:
+            cols.add(e.id, e.buf_offset, e.length, e.file_offset)
+        for cap in (300, 409):
+            self.assertEqual(abi.encode_batch_cols(cap, cols), abi.encode_batch(cap, ext))
+        b = abi.encode_batch_cols(300, cols)
+        failed, res = abi.decode_batch_cols(b, 300)
+        self.assertEqual((failed, list(res)), (0, [0] * 300))
+        with self.assertRaises(ValueError):
+            bad = Cols()
+            bad.add(1, 0, 1, (1 << 63) - 1)
+            abi.encode_batch_cols(1, bad)
+
+    def test_runs_as_columns(self):
+        c = Cols()
+        c.add_run(3, 4, 100, 10, 10, 5000, 4096)
+        self.assertEqual(list(c), [(3, 100 + 10 * k, 10, 5000 + 4096 * k) for k in range(4)])
+        self.assertEqual([len(p) for p in c.split(3)], [3, 1])
+        self.assertEqual(c.nbytes, 40)
+
+
+if __name__ == "__main__":
+    unittest.main()
