@@ -30,8 +30,8 @@
 # default $PHX_GPU_WORK/raw), PHX_GPU_SIZE
 # (data bytes of the generated file, default 8GiB), PHX_GPU_WORK (work
 # directory on a real disk, default /var/tmp/phxgpu), PHX_BENCH_ONLY (the
-# bench steps to run, of: go refs py kv shard save; default all of them, in
-# one device call of about 5-8 minutes), PHX_EXTRA_ROWS (JSON files of more
+# bench steps to run, of: go gokv refs py kv shard save two; default all of
+# them, more than one device call's 10 minutes: split it), PHX_EXTRA_ROWS (JSON files of more
 # report rows, space-separated).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -134,12 +134,14 @@ mount_phx() {
 	return 1
 }
 
-gen_shards() { # a 2-shard checkpoint beside the file, for load_sharded
-	local d=$WORK/backing/sharded
+# gen_shards DIR SIZE: a 2-shard checkpoint (SIZE per shard) in
+# $WORK/backing/DIR, with its index JSON.
+gen_shards() {
+	local d=$WORK/backing/$1 size=$2
 	[ -f "$d/model.safetensors.index.json" ] && return 0
 	mkdir -p "$d"
 	for i in 1 2; do
-		"$CARRY/phxbench-gpu" gen -out "$d/model-0000$i-of-00002.safetensors" -size 512MiB -seed $((i + 1)) -prefix "shard$i." >/dev/null || return 1
+		"$CARRY/phxbench-gpu" gen -out "$d/model-0000$i-of-00002.safetensors" -size "$size" -seed $((i + 1)) -prefix "shard$i." >/dev/null || return 1
 	done
 	python3 - "$d" <<'PY' || return 1
 import json, os, struct, sys
@@ -155,6 +157,9 @@ for n in sorted(os.listdir(d)):
 json.dump({"metadata": {}, "weight_map": wm}, open(os.path.join(d, "model.safetensors.index.json"), "w"))
 PY
 }
+
+# gpus is the number of GPUs here.
+gpus() { nvidia-smi -L 2>/dev/null | grep -c '^GPU'; }
 
 gen_kv() { # the KV benchmark's hot 4 GiB file (random bytes; any file does)
 	[ -f "$KVFILE" ] && return 0
@@ -197,13 +202,19 @@ run() {
 	fi
 	say "--- end to end: phxmount --vendor nvidia, the Python client + torch vs safetensors"
 	gen_file || return
-	gen_shards || fail "generate the sharded checkpoint"
+	gen_shards sharded 512MiB || fail "generate the sharded checkpoint"
 	mount_phx || return
 	if PYTHONUNBUFFERED=1 timeout 480 python3 python/tools/gpu_e2e.py --mount-file "$MNT/model.safetensors" \
 		--backing-file "$FILE" --shard-dir sharded --slices 200 2>&1 | tee -a "$LOG"; then
 		pass "end to end"
 	else
 		fail "end to end"
+	fi
+	if [ "$(gpus)" -ge 2 ]; then
+		gen_shards sharded2 4GiB || fail "generate the 2 x 4 GiB checkpoint"
+		py_tool gpu_two 320 test --mount-dir "$MNT" --backing-dir "$WORK/backing" --shards sharded2
+	else
+		say "two GPUs: not run (this machine has $(gpus) GPU)"
 	fi
 	grep -E "registered .* buffer" "$RAW/phxmount.log" | head -2 | sed -e 's/^time="[^"]*" //' | tee -a "$LOG"
 	unmount
@@ -219,7 +230,7 @@ build_refs() {
 		fail "no nvcc: the reference programs cannot be built (their rows will be 'not run')"
 		return 1
 	fi
-	for p in staged_ceiling kv_blocks; do
+	for p in staged_ceiling kv_blocks two_gpu; do
 		if [ ! -f "$REF/$p.cu" ]; then
 			fail "no .devcarry/ref/$p.cu ('bash scripts/gpu-test.sh build' copies ../shared/reference there)"
 			continue
@@ -228,9 +239,12 @@ build_refs() {
 		line=$(sed -n 's|^// Build: *||p' "$REF/$p.cu" | sed 's/ *;.*//' | head -1)
 		[ -n "$line" ] || line="nvcc -O2 -std=c++17 -o $p $p.cu -lpthread"
 		# shellcheck disable=SC2086 # the build line is words
-		(cd "$REF" && timeout 300 $nvcc ${line#nvcc } -arch=sm_90) >"$RAW/ref-build-$p.log" 2>&1 ||
-			(cd "$REF" && timeout 300 $nvcc ${line#nvcc }) >>"$RAW/ref-build-$p.log" 2>&1 ||
-			fail "build the reference $p (see ref-build-$p.log)"
+		( (cd "$REF" && timeout 300 $nvcc ${line#nvcc } -arch=sm_90) >"$RAW/ref-build-$p.log" 2>&1 ||
+			(cd "$REF" && timeout 300 $nvcc ${line#nvcc }) >>"$RAW/ref-build-$p.log" 2>&1) &
+	done
+	wait
+	for p in staged_ceiling kv_blocks two_gpu; do
+		[ -x "$REF/$p" ] || fail "build the reference $p (see ref-build-$p.log)"
 	done
 }
 
@@ -245,6 +259,10 @@ run_refs() {
 	if [ -x "$REF/kv_blocks" ]; then
 		timeout 300 "$REF/kv_blocks" "$KVFILE" >"$RAW/ref-kv_blocks.txt" 2>&1 || fail "kv_blocks.cu run"
 		tee -a "$LOG" <"$RAW/ref-kv_blocks.txt"
+	fi
+	if [ -x "$REF/two_gpu" ] && [ "$(gpus)" -ge 2 ]; then
+		timeout 300 "$REF/two_gpu" "$FILE" >"$RAW/ref-two_gpu.txt" 2>&1 || fail "two_gpu.cu run"
+		tee -a "$LOG" <"$RAW/ref-two_gpu.txt"
 	fi
 	pack
 }
@@ -267,13 +285,36 @@ report() {
 	# shellcheck disable=SC2086 # PHX_EXTRA_ROWS: JSON files of more rows, space-separated
 	python3 python/tools/gpu_report.py --go "$RAW/bench-go.json" --py "$RAW/bench-py.json" --kv "$RAW/bench-kv.json" \
 		--shard "$RAW/bench-shard.json" --save "$RAW/bench-save.json" --ref-staged "$RAW/ref-staged_ceiling.txt" \
-		--ref-kv "$RAW/ref-kv_blocks.txt" --rows ${PHX_EXTRA_ROWS:-} --commit "$(cat "$CARRY/commit" 2>/dev/null || echo unknown)" \
+		--ref-kv "$RAW/ref-kv_blocks.txt" --rows $(ls "$RAW"/bench-two.json 2>/dev/null) ${PHX_EXTRA_ROWS:-} --commit "$(cat "$CARRY/commit" 2>/dev/null || echo unknown)" \
 		--machine "$machine" --json-out "$OUT/gpu-latest.json" "$ROOT/docs/bench/gpu-latest.json" --md-out "$OUT/bench.md" |
 		tee -a "$LOG" || fail "gpu_report"
 }
 
 # step NAME: whether PHX_BENCH_ONLY (default: every step) includes NAME.
-step() { [[ " ${PHX_BENCH_ONLY:-go refs py kv shard save} " == *" $1 "* ]]; }
+step() { [[ " ${PHX_BENCH_ONLY:-go gokv refs py kv shard save two} " == *" $1 "* ]]; }
+
+# go_kv: KV blocks through the library in-process (the daemon's share of
+# the mount's KV figure), per client threads, scatter method and share.
+go_kv() {
+	local share
+	say "--- KV blocks through the library in-process (phxbench-gpu kv)"
+	for share in ${PHX_KV_SHARES:-1024}; do
+		timeout 120 "$CARRY/phxbench-gpu" kv -file "$KVFILE" -share $share -scatter auto,kernel,batch \
+			-out "$RAW/bench-gokv-$share.json" 2>&1 | tee -a "$LOG" || fail "Go KV benchmark (share $share KiB)"
+	done
+}
+
+# two: issue 10's rows on a machine with two GPUs (the mount is up).
+two() {
+	if [ "$(gpus)" -lt 2 ]; then
+		say "two GPUs: not run (this machine has $(gpus) GPU)"
+		return 0
+	fi
+	gen_shards sharded2 4GiB || { fail "generate the 2 x 4 GiB checkpoint"; return 1; }
+	timeout 200 "$CARRY/phxbench-gpu" two -file "$FILE" -out "$RAW/bench-two-go.json" 2>&1 | tee -a "$LOG" || fail "Go two-GPU benchmark"
+	py_tool gpu_two 500 bench --mount-dir "$MNT" --backing-dir "$WORK/backing" --shards sharded2 \
+		--ref-two "$RAW/ref-two_gpu.txt" --go "$RAW/bench-go.json" --out "$RAW/bench-two.json"
+}
 
 bench() {
 	cd "$ROOT" || exit 1
@@ -284,20 +325,25 @@ bench() {
 	# A step that does not run must not leave an older run's figures behind.
 	rm -f "$RAW"/bench-*.json "$RAW"/ref-*.txt "$OUT/gpu-latest.json" "$OUT/bench.md"
 	step refs && build_refs
+	step gokv && go_kv
 	if step go; then
-		timeout 300 "$CARRY/phxbench-gpu" bench -file "$FILE" -out "$RAW/bench-go.json" -sweep-engines io_uring -sweep-buffers 2 -sweep-bounce 2,4 -sweep-round 64,256 2>&1 | tee -a "$LOG" || fail "Go benchmark"
+		timeout 300 "$CARRY/phxbench-gpu" bench -file "$FILE" -out "$RAW/bench-go.json" -sweep-engines io_uring \
+			-sweep-buffers 2 -sweep-bounce ${PHX_SWEEP_BOUNCE:-4} -sweep-workers ${PHX_SWEEP_WORKERS:-16} -sweep-round 256 2>&1 |
+			tee -a "$LOG" || fail "Go benchmark"
 	fi
 	step refs && run_refs
 	local w e b
 	read -r w e b < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["chosen"]["workers"], d["env"]["engine"], d["chosen"]["buffers"])' "$RAW/bench-go.json" 2>/dev/null)
 	say "phxmount for the benchmark: --workers ${w:-16} --engine ${e:-io_uring}, PHX_STAGED_BUFFERS=${b:-2} (the Go sweep's best at this shape)"
 	PHX_STAGED_BUFFERS=${b:-2} mount_phx --workers "${w:-16}" --engine "${e:-io_uring}" || return
-	step py && py_tool gpu_bench 420 --mount-file "$MNT/model.safetensors" --backing-file "$FILE" --out "$RAW/bench-py.json"
+	step py && py_tool gpu_bench 420 --mount-file "$MNT/model.safetensors" --backing-file "$FILE" --out "$RAW/bench-py.json" \
+		--cold-reps "${PHX_COLD_REPS:-1}"
 	step kv && py_tool gpu_kv 300 --mount-file "$MNT/kv.bin" --backing-file "$KVFILE" --out "$RAW/bench-kv.json"
 	step shard && py_tool gpu_bench_shard 300 --mount-file "$MNT/model.safetensors" --backing-file "$FILE" \
 		--out "$RAW/bench-shard.json"
 	step save && py_tool gpu_bench_save 420 --source "$MNT/model.safetensors" --mount-dir "$MNT" \
 		--backing-dir "$WORK/backing" --out "$RAW/bench-save.json"
+	step two && two
 	unmount
 	report
 }

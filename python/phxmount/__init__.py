@@ -23,7 +23,7 @@ from .regcache import close_caches, prune_caches
 __all__ = ["abi", "safetensors", "PhxFile", "PhxError", "EmuBuffer", "phx_info_xattr", "mount_counters",
            "close_caches", "prune_caches", "available", "Availability", "read_into", "register_tensor",
            "register_tensors", "safe_open", "load_safetensors", "load_into", "iter_tensors", "save_safetensors",
-           "load_sharded", "LoadStats", "SaveStats", "PhxFallbackWarning", "load_safetensors_emu"]
+           "load_sharded", "load_replicated", "LoadStats", "SaveStats", "PhxFallbackWarning", "load_safetensors_emu"]
 
 _LAZY = {
     "torch_helpers": ("available", "Availability", "read_into", "register_tensor"),
@@ -31,6 +31,7 @@ _LAZY = {
     "torch_save": ("save_safetensors",),
     "torch_mem": ("register_tensors",),
     "sharded": ("load_sharded",),
+    "replicate": ("load_replicated",),
     "loader": ("LoadStats", "load_safetensors_emu"),
     "savefile": ("SaveStats",),
 }
