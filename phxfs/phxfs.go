@@ -88,8 +88,9 @@ type Lib struct {
 	queue   chan *Batch
 	stopped chan struct{}
 
-	staged stagedState   // the staged transport's slots and streams (staged.go)
-	rotor  atomic.Uint64 // where the next staged plan starts on the pool
+	staged  stagedState   // the staged transport's slots and streams (staged.go)
+	rotor   atomic.Uint64 // where the next staged plan starts on the pool
+	loading loading       // devices with staged plans running (placement.go)
 
 	stats       counters
 	stagedStats stagedCounters

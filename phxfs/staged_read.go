@@ -26,14 +26,16 @@ func (l *Lib) stagedWorkers(xs []xfer) int {
 	return max(min(n, len(xs), l.pool.Workers()), 1)
 }
 
-// runStriped runs a plan that has staged transfers on n workers, starting
-// where the previous staged plan stopped: xfers are striped round-robin
-// across them; each runs its host transfers through its engine in one go
-// and its staged ones through its slots.
+// runStriped runs a plan that has staged transfers on its share of the
+// workers (placement.go): xfers are striped round-robin across them; each
+// runs its host transfers through its engine in one go and its staged
+// ones through its slots.
 func (l *Lib) runStriped(p *plan) {
 	workers := l.pool.Workers()
-	n := l.stagedWorkers(p.xfers)
-	start := int(l.rotor.Add(uint64(n)) % uint64(workers))
+	dev := stagedDevice(p.xfers)
+	rank, k := l.loading.enter(dev)
+	defer l.loading.leave(dev)
+	start, n := l.place(rank, k, l.stagedWorkers(p.xfers))
 	mode := l.ODirectPolicy()
 	odf := newODirectFiles(p, mode)
 	defer odf.close()

@@ -1,4 +1,4 @@
-"""The ioctl client of a phxmount mount: fcntl.ioctl over the ABI of abi.py.
+"""The ioctl client of a phxmount mount: ioctl(2) over the ABI of abi.py.
 
 Everything here works without torch and without a GPU; the emulated device
 (EmuBuffer) stands in for GPU memory on a mount started with --vendor emu.
@@ -6,8 +6,8 @@ Everything here works without torch and without a GPU; the emulated device
 
 from __future__ import annotations
 
+import ctypes
 import errno
-import fcntl
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -21,15 +21,22 @@ class PhxError(OSError):
     """An ioctl the daemon refused, or an extent that failed."""
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+_libc.ioctl.restype = ctypes.c_int
+
+
 def _ioctl(fd: int, cmd: int, buf: bytearray, what: str, path: str) -> None:
+    """ioctl(2) through ctypes, which lets go of the GIL for the call:
+    fcntl.ioctl holds it for buffers over 1 KiB (every BATCH), which would
+    run one Python thread's ioctls at a time however many are in flight."""
+    arg = (ctypes.c_char * len(buf)).from_buffer(buf)
     while True:
-        try:
-            fcntl.ioctl(fd, cmd, buf, True)
+        if _libc.ioctl(fd, cmd, ctypes.addressof(arg)) >= 0:
             return
-        except InterruptedError:
-            continue
-        except OSError as e:
-            raise PhxError(e.errno, f"phx {what} {path}: {os.strerror(e.errno)}") from None
+        e = ctypes.get_errno()
+        if e != errno.EINTR:
+            raise PhxError(e, f"phx {what} {path}: {os.strerror(e)}")
 
 
 class PhxFile:

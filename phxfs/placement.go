@@ -1,0 +1,68 @@
+package phxfs
+
+import (
+	"slices"
+	"sync"
+)
+
+// Placement: which workers run a staged plan. A worker serves its jobs one
+// after the other, so two devices' loads striped over every worker would
+// run one after the other on each of them: one GPU's copy engine idles
+// while the other's works. Devices loading at the same time therefore
+// split the pool: with k devices loading, device rank r (by index among
+// them) gets workers [r·W/k, (r+1)·W/k). One device alone gets all of
+// them. Measured on two H200s (docs/gpu-notes.md, run 11): one shared
+// pool moved 52.7 GB/s into both GPUs, the pool split by device 83.9.
+
+// loading counts the staged plans running per device.
+type loading struct {
+	mu     sync.Mutex
+	active map[int]int
+}
+
+// enter counts a plan of dev and returns dev's rank among the devices
+// loading now, and how many they are.
+func (ld *loading) enter(dev int) (rank, k int) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	if ld.active == nil {
+		ld.active = map[int]int{}
+	}
+	ld.active[dev]++
+	devs := make([]int, 0, len(ld.active))
+	for d := range ld.active {
+		devs = append(devs, d)
+	}
+	slices.Sort(devs)
+	return slices.Index(devs, dev), len(devs)
+}
+
+func (ld *loading) leave(dev int) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	if ld.active[dev]--; ld.active[dev] <= 0 {
+		delete(ld.active, dev)
+	}
+}
+
+// place returns the first worker and the number of workers of a plan that
+// wants want workers, for device rank of k loading: inside the device's
+// part of the pool, starting where the previous plan stopped, so that
+// small concurrent batches spread over the part.
+func (l *Lib) place(rank, k, want int) (start, n int) {
+	part := max(l.pool.Workers()/k, 1)
+	base := min(rank*part, l.pool.Workers()-part)
+	n = min(want, part)
+	rot := int(l.rotor.Add(uint64(n)) % uint64(part-n+1))
+	return base + rot, n
+}
+
+// stagedDevice is the device of a plan's first staged xfer.
+func stagedDevice(xs []xfer) int {
+	for i := range xs {
+		if xs[i].staged {
+			return xs[i].dev
+		}
+	}
+	return 0
+}
