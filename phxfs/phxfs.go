@@ -62,9 +62,10 @@ type Config struct {
 	// lets PHX_DIRECT_IO choose.
 	ODirect ODirect
 	// RoundBytes bounds the bytes each worker gets in one round of a large
-	// batch (default 256 MiB; negative: one round; on an H200, 64 MiB rounds
-	// cost 5-15% of a hot staged load against one round). Smaller rounds let other
-	// batches in sooner; each round ends with every worker's copies drained.
+	// batch (default 1 GiB: a 16 GiB load on 16 workers is one round; every
+	// round ends with every worker's copies drained, and on an H200 64 MiB
+	// rounds cost 5-15 % of a hot staged load against one round; negative:
+	// always one round). Smaller rounds let other batches in sooner.
 	RoundBytes int64
 	// Transport forces a transport for every registration; "" chooses the
 	// fastest the machine offers (direct, then host, then staged).
@@ -123,7 +124,7 @@ func New(cfg Config) (*Lib, error) {
 		return nil, err
 	}
 	if cfg.RoundBytes == 0 {
-		cfg.RoundBytes = 256 << 20
+		cfg.RoundBytes = 1 << 30
 	}
 	if cfg.SplitSize == 0 {
 		cfg.SplitSize = 8 << 20

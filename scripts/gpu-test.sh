@@ -328,7 +328,7 @@ bench() {
 	step gokv && go_kv
 	if step go; then
 		timeout 300 "$CARRY/phxbench-gpu" bench -file "$FILE" -out "$RAW/bench-go.json" -sweep-engines io_uring \
-			-sweep-buffers 2 -sweep-bounce ${PHX_SWEEP_BOUNCE:-4} -sweep-workers ${PHX_SWEEP_WORKERS:-16} -sweep-round 256 2>&1 |
+			-sweep-buffers 2 -sweep-bounce ${PHX_SWEEP_BOUNCE:-4} -sweep-workers ${PHX_SWEEP_WORKERS:-16} -sweep-round 1024 2>&1 |
 			tee -a "$LOG" || fail "Go benchmark"
 	fi
 	step refs && run_refs

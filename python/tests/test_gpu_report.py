@@ -78,6 +78,10 @@ class RowsTest(unittest.TestCase):
         self.assertEqual(rows["hot_vs_safetensors"]["ratio"], 9.0)
         self.assertEqual(rows["cold"]["baseline"], 1.8)
         self.assertEqual((rows["kv_16k"]["value"], rows["kv_16k"]["baseline"]), (16.0, 18.0), "worse of the threads")
+        inp = full_inputs()
+        inp["kv"]["results"].append(result("kv 16KiB 1 thread, 1 in flight each", 1.0, block=16 << 10, threads=1,
+                                           mismatches=0, row=False))
+        self.assertEqual(gpu_rows.build(inp)[5]["value"], 16.0, "a comparison run (row=False) is no row's input")
         self.assertEqual(rows["kv_64k"]["baseline"], 49.0)
         self.assertAlmostEqual(rows["save_nofsync"]["ratio"], 4.5)
         fs = rows["save_fsync"]

@@ -59,8 +59,10 @@ class KVEmuTest(unittest.TestCase):
             self.assertEqual(rc, 0)
             with open(out) as f:
                 res = json.load(f)["results"]
-            self.assertEqual([(r["block"], r["threads"]) for r in res],
-                             [(b << 10, t) for b in (1, 16, 64) for t in (1, 4)])
+            # The rows' runs (4 ioctls in flight per client thread), then one
+            # at a time for comparison.
+            self.assertEqual([(r["block"], r["threads"], r["inflight"], r["row"]) for r in res],
+                             [(b << 10, t, n, n == 4) for b in (1, 16, 64) for n in (4, 1) for t in (1, 4)])
             for r in res:
                 self.assertEqual((r["mismatches"], r["verified"]), (0, (1 << 20) // r["block"]), r["name"])
                 self.assertGreater(r["gbps"], 0)

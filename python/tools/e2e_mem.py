@@ -118,13 +118,18 @@ class Peak:
 def measure(c, what, shard, strict=True) -> None:
     import torch
     c.drop_ref()
-    base = torch.cuda.memory_allocated()
+    base, reserved0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     p = Peak()
-    got = phxmount.load_safetensors(c.mount_file, 0, shard=shard)
+    s = phxmount.LoadStats()
+    got = phxmount.load_safetensors(c.mount_file, 0, shard=shard, stats=s)
     torch.cuda.synchronize()
     drv = p.stop()
     peak = torch.cuda.max_memory_allocated() - base
+    c.info(f"{what}: torch allocated {base / MiB:.0f} -> {torch.cuda.memory_allocated() / MiB:.0f} MiB (peak "
+           f"{torch.cuda.max_memory_allocated() / MiB:.0f}), reserved {reserved0 / MiB:.0f} -> "
+           f"{torch.cuda.memory_reserved() / MiB:.0f} MiB; plans {s.extra.get('exact')} exact, "
+           f"{s.extra.get('cover')} cover")
     n = nbytes(got)
     allow = 1.05 * n + PER_ALLOC * len(got)
     msg = (f"peak GPU memory of {what}: {n / MiB:.0f} MiB loaded, torch peak {peak / MiB:.0f} MiB "
@@ -162,8 +167,13 @@ def owned_deletion(c) -> None:
     torch.cuda.empty_cache()
     pruned = phxmount.prune_caches()
     drv = cuda.driver().mem_info(0)[0] - f0
-    c.check(freed == rounded, f"owned: deleting {len(gone)} of {len(names)} tensors freed {freed / MiB:.1f} MiB in torch "
-            f"(their bytes, rounded to 512: {rounded / MiB:.1f} MiB)")
+    # torch's caching allocator rounds a block to 512 bytes, and leaves a
+    # large block unsplit when less than 1 MiB would be left over: each
+    # deleted tensor frees its bytes and at most 1 MiB more.
+    slack = len(gone) * MiB
+    c.check(rounded <= freed <= rounded + slack,
+            f"owned: deleting {len(gone)} of {len(names)} tensors freed {freed / MiB:.1f} MiB in torch "
+            f"(their bytes, rounded to 512: {rounded / MiB:.1f} MiB; allocator slack allowed {slack / MiB:.0f} MiB)")
     c.check(drv >= 0.95 * big, f"owned: after empty_cache the driver got {drv / MiB:.0f} MiB back (the deleted tensors "
             f"of >= 10 MiB hold {big / MiB:.0f} MiB; {pruned} registrations of freed memory released)")
     del got

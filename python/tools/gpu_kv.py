@@ -3,8 +3,10 @@
 benchmark), `total` bytes (2 GiB) of fixed-size blocks, each from a source
 block chosen at random (seeded), into shuffled slots of one registered GPU
 buffer; block sizes 16 / 64 / 256 / 1024 KiB. The blocks go as BATCH ioctls
-of 409 extents, from 1 client thread and from 4 (each thread its own
-descriptor: its own ioctl stream); only the I/O is timed. Then EVERY block
+of 409 extents, from 1 client thread and from 4, each keeping --inflight
+(4) ioctls in flight through the library's submission path (BatchIO, as
+the loaders do; every ioctl on its own descriptor); only the I/O is timed.
+One ioctl at a time per client thread is measured too, for comparison. Then EVERY block
 is checked byte for byte, outside the timing: one device-to-host copy of
 the buffer, compared with the file. (The blocks are drawn with Python's
 random from the seed: the reference's pattern and sizes, not its exact
@@ -27,7 +29,8 @@ from array import array
 from benchlib import tool_args, Watchdog, failed, parse_size, record, say, warm, write_json
 
 from phxmount import abi  # noqa: E402
-from phxmount.client import EmuBuffer, PhxFile  # noqa: E402
+from phxmount.batchio import BatchIO, wait_all  # noqa: E402
+from phxmount.client import EmuBuffer  # noqa: E402
 from phxmount.extents import Cols  # noqa: E402
 
 EXTENTS = abi.MAX_EXTENTS  # 409 per BATCH ioctl
@@ -59,21 +62,22 @@ def split(cols: Cols, threads: int):
     return [cols.part(i * per * EXTENTS, (i + 1) * per * EXTENTS) for i in range(threads) if i * per < batches]
 
 
-def run_streams(path: str, parts, timeout: float) -> float:
-    """Each part on its own thread and descriptor, BATCH ioctls of 409
-    extents; returns the seconds from the common start to the last end."""
-    files = [PhxFile(path) for _ in parts]
+def run_streams(path: str, parts, timeout: float, inflight: int) -> float:
+    """Each part on its own client thread, which keeps inflight BATCH
+    ioctls of 409 extents in flight through the library's submission path
+    (BatchIO: the loaders' threads, each with its own descriptor); returns
+    the seconds from the common start to the last end."""
+    ios = [BatchIO(path, inflight) for _ in parts]
     errors, go = [], threading.Barrier(len(parts) + 1)
 
-    def work(f, part):
+    def work(io, part):
         go.wait()
         try:
-            for b in part.split(EXTENTS):
-                f.batch_cols(b)
+            wait_all([io.submit(b) for b in part.split(EXTENTS)], timeout, "kv reads")
         except BaseException as e:  # reported by the caller
             errors.append(e)
 
-    ts = [threading.Thread(target=work, args=(f, p), daemon=True) for f, p in zip(files, parts)]
+    ts = [threading.Thread(target=work, args=(io, p), daemon=True) for io, p in zip(ios, parts)]
     for t in ts:
         t.start()
     go.wait()
@@ -83,8 +87,8 @@ def run_streams(path: str, parts, timeout: float) -> float:
     dt = time.perf_counter() - t0
     if any(t.is_alive() for t in ts):
         raise TimeoutError(f"kv reads on {len(parts)} thread(s) not done after {timeout} s")
-    for f in files:
-        f.close()
+    for io in ios:
+        io.close()
     if errors:
         raise errors[0]
     return dt
@@ -141,17 +145,19 @@ def one_size(a, dest, fmap, file_size: int, bs: int, wd: Watchdog) -> list:
     src, slots = plan(file_size, bs, a.total, a.seed)
     cols = columns(dest.buf_id, dest.base, bs, src, slots)
     out = []
-    for threads in a.threads:
-        name = f"kv {bs >> 10}KiB {threads} thread{'s' if threads > 1 else ''}"
+    # The rows' runs (the library's submission depth), then one ioctl at a
+    # time per client thread for comparison (not a row).
+    for threads, inflight in [(t, a.inflight) for t in a.threads] + [(t, 1) for t in a.threads if a.inflight > 1]:
+        name = f"kv {bs >> 10}KiB {threads} thread{'s' if threads > 1 else ''}, {inflight} in flight each"
         try:
             dest.zero()
             wd.stage(f"{name}: reads", a.timeout)
-            dt = run_streams(a.mount_file, split(cols, threads), a.timeout)
+            dt = run_streams(a.mount_file, split(cols, threads), a.timeout, inflight)
             wd.stage(f"{name}: verifying every block", a.timeout)
             bad = verify(dest.to_host(), fmap, bs, src, slots)
-            out.append(record(name, len(src) * bs, dt, block=bs, threads=threads, blocks=len(src),
-                              ioctls=-(-len(src) // EXTENTS), extents_per_ioctl=EXTENTS, verified=len(src),
-                              mismatches=len(bad), first_bad=bad[:5]))
+            out.append(record(name, len(src) * bs, dt, block=bs, threads=threads, inflight=inflight,
+                              row=inflight == a.inflight, blocks=len(src), ioctls=-(-len(src) // EXTENTS),
+                              extents_per_ioctl=EXTENTS, verified=len(src), mismatches=len(bad), first_bad=bad[:5]))
             if bad:
                 say(f"FAIL {name}: {len(bad)} of {len(src)} blocks differ from the file (first {bad[:5]})")
         except Exception as e:  # the next size still runs
@@ -175,7 +181,9 @@ def run_all(a, wd: Watchdog) -> dict:
 def main(argv=None) -> int:
     ap = tool_args(__doc__, backing_help="the same file, off the mount (for verification)")
     ap.add_argument("--sizes", default="16,64,256,1024", help="block sizes in KiB")
-    ap.add_argument("--threads", default="1,4")
+    ap.add_argument("--threads", default="1,4", help="client threads")
+    ap.add_argument("--inflight", type=int, default=4,
+                    help="BATCH ioctls each client thread keeps in flight (the loaders' default)")
     ap.add_argument("--total", default="2GiB", help="bytes moved per block size")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--timeout", type=float, default=120, help="seconds for each run's reads (and its check)")

@@ -112,14 +112,17 @@ def kv_rows(inp: dict, b: dict) -> list:
     res = [r for r in (inp.get("kv") or {}).get("results", [])]
     out = []
     for size, name in KV_SIZES:
-        mine = [r for r in res if r.get("block") == size or r.get("name", "").startswith(f"kv {size >> 10}KiB ")]
+        mine = [r for r in res if r.get("row", True) and
+                (r.get("block") == size or r.get("name", "").startswith(f"kv {size >> 10}KiB "))]
         ref = {m: v for m, v in b["kv"].get(size, {}).items() if m in "ABD"}
         base = max(ref.values()) if ref else None
         bname = f"kv_blocks.cu best of A/B/D ({max(ref, key=ref.get)})" if ref else "kv_blocks.cu"
         bad = [r["name"] for r in mine if r.get("error") or r.get("mismatches")]
         vals = [gbps(r) for r in mine]
         value = min(vals) if len(vals) >= 2 and all(vals) and not bad else None
-        r = row(name, value, base, 0.9, bname, note="the worse of 1 and 4 client threads")
+        depth = {x.get("inflight") for x in mine} - {None}
+        r = row(name, value, base, 0.9, bname, note="the worse of 1 and 4 client threads" +
+                (f", each keeping {depth.pop()} BATCH ioctls in flight" if len(depth) == 1 else ""))
         if bad:
             r.update(status="failed", missing=[f"{n}: error or blocks that differ" for n in bad])
         out.append(r)
