@@ -14,15 +14,20 @@ import (
 // steps (go tool trace; free when no trace runs).
 var bg = context.Background()
 
+// minStagedOps is the least number of xfers a worker is given: a read
+// costs a few microseconds whatever its size, so many small ones (a column
+// slice is one per row) spread over workers by count as well as by bytes.
+const minStagedOps = 64
+
 // stagedWorkers is how many workers a staged plan of these xfers uses:
-// each gets at least Config.StagedShare bytes.
+// each gets at least Config.StagedShare bytes or minStagedOps xfers.
 func (l *Lib) stagedWorkers(xs []xfer) int {
 	var bytes int64
 	for i := range xs {
 		bytes += xs[i].len
 	}
 	share := l.cfg.StagedShare
-	n := int((bytes + share - 1) / share)
+	n := max(int((bytes+share-1)/share), (len(xs)+minStagedOps-1)/minStagedOps)
 	return max(min(n, len(xs), l.pool.Workers()), 1)
 }
 
