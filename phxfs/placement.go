@@ -3,6 +3,7 @@ package phxfs
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Placement: which workers run a staged plan. A worker serves its jobs one
@@ -65,4 +66,73 @@ func stagedDevice(xs []xfer) int {
 		}
 	}
 	return 0
+}
+
+// rankOf is dev's rank among the devices loading now, and their number.
+func (ld *loading) rankOf(dev int) (rank, k int) {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	rank = 0
+	for d := range ld.active {
+		if d < dev {
+			rank++
+		}
+	}
+	return rank, len(ld.active)
+}
+
+// mayLeave says whether worker w, one of the plan's n workers from start,
+// may leave its plan of dev: the placement now gives w to another device,
+// and a worker of the plan remains inside dev's part to finish it.
+func (l *Lib) mayLeave(dev, w, start, n int) bool {
+	rank, k := l.loading.rankOf(dev)
+	if k <= 1 {
+		return false
+	}
+	workers := l.pool.Workers()
+	part := max(workers/k, 1)
+	base := min(rank*part, workers-part)
+	inside := func(x int) bool { return x >= base && x < base+part }
+	if inside(w) {
+		return false
+	}
+	for i := range n {
+		if inside((start + i) % workers) {
+			return true
+		}
+	}
+	return false
+}
+
+// claimer hands a plan's xfers out in order, a chunk at a time, to the
+// workers running it: a worker that leaves the plan (mayLeave) leaves the
+// rest to the others. A chunk is about one slot's worth, and no more than
+// an even share of the plan, so small plans still spread.
+type claimer struct {
+	next  atomic.Int64
+	xfers []xfer
+	chunk int64
+}
+
+func newClaimer(xs []xfer, workers int, slot int64) *claimer {
+	var total int64
+	for i := range xs {
+		total += xs[i].len
+	}
+	return &claimer{xfers: xs, chunk: max(min(slot, total/int64(max(workers, 1))), 1)}
+}
+
+// claim returns the next chunk of xfer indices, nil when none is left.
+func (c *claimer) claim() []int {
+	var idx []int
+	var bytes int64
+	for bytes < c.chunk {
+		i := c.next.Add(1) - 1
+		if i >= int64(len(c.xfers)) {
+			break
+		}
+		idx = append(idx, int(i))
+		bytes += c.xfers[i].len
+	}
+	return idx
 }

@@ -32,9 +32,11 @@ func (l *Lib) stagedWorkers(xs []xfer) int {
 }
 
 // runStriped runs a plan that has staged transfers on its share of the
-// workers (placement.go): xfers are striped round-robin across them; each
-// runs its host transfers through its engine in one go and its staged
-// ones through its slots.
+// workers (placement.go). Reads are handed out in order, a chunk at a time
+// (claimer), so that a worker which the placement has since given to
+// another device can leave the plan to its other workers; writes are
+// striped round-robin. Host transfers of the plan run through the
+// worker's engine as they come.
 func (l *Lib) runStriped(p *plan) {
 	workers := l.pool.Workers()
 	dev := stagedDevice(p.xfers)
@@ -44,31 +46,50 @@ func (l *Lib) runStriped(p *plan) {
 	mode := l.ODirectPolicy()
 	odf := newODirectFiles(p, mode)
 	defer odf.close()
+	c := newClaimer(p.xfers, n, l.cfg.BounceSize)
 	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
-		rank := (w - start + workers) % workers
-		var host []ioengine.Op
-		var hostIdx, staged []int
-		for i := rank; i < len(p.xfers); i += n {
-			x := &p.xfers[i]
-			if x.staged {
-				staged = append(staged, i)
-				continue
+		if !p.write {
+			src := func() []int {
+				if l.mayLeave(dev, w, start, n) {
+					return nil
+				}
+				return l.hostFirst(eng, p, c.claim())
 			}
-			host = append(host, ioengine.Op{Fd: x.fd, Write: p.write, Addr: x.host, Len: x.len, Off: x.off})
-			hostIdx = append(hostIdx, i)
+			l.stagedRead(w, eng, p.xfers, src, odf, mode)
+			return
 		}
-		l.runOps(eng, p.xfers, host, hostIdx)
-		if p.write {
-			l.stagedWrite(w, eng, p.xfers, staged)
-		} else {
-			l.stagedRead(w, eng, p.xfers, staged, odf, mode)
+		var mine []int
+		for i := (w - start + workers) % workers; i < len(p.xfers); i += n {
+			mine = append(mine, i)
 		}
+		l.stagedWrite(w, eng, p.xfers, l.hostFirst(eng, p, mine))
 	})
 	if err != nil {
 		for i := range p.xfers {
 			p.xfers[i].result = -int64(errs.Errno(err))
 		}
 	}
+}
+
+// hostFirst runs the host transfers of idx (a plan may mix host buffers
+// with device memory) and returns the staged ones.
+func (l *Lib) hostFirst(eng ioengine.Engine, p *plan, idx []int) []int {
+	var host []ioengine.Op
+	var hostIdx, staged []int
+	for _, i := range idx {
+		x := &p.xfers[i]
+		if x.staged {
+			staged = append(staged, i)
+			continue
+		}
+		host = append(host, ioengine.Op{Fd: x.fd, Write: p.write, Addr: x.host, Len: x.len, Off: x.off})
+		hostIdx = append(hostIdx, i)
+	}
+	l.runOps(eng, p.xfers, host, hostIdx)
+	if len(staged) == 0 && len(idx) > 0 {
+		return []int{} // not nil: a chunk of host transfers only is no end
+	}
+	return staged
 }
 
 // runOps runs ops, whose xfers are idx, in one engine run.
@@ -85,15 +106,16 @@ func (l *Lib) runOps(eng ioengine.Engine, xfers []xfer, ops []ioengine.Op, idx [
 	}
 }
 
-// stagedRead reads the xfers idx (worker w's share) through w's slots.
-func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, idx []int, odf odirectFiles, mode ODirect) {
-	if len(idx) == 0 {
-		return
-	}
+// stagedRead reads, through worker w's slots, the xfers that src hands
+// out, a chunk at a time (nil: no more), keeping the slots' copies in
+// flight across chunks.
+func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, src func() []int, odf odirectFiles, mode ODirect) {
 	slots := l.staged.slots[w]
 	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, odf: odf, mode: mode, slots: slots, sf: make(slotFences, len(slots))}
-	for k := 0; k < len(idx); {
-		k = r.group(idx, k)
+	for idx := src(); idx != nil; idx = src() {
+		for k := 0; k < len(idx); {
+			k = r.group(idx, k)
+		}
 	}
 	trace.WithRegion(bg, "phxfs.settle", func() {
 		for slot := range slots {
@@ -173,17 +195,20 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 	for first := true; k < len(idx) && r.xfers[idx[k]].dev == dev; first = false {
 		x := &r.xfers[idx[k]]
 		rd := stagedRead{i: idx[k], slot: slot}
-		at := alignUp(pos, 4096)
-		if at < size {
-			if t, start, head, span, ok := r.odf.directSpan(x, r.mode, addrOf(buf[at:]), size-at); ok {
-				rd.odf, rd.head, rd.span, rd.direct, rd.at = t, head, span, true, at
-				r.ops = append(r.ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf[at:]), Len: span, Off: start})
+		// Whether x is read around the page cache is decided for a whole
+		// slot: a cold range that does not fit what is left of this slot
+		// goes to the next one, never through the page cache.
+		if t, start, head, span, ok := r.odf.directSpan(x, r.mode, addrOf(buf), size); ok {
+			rd.at = alignUp(pos, 4096)
+			if rd.at+span > size && !first {
+				return k
 			}
-		}
-		if !rd.direct {
+			rd.odf, rd.head, rd.span, rd.direct = t, head, span, true
+			r.ops = append(r.ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf[rd.at:]), Len: span, Off: start})
+		} else {
 			rd.at = alignUp(pos, packAlign)
 			if rd.at+x.len > size && !first {
-				return k // next slot (an O_DIRECT span that did not fit also lands here)
+				return k
 			}
 			r.ops = append(r.ops, ioengine.Op{Fd: x.fd, Addr: addrOf(buf[rd.at:]), Len: x.len, Off: x.off})
 		}
