@@ -16,6 +16,8 @@ engine and the safetensors parser work without torch. docs/python.md has
 the whole API.
 """
 
+__version__ = "0.9.0"  # as python/pyproject.toml says (a test checks)
+
 from . import abi, safetensors
 from .client import EmuBuffer, PhxError, PhxFile, mount_counters, phx_info_xattr
 from .regcache import close_caches, prune_caches
