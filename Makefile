@@ -1,10 +1,9 @@
-# Every build, test and benchmark goes through here: giouring reaches into the
-# standard library with go:linkname, which current Go only links with
-# -checklinkname=0 (see README).
+# Every build, test and benchmark goes through here. Plain go build, go test
+# and go vet work too: giouring's go:linkname is patched out in
+# third_party/giouring (third_party/README.md).
 GO       ?= go
-LDFLAGS  := -ldflags=-checklinkname=0
-GOBUILD  := CGO_ENABLED=0 $(GO) build $(LDFLAGS)
-GOTEST   := CGO_ENABLED=1 $(GO) test $(LDFLAGS)
+GOBUILD  := CGO_ENABLED=0 $(GO) build
+GOTEST   := CGO_ENABLED=1 $(GO) test
 BIN      := bin
 
 # Every tier's run goes through bin/testsummary (internal/testsummary): it
@@ -38,7 +37,7 @@ testsummary:
 
 vet:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
-	$(GO) vet $(LDFLAGS) ./...
+	$(GO) vet ./...
 
 # Tier 1: unit tests with the race detector (which needs cgo: a C
 # compiler; scripts/deps.sh installs gcc). Without one it runs without
@@ -50,8 +49,8 @@ unit: testsummary
 		if [ -n "$(STRICT)" ]; then echo "unit: STRICT=1: not running without -race"; exit 1; fi; \
 		echo "unit: running WITHOUT the race detector"; cgo=0 race=; \
 	fi; \
-	echo "CGO_ENABLED=$$cgo $(GO) test $(LDFLAGS) $$race -count=1 -json PACKAGES | $(TS) go -tier unit"; \
-	CGO_ENABLED=$$cgo $(GO) test $(LDFLAGS) $$race -count=1 -json $$($(GO) list ./... | grep -v /integration) 2>&1 | \
+	echo "CGO_ENABLED=$$cgo $(GO) test $$race -count=1 -json PACKAGES | $(TS) go -tier unit"; \
+	CGO_ENABLED=$$cgo $(GO) test $$race -count=1 -json $$($(GO) list ./... | grep -v /integration) 2>&1 | \
 		$(TS) go -tier unit -out $(SKIPS)/unit.jsonl
 
 # Tier 2: real mounts (root, /dev/fuse).

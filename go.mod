@@ -9,3 +9,5 @@ require (
 	github.com/sirupsen/logrus v1.10.2
 	golang.org/x/sys v0.50.0
 )
+
+replace github.com/pawelgaczynski/giouring => ./third_party/giouring

@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
-[ -x "$BIN/phxbench-engine" ] || { mkdir -p "$BIN"; CGO_ENABLED=0 go build -ldflags=-checklinkname=0 -o "$BIN/" ./cmd/phxbench-engine; }
+[ -x "$BIN/phxbench-engine" ] || { mkdir -p "$BIN"; CGO_ENABLED=0 go build -o "$BIN/" ./cmd/phxbench-engine; }
 if [ "$(id -u)" != 0 ]; then echo "bench-engine: needs root (drop_caches)" >&2; exit 1; fi
 if ! command -v fio >/dev/null; then
 	echo "bench-engine: installing fio" >&2

@@ -20,7 +20,7 @@ if [ "$(id -u)" != 0 ]; then echo "demo: needs root to mount FUSE (try: sudo mak
 if [ ! -e /dev/fuse ]; then echo "demo: no /dev/fuse on this machine" >&2; exit 1; fi
 
 bash scripts/deps.sh
-step "build (CGO_ENABLED=0, -ldflags=-checklinkname=0)"
+step "build (CGO_ENABLED=0)"
 make --no-print-directory build
 
 work=$(mktemp -d "${DEMO_DIR:-/var/tmp}/phxdemo.XXXXXX")

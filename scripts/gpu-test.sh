@@ -73,11 +73,10 @@ build() {
 	cd "$ROOT" || exit 1
 	mkdir -p "$CARRY"
 	export CGO_ENABLED=0
-	local fl=-ldflags=-checklinkname=0
-	go build $fl -o "$CARRY/phxmount" ./cmd/phxmount &&
-		go build $fl -o "$CARRY/phxbench-gpu" ./cmd/phxbench-gpu &&
-		go test $fl -c -o "$CARRY/phxfs.test" ./phxfs &&
-		go test $fl -c -o "$CARRY/nvidia.test" ./connector/nvidia || {
+	go build -o "$CARRY/phxmount" ./cmd/phxmount &&
+		go build -o "$CARRY/phxbench-gpu" ./cmd/phxbench-gpu &&
+		go test -c -o "$CARRY/phxfs.test" ./phxfs &&
+		go test -c -o "$CARRY/nvidia.test" ./connector/nvidia || {
 		echo "FAIL build"
 		exit 1
 	}
