@@ -189,8 +189,8 @@ func TestBatchRoundTrip(t *testing.T) {
 }
 
 func TestInfoRoundTrip(t *testing.T) {
-	in := Info{Device: 1, Transport: TransportHost, Flags: InfoPassthrough | InfoReadOnly, Workers: 4,
-		PageSize: 65536, BounceSize: 4 << 20, DIOMemAlign: 512, DIOOffsetAlign: 4096, Devices: 2,
+	in := Info{Device: 1, Transport: TransportHost, Flags: InfoPassthrough | InfoReadOnly | InfoNetworkBacking, Workers: 4,
+		PageSize: 65536, BounceSize: 4 << 20, DIOMemAlign: 512, DIOOffsetAlign: 4096, Devices: 2, Cache: CacheRevalidate,
 		Vendor: "emu", Engine: "io_uring", PCIAddress: "0000:e0:01.0", DeviceName: "phxmount emulated device 1",
 		PassthroughWhy: "kernel passthrough active"}
 	for i, p := range in.Counters.fields() {
@@ -202,8 +202,11 @@ func TestInfoRoundTrip(t *testing.T) {
 	if err != nil || got != in {
 		t.Fatalf("DecodeInfo = %+v, %v\nwant %+v", got, err, in)
 	}
-	if !got.Passthrough() || !got.ReadOnly() {
+	if !got.Passthrough() || !got.ReadOnly() || !got.NetworkBacking() {
 		t.Errorf("flags")
+	}
+	if le.Uint32(out[52:]) != uint32(CacheRevalidate) || got.Cache.String() != "revalidate" {
+		t.Errorf("cache field: %d at 52, %q", le.Uint32(out[52:]), got.Cache)
 	}
 	if le.Uint64(out[CountersOffset+8*18:]) != 1018 || in.Counters.XattrLoads != 1018 {
 		t.Errorf("XattrLoads is not counter 18 at %d", CountersOffset+8*18)
@@ -229,6 +232,39 @@ func TestInfoRoundTrip(t *testing.T) {
 	}
 	if _, err := DecodeInfoReq(out); err == nil {
 		t.Errorf("a reply decoded as a request")
+	}
+}
+
+// TestInfoCacheFieldIsCompatible: the cache field took the reserved u32 at
+// offset 52, so a client built for the layout before it (which never reads
+// those bytes) decodes every other field of a new daemon's reply as
+// before, a new client reads an old daemon's reply (zero there) as
+// CacheUnknown, and a request must still hold zero there.
+func TestInfoCacheFieldIsCompatible(t *testing.T) {
+	in := Info{Device: 3, Transport: TransportStaged, Flags: InfoPassthrough, Workers: 2, PageSize: 65536,
+		Devices: 4, Vendor: "emu", Engine: "sync", PassthroughWhy: "why"}
+	old, cur := make([]byte, InfoSize), make([]byte, InfoSize)
+	EncodeInfo(old, in)
+	in.Cache, in.Flags = CacheWatch, in.Flags|InfoNetworkBacking
+	EncodeInfo(cur, in)
+	for i := range old {
+		inCache := i >= 52 && i < 56
+		inFlags := i == 16 // the low byte of the flags, which bit 5 is in
+		if old[i] != cur[i] && !inCache && !inFlags {
+			t.Errorf("byte %d differs (%#x, %#x): not only the cache field and the new flag bit moved", i, old[i], cur[i])
+		}
+	}
+	got, err := DecodeInfo(old)
+	if err != nil || got.Cache != CacheUnknown || got.Cache.String() != "unknown" || got.Devices != 4 || got.Vendor != "emu" {
+		t.Errorf("an old daemon's reply: %+v, %v", got, err)
+	}
+	req := EncodeInfoReq(0)
+	le.PutUint32(req[52:], uint32(CacheWatch))
+	if _, err := DecodeInfoReq(req); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("a request with the cache field set: %v, want EINVAL", err)
+	}
+	if CacheClass(9).String() != "cache(9)" {
+		t.Errorf("unknown class: %q", CacheClass(9))
 	}
 }
 

@@ -29,6 +29,8 @@ type OpenFile struct {
 	// [off, off+n) of the file through Fd, so that the kernel's cached
 	// pages and attributes of it go.
 	Changed func(off, n int64)
+	// Cache, when set, reports how the kernel caches the file.
+	Cache func() CacheInfo
 }
 
 // XattrTarget is the file or directory a user.phx.* xattr request names.
@@ -40,6 +42,8 @@ type XattrTarget struct {
 	// caller's credentials: the kernel refuses what it would refuse the
 	// caller (mode bits, ACLs, capabilities).
 	Open func(flags int) (fd int, errno syscall.Errno)
+	// Cache, when set, reports how the kernel caches the target.
+	Cache func() CacheInfo
 }
 
 // Control answers the project's ioctls and user.phx.* xattrs.

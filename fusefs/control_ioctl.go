@@ -135,7 +135,7 @@ func (s *ControlServer) serveInfo(r request) unix.Errno {
 	if err != nil {
 		return unix.EINVAL
 	}
-	info, e := s.info(int(dev), r.f.Fd)
+	info, e := s.info(int(dev), r.f.Fd, r.f.Cache)
 	if e == 0 {
 		client.EncodeInfo(r.out, info)
 	}

@@ -22,7 +22,7 @@ const (
 
 // info gathers INFO's answer for device dev; fd (the daemon's descriptor on
 // the file asked about, or -1) gives the O_DIRECT alignment.
-func (s *ControlServer) info(dev int, fd int) (client.Info, unix.Errno) {
+func (s *ControlServer) info(dev int, fd int, cache func() CacheInfo) (client.Info, unix.Errno) {
 	if dev < 0 || dev > 1<<16 {
 		return client.Info{}, unix.ENODEV
 	}
@@ -68,6 +68,13 @@ func (s *ControlServer) info(dev int, fd int) (client.Info, unix.Errno) {
 	}
 	if fd >= 0 {
 		in.DIOMemAlign, in.DIOOffsetAlign = dioAlign(fd)
+	}
+	if cache != nil {
+		ci := cache()
+		in.Cache = ci.Class
+		if ci.Network {
+			in.Flags |= client.InfoNetworkBacking
+		}
 	}
 	in.Counters = s.counters()
 	return in, 0
@@ -118,7 +125,7 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 			haveStat = unix.Fstat(fd, &st) == nil
 		}
 	}
-	in, e := s.info(0, fd)
+	in, e := s.info(0, fd, t.Cache)
 	var b strings.Builder
 	kv := func(k string, v any) { fmt.Fprintf(&b, "%s=%v\n", k, v) }
 	path := t.Name
@@ -171,6 +178,9 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 	}
 	kv("passthrough_why", strings.ReplaceAll(why, "\n", " "))
 	kv("read_only", s.cfg.ReadOnly)
+	if t.Cache != nil {
+		cacheKeys(kv, t.Cache())
+	}
 	ct := s.counters()
 	ct.Each(func(name string, v uint64) { kv(name, v) })
 	return []byte(b.String()), 0

@@ -43,6 +43,21 @@
 // files that were meant to be passthrough, and reports the state through
 // PassthroughActive.
 //
+// # Caching
+//
+// Every reply carries the timeouts of its node's backing file system,
+// chosen from Options.Cache per st_dev (cache.go): long ones, negative
+// entries, FOPEN_KEEP_CACHE on classic-path files and kept listings where a
+// fanotify filesystem mark sees every change (watch.go turns the changes
+// made behind the mount's back into NotifyEntry, NotifyDelete and
+// NotifyContent; a queue overflow invalidates everything), short ones and
+// revalidation where other machines can change the files (network and
+// cluster file systems: attributes re-read with AT_STATX_FORCE_SYNC, pages
+// kept only while mtime, ctime and size hold; keepcache.go). A LOOKUP that
+// raced an event in its directory is answered with zero timeouts (no
+// notification reaches an inode the kernel does not know yet), and an
+// invalidation of an inode whose reply is still being built waits for it.
+//
 // # ioctls and virtual xattrs
 //
 // No ioctl ever reaches a backing descriptor: every ioctl goes to the

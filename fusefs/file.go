@@ -23,6 +23,9 @@ type file struct {
 	// means the kernel did not take it.
 	pt       bool
 	released atomic.Bool
+	// writer: the process whose passthrough writes through this file
+	// reach fanotify as its own (0: none counted).
+	writer int32
 }
 
 // ptFile is a file offered to the kernel for passthrough.
@@ -53,7 +56,7 @@ func asFile(f fs.FileHandle) *file {
 // newFile wraps a freshly opened backing descriptor.
 func (f *FS) newFile(ctx context.Context, n *node, fd int, flags int) (fs.FileHandle, uint32) {
 	h := &file{fsys: f, n: n, fd: fd, flags: flags}
-	h.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags, Name: n.relPath(), Changed: n.invalidate}
+	h.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags, Name: n.relPath(), Changed: n.invalidate, Cache: n.cacheInfo}
 	if f.ctl != nil {
 		h.of.Owner = callerOf(ctx)
 	} else if fc, ok := fuseCaller(ctx); ok {
@@ -61,6 +64,9 @@ func (f *FS) newFile(ctx context.Context, n *node, fd int, flags int) (fs.FileHa
 	}
 	if f.passthroughWanted() {
 		h.pt = true
+		if flags&unix.O_ACCMODE != unix.O_RDONLY && f.watch.active() {
+			h.writer = n.addWriter(ctx)
+		}
 		return &ptFile{h}, 0
 	}
 	return h, 0
@@ -126,6 +132,12 @@ func (h *file) Release(ctx context.Context) syscall.Errno {
 	if ctl := h.fsys.ctl; ctl != nil {
 		ctl.Released(&h.of)
 	}
+	if h.writer != 0 {
+		h.n.dropWriter(h.writer)
+	}
+	if h.flags&unix.O_ACCMODE != unix.O_RDONLY && !h.pt {
+		h.n.restamp(h.fd)
+	}
 	return toErrno(unix.Close(h.fd))
 }
 
@@ -160,7 +172,7 @@ var (
 func (f *FS) newDir(ctx context.Context, n *node, fd int, flags int) *dirHandle {
 	ds, _ := fs.NewLoopbackDirStreamFd(fd)
 	d := &dirHandle{fsys: f, ds: ds, fd: fd}
-	d.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags | unix.O_DIRECTORY, Name: n.relPath()}
+	d.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags | unix.O_DIRECTORY, Name: n.relPath(), Cache: n.cacheInfo}
 	if f.ctl != nil {
 		d.of.Owner = callerOf(ctx)
 	}

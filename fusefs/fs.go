@@ -38,6 +38,17 @@ type FS struct {
 	byID     map[uint64]*node // by FUSE node id
 	handouts map[<-chan struct{}][]handout
 
+	// Caching (cache.go): a policy per backing file system, the fanotify
+	// watcher (nil unless cache=auto), the watched inodes by file handle
+	// and the negative entries the kernel keeps (handles.go).
+	rootPol *fsPolicy
+	polMu   sync.Mutex
+	pols    map[uint64]*fsPolicy
+	watch   *watcher
+	hmu     sync.RWMutex
+	handles map[string]*node
+	negs    negatives
+
 	nextFileID atomic.Uint64
 
 	// flushOwners carries the lock owner of a FLUSH from the raw layer to
@@ -49,6 +60,8 @@ type FS struct {
 	ptActive bool   // and the kernel accepted a registration
 	ptReason string // why passthrough is active or not
 	ptWarned bool
+
+	raKB int // readahead set on the mount (readahead.go)
 
 	unmountOnce sync.Once
 	unmountErr  error
@@ -65,10 +78,9 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 	}
 	mo := f.mountOptions()
 	fo := &fs.Options{
-		MountOptions:    mo,
-		EntryTimeout:    timeout(o.EntryTimeout, DefaultEntryTimeout),
-		AttrTimeout:     timeout(o.AttrTimeout, DefaultAttrTimeout),
-		NegativeTimeout: timeout(o.NegativeTimeout, DefaultNegativeTimeout),
+		MountOptions: mo,
+		// Every reply carries its node's timeouts (fsPolicy), negative
+		// entries too (rawFS.Lookup).
 		NullPermissions: true,
 		RootStableAttr:  &fs.StableAttr{Ino: st.Ino},
 		Logger:          logAdapter(f.log),
@@ -76,6 +88,7 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 	raw := fs.NewNodeFS(f.root, fo)
 	server, err := fuse.NewServer(&rawFS{RawFileSystem: raw, fsys: f}, mountpoint, &fo.MountOptions)
 	if err != nil {
+		f.watch.stop()
 		unix.Close(f.root.fd)
 		return nil, errs.Wrapf(err, "mount %s on %s", f.backing, mountpoint)
 	}
@@ -83,8 +96,15 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 	go server.Serve()
 	if err := server.WaitMount(); err != nil {
 		_ = server.Unmount()
+		f.watch.stop()
 		return nil, errs.Wrapf(err, "mount %s on %s", f.backing, mountpoint)
 	}
+	f.watch.start()
+	go func() {
+		server.Wait()
+		f.watch.stop()
+	}()
+	f.tuneReadahead()
 	f.probePassthrough()
 	if o.Passthrough == PassthroughOn {
 		if ok, why := f.PassthroughActive(); !ok {
@@ -131,12 +151,22 @@ func newFS(backing, mountpoint string, o Options) (*FS, *unix.Stat_t, error) {
 		nodes:      make(map[inodeID]*node),
 		byID:       make(map[uint64]*node),
 		handouts:   make(map[<-chan struct{}][]handout),
+		pols:       make(map[uint64]*fsPolicy),
+		handles:    make(map[string]*node),
 		ptWanted:   o.Passthrough != PassthroughOff,
 	}
 	if o.Passthrough == PassthroughOff {
 		f.ptReason = "disabled by --passthrough off"
 	}
-	f.root = &node{fsys: f, fd: rootFd}
+	if o.Cache == CacheAuto {
+		f.watch = newWatcher(f)
+	}
+	f.root = &node{fsys: f, fd: rootFd, id: inodeID{dev: st.Dev, ino: st.Ino}}
+	f.rootPol = f.newPolicy(rootFd, st.Dev)
+	f.root.pol = f.rootPol
+	f.pols[st.Dev] = f.rootPol
+	f.logPolicy(f.rootPol)
+	f.indexHandle(f.root)
 	return f, &st, nil
 }
 
@@ -146,7 +176,6 @@ func (f *FS) mountOptions() fuse.MountOptions {
 	mo := fuse.MountOptions{
 		AllowOther:    o.AllowOther,
 		MaxWrite:      o.MaxWrite,
-		MaxReadAhead:  o.MaxReadAhead,
 		MaxBackground: o.MaxBackground,
 		FsName:        o.FsName,
 		Name:          "phxmount",
@@ -158,9 +187,9 @@ func (f *FS) mountOptions() fuse.MountOptions {
 		// READDIRPLUS_AUTO: the kernel asks for attributes with the names
 		// only while it uses them (ls -l, find), not for a plain readdir.
 		ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_READDIRPLUS_AUTO,
-		// Symlink targets change only through the mount or the backing
-		// directory; cache them like attributes.
-		EnableSymlinkCaching: false,
+		// A symlink's target never changes (a new target is a new
+		// inode): the kernel may keep it wherever it keeps names.
+		EnableSymlinkCaching: o.Cache != CacheOff,
 		Logger:               logAdapter(f.log),
 	}
 	if mo.MaxWrite == 0 {

@@ -68,6 +68,14 @@ func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.Ent
 	id := inodeID{dev: st.Dev, ino: st.Ino}
 	attrFromStat(&out.Attr, st)
 	out.Attr.Ino = f.inoKey(st)
+	pol := n.pol
+	if st.Dev != pol.dev {
+		pol = f.policyOf(fd, st.Dev) // a file system mounted below the backing root
+	}
+	// The name is the directory's (its file system's events cover it),
+	// the attributes the child's.
+	out.SetEntryTimeout(n.pol.entry)
+	out.SetAttrTimeout(pol.attr)
 
 	f.nodesMu.Lock()
 	defer f.nodesMu.Unlock()
@@ -75,8 +83,9 @@ func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.Ent
 	if ch != nil {
 		unix.Close(fd)
 	} else {
-		ch = &node{fsys: f, fd: fd, id: id}
+		ch = &node{fsys: f, fd: fd, id: id, pol: pol}
 		f.nodes[id] = ch
+		f.indexHandle(ch)
 		n.NewInode(ctx, ch, fs.StableAttr{Mode: st.Mode & unix.S_IFMT, Ino: out.Attr.Ino, Gen: st.Dev})
 	}
 	f.handOut(ctx, ch, out)
@@ -134,6 +143,7 @@ func (n *node) OnForget() {
 	if f.byID[n.nodeid] == n {
 		delete(f.byID, n.nodeid)
 	}
+	f.unindexHandle(n)
 	f.nodesMu.Unlock()
 
 	n.mu.Lock()
@@ -143,6 +153,19 @@ func (n *node) OnForget() {
 	n.lockFds = nil
 	n.mu.Unlock()
 	unix.Close(n.fd)
+}
+
+// negativeEntry remembers a negative entry the kernel is told to keep,
+// for a queue overflow to invalidate; when too many are remembered, the
+// kernel is told not to keep it.
+func (f *FS) negativeEntry(parent uint64, name string, out *fuse.EntryOut) {
+	ttl := out.EntryTimeout()
+	if ttl <= 0 || !f.watch.active() {
+		return
+	}
+	if !f.negs.add(parent, name, ttl) {
+		out.SetEntryTimeout(0)
+	}
 }
 
 // The reply-building requests settle their hand-outs once go-fuse has
@@ -155,7 +178,15 @@ func (r *rawFS) settled(cancel <-chan struct{}, st fuse.Status) fuse.Status {
 }
 
 func (r *rawFS) Lookup(c <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	return r.settled(c, r.RawFileSystem.Lookup(c, h, name, out))
+	st := r.RawFileSystem.Lookup(c, h, name, out)
+	if st == fuse.ENOENT && out.EntryTimeout() > 0 {
+		// The node asked the kernel to keep the name's absence: a reply
+		// with node id 0 is a negative entry.
+		out.NodeId = 0
+		st = fuse.OK
+		r.fsys.negativeEntry(h.NodeId, name, out)
+	}
+	return r.settled(c, st)
 }
 
 func (r *rawFS) Mkdir(c <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {

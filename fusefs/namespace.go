@@ -13,26 +13,46 @@ import (
 // The namespace: lookups and what creates, links, renames and removes
 // names, all relative to the parent's descriptor.
 
-// lookupFd opens an O_PATH descriptor on the child name and stats it.
+// lookupFd opens an O_PATH descriptor on the child name and stats it
+// (from the server, on a network file system).
 func (n *node) lookupFd(name string, st *unix.Stat_t) (int, unix.Errno) {
 	fd, err := unix.Openat(n.fd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, toErrno(err)
 	}
-	if err := unix.Fstat(fd, st); err != nil {
+	if n.pol.forceSync {
+		err = statSynced(fd, st)
+	} else {
+		err = unix.Fstat(fd, st)
+	}
+	if err != nil {
 		unix.Close(fd)
 		return -1, toErrno(err)
 	}
 	return fd, 0
 }
 
+// Lookup resolves a name. A negative answer is kept for the directory's
+// negative timeout. When the watcher invalidated the directory's names
+// while the lookup ran, the kernel is told not to keep the answer: it may
+// be from before the change.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	gen := n.gen.Load()
+	n.syncDir()
 	var st unix.Stat_t
 	fd, e := n.lookupFd(name, &st)
 	if e != 0 {
+		if e == unix.ENOENT && n.pol.negative > 0 && n.gen.Load() == gen {
+			out.SetEntryTimeout(n.pol.negative)
+		}
 		return nil, e
 	}
-	return n.child(ctx, fd, &st, out), 0
+	ch := n.child(ctx, fd, &st, out)
+	if n.gen.Load() != gen {
+		out.SetEntryTimeout(0)
+		out.SetAttrTimeout(0)
+	}
+	return ch, 0
 }
 
 // giveToCaller makes the caller own what the daemon (as root) just
@@ -143,6 +163,8 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	attrFromStat(&out.Attr, &st)
 	out.Attr.Ino = n.fsys.inoKey(&st)
+	out.SetEntryTimeout(n.pol.entry)
+	out.SetAttrTimeout(t.pol.attr)
 	n.fsys.nodesMu.Lock()
 	n.fsys.handOut(ctx, t, out)
 	n.fsys.nodesMu.Unlock()
@@ -167,7 +189,11 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	return toErrno(unix.Unlinkat(n.fd, name, unix.AT_REMOVEDIR))
+	err := unix.Unlinkat(n.fd, name, unix.AT_REMOVEDIR)
+	if err == unix.ENOTEMPTY && n.pol.network {
+		err = n.rmdirAfterSillyRenames(name)
+	}
+	return toErrno(err)
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {

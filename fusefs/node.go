@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -19,6 +20,15 @@ type node struct {
 	fsys *FS
 	fd   int
 	id   inodeID
+	pol  *fsPolicy // the caching of its backing file system (cache.go)
+
+	// gen counts the invalidations of the directory's names (watch.go): a
+	// LOOKUP that saw it move must not let the kernel cache its answer.
+	gen atomic.Uint64
+	// lastSync: when the directory's attributes were last re-read from the
+	// server (network file systems), in UnixNano.
+	lastSync atomic.Int64
+	hkey     string // its key in FS.handles ("" when not indexed)
 
 	// Guarded by fsys.nodesMu (see lifecycle.go): replies being built that
 	// name this node, the kernel's lookups of it, and its FUSE node id.
@@ -30,6 +40,11 @@ type node struct {
 	// lockFds holds one backing descriptor per POSIX lock owner: its OFD
 	// locks are that owner's record locks on this inode.
 	lockFds map[uint64]int
+	// writers counts, per process, the passthrough files open for writing
+	// on this inode (their writes reach fanotify with that process's pid).
+	writers map[int32]int
+	// stamp is the backing file as the last open saw it (keepcache.go).
+	stamp fileStamp
 }
 
 var (
@@ -85,6 +100,15 @@ func (n *node) stat(st *unix.Stat_t) unix.Errno {
 	return toErrno(unix.Fstatat(n.fd, "", st, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW))
 }
 
+// freshStat is stat, with the attributes re-read from the server where
+// the backing file system is shared with other machines.
+func (n *node) freshStat(st *unix.Stat_t) unix.Errno {
+	if n.pol != nil && n.pol.forceSync {
+		return toErrno(statSynced(n.fd, st))
+	}
+	return n.stat(st)
+}
+
 func (n *node) isRoot() bool { return n == n.fsys.root }
 
 // relPath is the node's path relative to the backing root, as the mount's
@@ -120,23 +144,28 @@ func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	var st unix.Stat_t
-	if e := n.stat(&st); e != 0 {
+	if e := n.freshStat(&st); e != 0 {
 		return e
 	}
 	attrFromStat(&out.Attr, &st)
 	out.Attr.Ino = n.fsys.inoKey(&st)
+	out.SetTimeout(n.pol.attr)
 	return 0
 }
 
 func (n *node) Statx(ctx context.Context, f fs.FileHandle, flags uint32, mask uint32, out *fuse.StatxOut) syscall.Errno {
 	var sx unix.Statx_t
 	fl := unix.AT_EMPTY_PATH | unix.AT_SYMLINK_NOFOLLOW | int(flags&(unix.AT_STATX_FORCE_SYNC|unix.AT_STATX_DONT_SYNC))
+	if n.pol.forceSync && fl&unix.AT_STATX_DONT_SYNC == 0 {
+		fl |= unix.AT_STATX_FORCE_SYNC
+	}
 	if err := unix.Statx(n.fd, "", fl, int(mask), &sx); err != nil {
 		return toErrno(err)
 	}
 	out.FromStatx(&sx)
 	st := unix.Stat_t{Ino: sx.Ino, Dev: unix.Mkdev(sx.Dev_major, sx.Dev_minor)}
 	out.Ino = n.fsys.inoKey(&st)
+	out.SetTimeout(n.pol.attr)
 	return 0
 }
 

@@ -21,6 +21,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		return nil, 0, toErrno(err)
 	}
 	fh, ff := n.fsys.newFile(ctx, n, fd, int(flags))
+	if h, ok := fh.(*file); ok && !h.pt {
+		ff |= n.keepData(fd)
+	}
 	return fh, ff, 0
 }
 
@@ -62,7 +65,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
-	return n.fsys.newDir(ctx, n, fd, int(flags)), 0, 0
+	return n.fsys.newDir(ctx, n, fd, int(flags)), n.dirFlags(), 0
 }
 
 func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode, fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {

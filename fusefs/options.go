@@ -29,7 +29,7 @@ func (m PassthroughMode) String() string {
 	return "auto"
 }
 
-// Defaults for the cache timeouts.
+// The cache timeouts of cache=off (and before there were cache modes).
 const (
 	DefaultEntryTimeout    = time.Second
 	DefaultAttrTimeout     = time.Second
@@ -38,8 +38,8 @@ const (
 
 // Options configure an overlay. The zero value is a usable configuration:
 // no Control (every project ioctl gets ENOTTY, every user.phx.* name
-// ENODATA), default_permissions on, 1 s entry and attribute timeouts,
-// passthrough where the kernel allows it.
+// ENODATA), default_permissions on, cache=auto, passthrough where the
+// kernel allows it.
 type Options struct {
 	// Control answers the project's ioctls and user.phx.* xattrs; nil
 	// refuses them.
@@ -54,9 +54,13 @@ type Options struct {
 	// enforces nothing.
 	NoDefaultPermissions bool
 
-	// EntryTimeout, AttrTimeout and NegativeTimeout are the kernel's cache
-	// timeouts. Zero selects the default (1 s, 1 s, 0); a negative value
-	// disables that cache.
+	// Cache chooses how the kernel caches, per backing file system
+	// (cache.go): auto (the default), exclusive or off.
+	Cache CacheMode
+	// EntryTimeout, AttrTimeout and NegativeTimeout override the kernel's
+	// cache timeouts of every backing file system. Zero keeps the cache
+	// mode's (cache=off: 1 s, 1 s, 0); a negative value disables that
+	// cache.
 	EntryTimeout    time.Duration
 	AttrTimeout     time.Duration
 	NegativeTimeout time.Duration
@@ -66,7 +70,8 @@ type Options struct {
 
 	// MaxWrite is the largest WRITE/READ the kernel sends on the classic
 	// path (default: the kernel's limit, 1 MiB with the default
-	// max_pages_limit). MaxReadAhead limits read-ahead (0: kernel default).
+	// max_pages_limit). MaxReadAhead is the readahead of classic-path reads
+	// (0: DefaultReadAhead; readahead.go).
 	// MaxBackground is the number of asynchronous requests the kernel keeps
 	// in flight (default 64).
 	MaxWrite      int
@@ -84,14 +89,4 @@ type Options struct {
 	// Log receives the overlay's log lines; nil uses logrus' standard
 	// logger.
 	Log *logrus.Entry
-}
-
-func timeout(v, def time.Duration) *time.Duration {
-	switch {
-	case v < 0:
-		v = 0
-	case v == 0:
-		v = def
-	}
-	return &v
 }

@@ -18,6 +18,7 @@ func (n *node) target(ctx context.Context, c Caller) XattrTarget {
 		Name:   n.relPath(),
 		IsRoot: n.isRoot(),
 		IsDir:  st.Mode&unix.S_IFMT == unix.S_IFDIR,
+		Cache:  n.cacheInfo,
 		Open: func(flags int) (int, syscall.Errno) {
 			var st unix.Stat_t
 			if e := n.stat(&st); e != 0 {

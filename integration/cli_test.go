@@ -38,6 +38,7 @@ func TestCLIErrors(t *testing.T) {
 	}{
 		{"bad -o", []string{"-o", "frobnicate", backing, mnt}, "unknown mount option"},
 		{"bad timeout", []string{"-o", "entry_timeout=soon", backing, mnt}, "entry_timeout"},
+		{"bad cache mode", []string{"-o", "cache=sometimes", backing, mnt}, "cache=auto, cache=exclusive or cache=off"},
 		{"bad flag", []string{"--frob", backing, mnt}, "unknown option"},
 		{"bad passthrough", []string{"--passthrough", "maybe", backing, mnt}, "--passthrough"},
 		{"bad vendor", []string{"--vendor", "amd", backing, mnt}, "--vendor"},
@@ -116,7 +117,7 @@ func TestDoctor(t *testing.T) {
 	if err != nil {
 		t.Fatalf("doctor: %v\n%s", err, out)
 	}
-	for _, want := range []string{"/dev/fuse", "FUSE passthrough", "io_uring", "phxfs kernel module", "libcuda", "transport"} {
+	for _, want := range []string{"/dev/fuse", "FUSE passthrough", "fanotify", "cache", "io_uring", "phxfs kernel module", "libcuda", "transport"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}

@@ -331,9 +331,12 @@ func runStress(t *testing.T, writeRoot0, writeRoot1, readRoot string, d time.Dur
 // backing directory natively (to check the harness); through the mount
 // under both passthrough modes with entry_timeout=0 and attr_timeout=0,
 // with one writer on the backing directory and one through the mount; and
-// with the default timeouts, where only writers through the mount keep the
-// kernel's cached attributes exact (a change made on the backing directory
-// may stay invisible for up to the timeouts; see docs/perf-notes.md).
+// with the default caching (cache=auto: hour-long timeouts, kept pages
+// and listings), where writers through the mount keep the kernel's caches
+// exact. (A change made on the backing directory shows within the
+// invalidation's bound, not at once, so a reader there may meanwhile see
+// a size from before it: TestBackingChangesUnderConcurrentReaders checks
+// that case, README "Caching".)
 func TestNamespaceStress(t *testing.T) {
 	requireMountEnv(t)
 	d := stressSeconds(t)

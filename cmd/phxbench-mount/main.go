@@ -1,22 +1,20 @@
 // Command phxbench-mount measures a phxmount mount against its backing
 // directory side by side in one run and prints the ratios (see
-// scripts/bench-mount.sh, which mounts and calls it).
+// scripts/bench-mount.sh, which mounts each configuration and calls it),
+// and combines the raw numbers of several configurations into one table.
 //
-//	phxbench-mount -backing B -mount M [-reps 3] [-size-mb 256] [-files 10000] [-raw FILE]
+//	phxbench-mount -backing B -mount M [-config LABEL] [-passthrough on|off] [-cache auto|exclusive|off]
+//	               [-reps 4] [-size-mb 256] [-files 10000] [-raw FILE]
+//	phxbench-mount -summary RAW.json...
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand"
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
-	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // side is one of the two directories measured.
@@ -25,22 +23,32 @@ type side struct{ name, dir string }
 // row is one benchmark: a measurement per side per repetition.
 type row struct {
 	Name    string               `json:"name"`
-	Unit    string               `json:"unit"`    // "MB/s", "ops/s" (higher is better) or "s" (lower is better)
-	Target  float64              `json:"target"`  // mount/backing ratio the design asks for (0: none)
+	Unit    string               `json:"unit"`    // "MB/s", "ops/s" (higher is better), "s" or "ms" (lower is better)
+	Target  float64              `json:"target"`  // mount/backing ratio the design asks for (0: none); ms for staleness
 	Higher  bool                 `json:"higher"`  // higher values are better
 	Samples map[string][]float64 `json:"samples"` // side -> one value per repetition
 	// Cold rows: side -> pages of the file resident in the guest's page
 	// cache right before each sample (-1: could not be checked).
 	Cold     bool               `json:"cold,omitempty"`
 	Resident map[string][]int64 `json:"resident,omitempty"`
+	// MountOnly rows (staleness) have no backing side: the mount's median
+	// is the figure, compared with Target directly.
+	MountOnly bool `json:"mount_only,omitempty"`
 }
 
+// median of a side's samples (the mean of the middle two for an even
+// count: with the sides alternating which goes first, an even number of
+// repetitions gives each side as many first places, and the slower
+// second places of both count alike).
 func (r *row) median(s string) float64 {
 	v := append([]float64(nil), r.Samples[s]...)
 	if len(v) == 0 {
 		return 0
 	}
 	sort.Float64s(v)
+	if len(v)%2 == 0 {
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
 	return v[len(v)/2]
 }
 
@@ -54,11 +62,20 @@ func (r *row) ratio() float64 {
 	return m / b
 }
 
+// figure is what is compared with the target: the ratio, or the mount's
+// median for a mount-only row.
+func (r *row) figure() float64 {
+	if r.MountOnly {
+		return r.median("mount")
+	}
+	return r.ratio()
+}
+
 func (r *row) ok() string {
 	if r.Target == 0 {
 		return ""
 	}
-	x := r.ratio()
+	x := r.figure()
 	if (r.Higher && x >= r.Target) || (!r.Higher && x <= r.Target) {
 		return "ok"
 	}
@@ -68,77 +85,25 @@ func (r *row) ok() string {
 func (r *row) add(s side, v float64) { r.Samples[s.name] = append(r.Samples[s.name], v) }
 
 var (
-	backing = flag.String("backing", "", "backing directory")
-	mount   = flag.String("mount", "", "the mount of the backing directory")
-	reps    = flag.Int("reps", 3, "repetitions (medians are reported)")
-	sizeMB  = flag.Int("size-mb", 256, "size of the sequential file")
-	nfiles  = flag.Int("files", 10000, "files for the metadata rows")
-	nrand   = flag.Int("rand-ops", 40000, "4 KiB random reads per run")
-	rawOut  = flag.String("raw", "", "write raw numbers (JSON) here")
-	note    = flag.String("note", "", "free text stored with the raw numbers (e.g. passthrough state)")
+	backing     = flag.String("backing", "", "backing directory")
+	mount       = flag.String("mount", "", "the mount of the backing directory")
+	config      = flag.String("config", "", "label of the mount's configuration (the summary's column)")
+	passthrough = flag.String("passthrough", "", "whether the mount's reads and writes use kernel passthrough: on or off (sets the read targets)")
+	cacheMode   = flag.String("cache", "auto", "the mount's -o cache mode (sets the staleness target)")
+	reps        = flag.Int("reps", 4, "repetitions (medians are reported; even: each side goes first as often)")
+	sizeMB      = flag.Int("size-mb", 256, "size of the sequential file")
+	nfiles      = flag.Int("files", 10000, "files for the metadata rows")
+	nrand       = flag.Int("rand-ops", 40000, "4 KiB random reads per hot run")
+	nrandCold   = flag.Int("rand-cold-ops", 2000, "4 KiB random reads per cold run")
+	nstale      = flag.Int("stale-samples", 9, "staleness samples (3 where the mode is not expected to see backing changes quickly)")
+	rawOut      = flag.String("raw", "", "write raw numbers (JSON) here")
+	note        = flag.String("note", "", "free text stored with the raw numbers (e.g. passthrough state)")
+	summary     = flag.Bool("summary", false, "print one table from the raw files named as arguments")
 )
 
 func die(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "phxbench-mount: "+format+"\n", args...)
 	os.Exit(1)
-}
-
-func dropCaches() {
-	unix.Sync()
-	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
-		die("drop caches (needs root): %v", err)
-	}
-}
-
-func readAll(p string, bs int) int64 {
-	f, err := os.Open(p)
-	if err != nil {
-		die("%v", err)
-	}
-	defer f.Close()
-	buf := make([]byte, bs)
-	var n int64
-	for {
-		m, err := f.Read(buf)
-		n += int64(m)
-		if err != nil || m == 0 {
-			return n
-		}
-	}
-}
-
-func mbps(bytes int64, d time.Duration) float64 { return float64(bytes) / 1e6 / d.Seconds() }
-
-// The rows, by index into newRows().
-const (
-	rowCold = iota
-	rowHot
-	rowRand
-	rowWrite
-	rowCreate
-	rowStat
-	rowReaddir
-	rowUnlink
-)
-
-func newRows(vm bool) []*row {
-	rows := []*row{
-		{Name: coldName(vm), Unit: "MB/s", Target: 0.97, Higher: true, Cold: true},
-		{Name: "seq read 1 MiB, page-cache hot", Unit: "MB/s", Target: 0.97, Higher: true},
-		{Name: "rand read 4 KiB, hot", Unit: "ops/s", Target: 0.95, Higher: true},
-		{Name: "seq write 1 MiB + fsync", Unit: "MB/s", Target: 0, Higher: true},
-		{Name: fmt.Sprintf("create %d files", *nfiles), Unit: "s", Target: 3, Higher: false},
-		{Name: fmt.Sprintf("stat %d files", *nfiles), Unit: "s", Target: 1.5, Higher: false},
-		{Name: fmt.Sprintf("readdir %d files", *nfiles), Unit: "s", Target: 2, Higher: false},
-		{Name: fmt.Sprintf("unlink %d files", *nfiles), Unit: "s", Target: 3, Higher: false},
-	}
-	for _, r := range rows {
-		r.Samples = map[string][]float64{}
-		if r.Cold {
-			r.Resident = map[string][]int64{}
-		}
-	}
-	return rows
 }
 
 // writeSeqFile writes the sequential file once, on the backing side.
@@ -160,6 +125,10 @@ func writeSeqFile(p string, size int64) {
 
 func main() {
 	flag.Parse()
+	if *summary {
+		printSummary(flag.Args())
+		return
+	}
 	if *backing == "" || *mount == "" {
 		die("need -backing and -mount")
 	}
@@ -180,7 +149,7 @@ func main() {
 
 	cpuinfo, _ := os.ReadFile("/proc/cpuinfo")
 	vm := underVM(string(cpuinfo))
-	rows := newRows(vm)
+	rows := newRows(vm, *passthrough == "on", *cacheMode)
 	wbuf := make([]byte, 1<<20)
 	rand.New(rand.NewSource(2)).Read(wbuf)
 	for rep := 0; rep < *reps; rep++ {
@@ -189,6 +158,10 @@ func main() {
 		if rep%2 == 1 {
 			order = []side{sides[1], sides[0]}
 		}
+		// The first cold read after the metadata and write rows is slow
+		// whichever side makes it (the host is still writing back); an
+		// unmeasured one takes that, so neither side does.
+		settleCold(coldPaths)
 		for _, s := range order {
 			dataRows(rows, s, rep, filepath.Join(s.dir, seq), coldPaths, size, wbuf)
 		}
@@ -196,162 +169,10 @@ func main() {
 			metaRows(rows, s, filepath.Join(s.dir, work, "many-"+s.name))
 		}
 	}
+	staleRow(rows[rowStale], filepath.Join(*backing, work), filepath.Join(*mount, work))
 	// The control protocol's rows (ioctl read through the mount against
 	// phxfs called directly) are cmd/phxbench-ioctl's table, which
 	// scripts/bench-mount.sh prints after this one against the same mount.
 	printTable(rows, vm)
 	writeRaw(rows)
-}
-
-// dataRows measures the read and write rows on one side.
-func dataRows(rows []*row, s side, rep int, p string, coldPaths []string, size int64, wbuf []byte) {
-	if err := primeHost(coldPaths[0]); err != nil {
-		die("read %s with O_DIRECT: %v", coldPaths[0], err)
-	}
-	rows[rowCold].Resident[s.name] = append(rows[rowCold].Resident[s.name], dropCold(coldPaths))
-	t0 := time.Now()
-	n := readAll(p, 1<<20)
-	rows[rowCold].add(s, mbps(n, time.Since(t0)))
-	t0 = time.Now()
-	n = readAll(p, 1<<20)
-	rows[rowHot].add(s, mbps(n, time.Since(t0)))
-	rows[rowRand].add(s, randReads(p, size, int64(rep)))
-
-	wp := filepath.Join(filepath.Dir(p), "w-"+s.name)
-	t0 = time.Now()
-	w, err := os.Create(wp)
-	if err != nil {
-		die("%v", err)
-	}
-	for i := int64(0); i < size>>20; i++ {
-		if _, err := w.Write(wbuf); err != nil {
-			die("write: %v", err)
-		}
-	}
-	w.Sync()
-	w.Close()
-	rows[rowWrite].add(s, mbps(size, time.Since(t0)))
-	os.Remove(wp)
-}
-
-// randReads times 4 KiB preads at random offsets of a hot file (ops/s).
-func randReads(p string, size, seed int64) float64 {
-	f, err := os.Open(p)
-	if err != nil {
-		die("%v", err)
-	}
-	defer f.Close()
-	rng := rand.New(rand.NewSource(seed))
-	buf := make([]byte, 4096)
-	blocks := size / 4096
-	for i := 0; i < *nrand/8; i++ { // warm-up, not measured
-		unix.Pread(int(f.Fd()), buf, rng.Int63n(blocks)*4096)
-	}
-	t0 := time.Now()
-	for i := 0; i < *nrand; i++ {
-		if _, err := unix.Pread(int(f.Fd()), buf, rng.Int63n(blocks)*4096); err != nil {
-			die("pread: %v", err)
-		}
-	}
-	return float64(*nrand) / time.Since(t0).Seconds()
-}
-
-// metaRows times create, stat, readdir and unlink of many files in d.
-func metaRows(rows []*row, s side, d string) {
-	os.Mkdir(d, 0755)
-	names := make([]string, *nfiles)
-	for i := range names {
-		names[i] = filepath.Join(d, "f"+strconv.Itoa(i))
-	}
-	timed := func(i int, fn func()) {
-		t0 := time.Now()
-		fn()
-		rows[i].add(s, time.Since(t0).Seconds())
-	}
-	timed(rowCreate, func() {
-		for _, nm := range names {
-			fd, err := unix.Open(nm, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0644)
-			if err != nil {
-				die("create: %v", err)
-			}
-			unix.Close(fd)
-		}
-	})
-	timed(rowStat, func() {
-		var st unix.Stat_t
-		for _, nm := range names {
-			if err := unix.Lstat(nm, &st); err != nil {
-				die("stat: %v", err)
-			}
-		}
-	})
-	timed(rowReaddir, func() {
-		df, err := os.Open(d)
-		if err != nil {
-			die("%v", err)
-		}
-		got, err := df.Readdirnames(-1)
-		df.Close()
-		if err != nil || len(got) != *nfiles {
-			die("readdir: %d names, %v", len(got), err)
-		}
-	})
-	timed(rowUnlink, func() {
-		for _, nm := range names {
-			if err := unix.Unlink(nm); err != nil {
-				die("unlink: %v", err)
-			}
-		}
-	})
-	os.Remove(d)
-}
-
-func printTable(rows []*row, vm bool) {
-	fmt.Printf("%-38s %12s %12s %8s %8s %s\n", "benchmark (median of "+strconv.Itoa(*reps)+")", "backing", "mount", "ratio", "target", "")
-	for _, r := range rows {
-		fmt.Println(formatRow(r))
-	}
-	fmt.Println("ratio: mount/backing; for rates higher is better, for times (s) lower is better")
-	fmt.Println(hostCacheNote(vm))
-}
-
-// formatRow is one line of the table; a cold row whose samples were not
-// all cold on both sides shows why instead of a ratio.
-func formatRow(r *row) string {
-	b, m := fmtv(r.median("backing"), r.Unit), fmtv(r.median("mount"), r.Unit)
-	if r.Cold {
-		if cold, why := r.coldVerdict(); !cold {
-			return fmt.Sprintf("%-38s %12s %12s  %s", r.Name, b, m, why)
-		}
-	}
-	tgt := ""
-	if r.Target != 0 {
-		if r.Higher {
-			tgt = fmt.Sprintf(">=%.2f", r.Target)
-		} else {
-			tgt = fmt.Sprintf("<=%.1f", r.Target)
-		}
-	}
-	return fmt.Sprintf("%-38s %12s %12s %7.3fx %8s %s", r.Name, b, m, r.ratio(), tgt, r.ok())
-}
-
-func writeRaw(rows []*row) {
-	if *rawOut == "" {
-		return
-	}
-	b, _ := json.MarshalIndent(map[string]any{"time": time.Now().Format(time.RFC3339), "note": *note, "rows": rows}, "", "  ")
-	if err := os.WriteFile(*rawOut, b, 0644); err != nil {
-		die("%v", err)
-	}
-	fmt.Printf("raw numbers: %s\n", *rawOut)
-}
-
-func fmtv(v float64, unit string) string {
-	switch unit {
-	case "s":
-		return fmt.Sprintf("%.3f s", v)
-	case "ops/s":
-		return fmt.Sprintf("%.0f/s", v)
-	}
-	return fmt.Sprintf("%.0f MB/s", v)
 }

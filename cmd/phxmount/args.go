@@ -38,11 +38,12 @@ type config struct {
 }
 
 const usage = `usage: phxmount [options] BACKING MOUNTPOINT
-       phxmount doctor
+       phxmount doctor [-o cache=MODE] [BACKING]
        phxmount wait [--timeout SECONDS] MOUNTPOINT
 
 Mounts an overlay of the directory BACKING on MOUNTPOINT and serves it in
-the foreground until SIGINT or SIGTERM (or an unmount). "wait" returns
+the foreground until SIGINT or SIGTERM (or an unmount). "doctor" reports
+what this machine offers, and how a mount of BACKING would cache. "wait" returns
 once MOUNTPOINT is a phxmount mount that serves requests (exit 1 when it
 is not by the timeout, default 30 s): start phxmount in the background,
 then wait for it.
@@ -50,9 +51,16 @@ then wait for it.
   -o OPT[,OPT...]       FUSE mount options:
                           ro, rw, allow_other, default_permissions (on by
                           default), nodefault_permissions (dangerous: a root
-                          daemon then checks nothing), entry_timeout=S,
-                          attr_timeout=S, negative_timeout=S (seconds; default
-                          1, 1, 0), max_write=N, max_readahead=N,
+                          daemon then checks nothing),
+                          cache=auto|exclusive|off (default auto: local file
+                          systems watched with fanotify and cached long,
+                          network ones revalidated with 1 s timeouts;
+                          exclusive: only this mount changes BACKING, cached
+                          longest; off: 1 s timeouts, nothing kept),
+                          entry_timeout=S, attr_timeout=S, negative_timeout=S
+                          (seconds; override the cache mode's on every file
+                          system), max_write=N, max_readahead=N (bytes of
+                          readahead, default 4 MiB),
                           max_background=N, fsname=NAME, dev, nodev, suid,
                           nosuid, exec, noexec, atime, noatime, debug;
                         registration limits: max_buffers_per_process=N
@@ -232,6 +240,14 @@ var mountTable = map[string]mountOpt{
 	"max_registered_bytes": {true, func(c *config, opt, v string) (err error) {
 		c.limits.bytes, err = byteSize(opt, v)
 		return err
+	}},
+	"cache": {true, func(c *config, opt, v string) error {
+		m, ok := fusefs.ParseCacheMode(v)
+		if !ok {
+			return badf("-o %s: want cache=auto, cache=exclusive or cache=off", opt)
+		}
+		c.fs.Cache = m
+		return nil
 	}},
 	"fsname": {true, func(c *config, opt, v string) error {
 		if v == "" || strings.ContainsAny(v, ", ") {

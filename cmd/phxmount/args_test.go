@@ -1,8 +1,14 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"phxmount/fusefs"
 )
 
 // TestEmuFlags: --emu-staged and --emu-devices configure the emulated
@@ -81,5 +87,45 @@ func TestBadEnvironmentIsAUsageError(t *testing.T) {
 				t.Errorf("exit status %d, want 2", code)
 			}
 		})
+	}
+}
+
+// TestCacheOption: -o cache= takes auto, exclusive or off (auto when not
+// given); anything else is a usage error. The timeouts stay overrides.
+func TestCacheOption(t *testing.T) {
+	c, err := parseArgs([]string{"b", "m"})
+	if err != nil || c.fs.Cache != fusefs.CacheAuto {
+		t.Fatalf("default: %v, %v", c.fs.Cache, err)
+	}
+	for v, want := range map[string]fusefs.CacheMode{"auto": fusefs.CacheAuto, "exclusive": fusefs.CacheExclusive, "off": fusefs.CacheOff} {
+		c, err := parseArgs([]string{"-o", "cache=" + v + ",entry_timeout=2", "b", "m"})
+		if err != nil || c.fs.Cache != want || c.fs.EntryTimeout != 2*time.Second {
+			t.Errorf("-o cache=%s: %v, entry %v, %v", v, c.fs.Cache, c.fs.EntryTimeout, err)
+		}
+	}
+	for _, bad := range []string{"cache", "cache=", "cache=on", "cache=AUTO"} {
+		var ue *usageError
+		if _, err := parseArgs([]string{"-o", bad, "b", "m"}); !errors.As(err, &ue) {
+			t.Errorf("-o %s: %v, want a usage error", bad, err)
+		}
+	}
+}
+
+// TestDoctorArgs: doctor takes -o cache=MODE and one directory.
+func TestDoctorArgs(t *testing.T) {
+	mode, dir, err := doctorArgs([]string{"-o", "cache=exclusive", "/data"})
+	if err != nil || mode != fusefs.CacheExclusive || dir != "/data" {
+		t.Errorf("doctorArgs = %v, %q, %v", mode, dir, err)
+	}
+	if mode, dir, err := doctorArgs(nil); err != nil || mode != fusefs.CacheAuto || dir != "" {
+		t.Errorf("doctorArgs() = %v, %q, %v", mode, dir, err)
+	}
+	for _, bad := range [][]string{{"a", "b"}, {"-x"}, {"-o", "ro"}, {"-o", "cache=sometimes"}, {"-o"}} {
+		if _, _, err := doctorArgs(bad); err == nil {
+			t.Errorf("doctorArgs(%q) accepted", bad)
+		}
+	}
+	if code := doctor(newLogger(logrus.PanicLevel), []string{"-o", "cache=bogus"}); code != 2 {
+		t.Errorf("doctor with a bad option: exit %d, want 2", code)
 	}
 }

@@ -45,13 +45,15 @@ func (f finding) String() string {
 // user can see (the passthrough probe mounts a throwaway overlay of an
 // empty temporary directory and unmounts it).
 func doctor(log *logrus.Entry, args []string) int {
-	if len(args) > 0 {
-		return fail(2, "doctor takes no arguments")
+	mode, dir, err := doctorArgs(args)
+	if err != nil {
+		return fail(2, "%v", err)
 	}
 	fuse := checkFuse()
 	var all []finding
 	all = append(all, fuse)
 	all = append(all, checkPassthrough(log, fuse.OK)...)
+	all = append(all, checkCache(mode, dir)...)
 	all = append(all, checkIOUring(), checkCachestat(), checkEnvironment())
 	mod, modOK := checkModule()
 	cuda, gpus := checkCUDA()

@@ -76,19 +76,7 @@ func run(args []string) int {
 	if err != nil {
 		return fail(1, "%v", err)
 	}
-	active, why := fsys.PassthroughActive()
-	pt := "inactive"
-	if active {
-		pt = "active"
-	}
-	log.WithFields(logrus.Fields{
-		"backing":     fsys.Backing(),
-		"mountpoint":  c.mountpoint,
-		"passthrough": pt,
-		"ro":          c.fs.ReadOnly,
-		"allow_other": c.fs.AllowOther,
-		"control":     ctl != nil,
-	}).Infof("mounted; passthrough %s: %s", pt, why)
+	logMounted(log, c, fsys, ctl != nil)
 	// The control exists before the overlay: tell it how to report the
 	// overlay's passthrough state (INFO and user.phx.info). From here on
 	// the mount answers as ready (phxmount wait), after the line above.
@@ -118,6 +106,26 @@ func run(args []string) int {
 		log.Infof("%s was unmounted", c.mountpoint)
 	}
 	return 0
+}
+
+// logMounted says what was mounted, with passthrough and caching, in the
+// line the tests and scripts/bench-mount.sh look for.
+func logMounted(log *logrus.Entry, c *config, fsys *fusefs.FS, control bool) {
+	active, why := fsys.PassthroughActive()
+	pt := "inactive"
+	if active {
+		pt = "active"
+	}
+	ci := fsys.RootCache()
+	log.WithFields(logrus.Fields{
+		"backing":     fsys.Backing(),
+		"mountpoint":  c.mountpoint,
+		"passthrough": pt,
+		"cache":       ci.Class,
+		"ro":          c.fs.ReadOnly,
+		"allow_other": c.fs.AllowOther,
+		"control":     control,
+	}).Infof("mounted; passthrough %s: %s; cache=%s on %s: %s", pt, why, c.fs.Cache, ci.FsType, ci.Describe)
 }
 
 // checkEnv refuses bad tuning variables before anything is mounted: they

@@ -5,7 +5,8 @@
 # Debian bookworm's cloud kernel, boots that kernel under TCG with an
 # emulated NVMe disk and an ivshmem-plain device whose BAR stands in for GPU
 # memory, runs module/test/steps/*.sh inside (Go tests, O_DIRECT/io_uring
-# reads from NVMe into device pages, rmmod), then checks FROM THE HOST that
+# reads from NVMe into device pages, phxmount over the disk and over an NFS
+# export of it served by the VM's own nfsd, rmmod), then checks FROM THE HOST that
 # the bytes landed in the BAR's backing file under /dev/shm.
 #
 # Works from a fresh Debian 12 machine as root: installs what it needs.
@@ -69,9 +70,13 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 command -v go >/dev/null || fail "go not found in PATH"
 
-# --- the kernel: ./boot and fuse.ko out of linux-image-$KVER --------------
+# --- the kernel: ./boot, fuse.ko and the NFS modules out of linux-image-$KVER
+# (NFS client and server are modules there: 80-nfs.sh runs nfsd and mounts
+# its export in the VM)
 KERNEL=$WORK/kernel/$KVER
-if [ ! -f "$KERNEL/vmlinuz" ] || [ ! -f "$KERNEL/fuse.ko" ]; then
+NFS_MODS="net/sunrpc/sunrpc fs/nfs_common/grace fs/lockd/lockd fs/nfs_common/nfs_acl net/sunrpc/auth_gss/auth_rpcgss
+	fs/nfsd/nfsd fs/netfs/netfs fs/fscache/fscache fs/nfs/nfs net/dns_resolver/dns_resolver fs/nfs/nfsv4"
+if [ ! -f "$KERNEL/vmlinuz" ] || [ ! -f "$KERNEL/fuse.ko" ] || [ ! -f "$KERNEL/nfs/nfsv4.ko" ]; then
 	mkdir -p "$WORK/debs" "$KERNEL"
 	if ! ls "$WORK/debs/linux-image-${KVER}_"*.deb >/dev/null 2>&1; then
 		apt_update
@@ -82,14 +87,22 @@ if [ ! -f "$KERNEL/vmlinuz" ] || [ ! -f "$KERNEL/fuse.ko" ]; then
 	deb=$(ls "$WORK/debs/linux-image-${KVER}_"*.deb | head -n1)
 	tmp=$WORK/kernel/extract
 	rm -rf "$tmp" && mkdir -p "$tmp"
-	dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards ./boot "./lib/modules/$KVER/kernel/fs/fuse/fuse.ko*"
+	globs=(./boot "./lib/modules/$KVER/kernel/fs/fuse/fuse.ko*")
+	for m in $NFS_MODS; do globs+=("./lib/modules/$KVER/kernel/$m.ko*"); done
+	dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards "${globs[@]}"
 	cp "$tmp/boot/vmlinuz-$KVER" "$KERNEL/vmlinuz"
-	fuse=$(ls "$tmp/lib/modules/$KVER/kernel/fs/fuse/"fuse.ko* | head -n1)
-	case "$fuse" in
-	*.xz) xz -dc "$fuse" >"$KERNEL/fuse.ko" ;;
-	*.zst) zstd -qdc "$fuse" >"$KERNEL/fuse.ko" ;;
-	*) cp "$fuse" "$KERNEL/fuse.ko" ;;
-	esac
+	unpack_ko() { # path-without-.ko destination
+		local ko
+		ko=$(ls "$tmp/lib/modules/$KVER/kernel/$1".ko* | head -n1)
+		case "$ko" in
+		*.xz) xz -dc "$ko" >"$2" ;;
+		*.zst) zstd -qdc "$ko" >"$2" ;;
+		*) cp "$ko" "$2" ;;
+		esac
+	}
+	unpack_ko fs/fuse/fuse "$KERNEL/fuse.ko"
+	mkdir -p "$KERNEL/nfs"
+	for m in $NFS_MODS; do unpack_ko "$m" "$KERNEL/nfs/$(basename "$m").ko"; done
 	rm -rf "$tmp"
 fi
 
@@ -156,6 +169,9 @@ export CGO_ENABLED=0
 # the application side of step 70-phxmount (ioctls through the mount)
 (cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/vmclient" ./module/test/vmclient) ||
 	fail "go build ./module/test/vmclient"
+# the NFS step's helper (mount(2) of NFSv4, user.phx.info, the staleness rule)
+(cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/vmnfs" ./module/test/vmnfs) ||
+	fail "go build ./module/test/vmnfs"
 # phxmount itself, for the steps that mount inside the VM
 if [ -d "$ROOT/cmd/phxmount" ]; then
 	(cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/phxmount" ./cmd/phxmount) ||
@@ -200,6 +216,7 @@ fi
 # --- the initramfs ----------------------------------------------------------
 cp "$(command -v busybox)" "$ROOTFS/bin/busybox"
 cp "$BUILD/emu/phxfs.ko" "$KERNEL/fuse.ko" "$ROOTFS/lib/modules/"
+cp -r "$KERNEL/nfs" "$ROOTFS/lib/modules/nfs"
 cp "$TEST"/steps/*.sh "$ROOTFS/steps/"
 cp "$TEST/init" "$ROOTFS/init"
 chmod +x "$ROOTFS/init" "$ROOTFS"/steps/*.sh

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"phxmount/fusefs"
+)
+
+// doctorArgs parses `doctor [-o cache=MODE] [BACKING]`: the cache mode and
+// the directory whose caching doctor reports (default ".").
+func doctorArgs(args []string) (fusefs.CacheMode, string, error) {
+	mode, dir := fusefs.CacheAuto, ""
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-o" && i+1 < len(args):
+			i++
+			v, ok := strings.CutPrefix(args[i], "cache=")
+			m, good := fusefs.ParseCacheMode(v)
+			if !ok || !good {
+				return mode, "", badf("doctor: -o %s: want cache=auto, cache=exclusive or cache=off", args[i])
+			}
+			mode = m
+		case strings.HasPrefix(a, "-"):
+			return mode, "", badf("doctor: unknown option %s (usage: phxmount doctor [-o cache=MODE] [BACKING])", a)
+		case dir != "":
+			return mode, "", badf("doctor: one BACKING directory at most")
+		default:
+			dir = a
+		}
+	}
+	return mode, dir, nil
+}
+
+// checkCache reports whether fanotify can watch, and how a mount of dir
+// (the current directory when none is named) would cache in mode.
+func checkCache(mode fusefs.CacheMode, dir string) []finding {
+	what := dir
+	if dir == "" {
+		dir, what = ".", "the current directory"
+	}
+	ci, err := fusefs.ProbeCache(dir, mode)
+	if err != nil {
+		return []finding{{What: "cache", Detail: err.Error()}}
+	}
+	fan := finding{What: "fanotify", OK: ci.Watch.Active,
+		Detail: "FAN_REPORT_DFID_NAME and filesystem marks: cache=auto watches local file systems and caches long"}
+	switch {
+	case mode != fusefs.CacheAuto:
+		fan.OK, fan.Detail = true, fmt.Sprintf("not used with -o cache=%s", mode)
+	case !ci.Watch.Active:
+		fan.Detail = ci.Watch.Why + ": cache=auto revalidates every file system with short timeouts"
+	}
+	note := finding{What: "cache", Note: true,
+		Detail: fmt.Sprintf("-o cache=%s on %s (%s): %s; %s", mode, what, ci.FsType, ci.Describe, ci.Why)}
+	return []finding{fan, note}
+}

@@ -1,0 +1,131 @@
+package integration
+
+// The cache modes as a user sees them: reported by INFO (the cache field
+// and the network flag) and user.phx.info, the classic path's kept pages
+// and readahead, and a backing directory on a file system other machines
+// share (here another FUSE mount, which cache=auto treats like NFS).
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"phxmount/client"
+)
+
+// cacheModes: each -o cache mode, the class INFO reports for a local
+// backing directory, and its entry timeout in user.phx.info.
+var cacheModes = []struct {
+	mode  string
+	class client.CacheClass
+	entry string
+}{
+	{"auto", client.CacheWatch, "3600"},
+	{"exclusive", client.CacheExclusive, "86400"},
+	{"off", client.CacheOff, "1"},
+}
+
+// TestCacheModesReported: each -o cache mode on a local backing
+// directory is reported by INFO on a file (cache field, no network flag)
+// and by user.phx.info, with its timeouts.
+func TestCacheModesReported(t *testing.T) {
+	for _, tc := range cacheModes {
+		t.Run(tc.mode, func(t *testing.T) {
+			d := startDaemon(t, withArgs("-o", "cache="+tc.mode))
+			must(t, os.WriteFile(filepath.Join(d.Backing, "f"), []byte("x"), 0644))
+			info, err := openClient(t, filepath.Join(d.Mnt, "f"), unix.O_RDONLY).Info()
+			if err != nil || info.Cache != tc.class || info.NetworkBacking() {
+				t.Errorf("INFO: cache %s, network %v, %v; want %s, false", info.Cache, info.NetworkBacking(), err, tc.class)
+			}
+			m := phxInfo(t, filepath.Join(d.Mnt, "f"))
+			if m["cache"] != tc.class.String() || m["cache_mode"] != tc.mode || m["cache_network"] != "false" ||
+				m["entry_timeout"] != tc.entry || m["cache_fs"] == "" || m["cache_why"] == "" {
+				t.Errorf("user.phx.info: cache=%q cache_mode=%q cache_network=%q entry_timeout=%q cache_fs=%q cache_why=%q",
+					m["cache"], m["cache_mode"], m["cache_network"], m["entry_timeout"], m["cache_fs"], m["cache_why"])
+			}
+			if want := map[string]string{"auto": "active", "exclusive": "off", "off": "off"}[tc.mode]; m["watch"] != want {
+				t.Errorf("user.phx.info watch=%q, want %q", m["watch"], want)
+			}
+			if !strings.Contains(d.Stderr(), "cache="+tc.mode+" on ") {
+				t.Errorf("the log does not say cache=%s:\n%s", tc.mode, d.Stderr())
+			}
+		})
+	}
+}
+
+// residentPages counts the pages of an open file in its page cache.
+func residentPages(t *testing.T, f *os.File) uint64 {
+	t.Helper()
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
+		t.Fatalf("cachestat: %v", err)
+	}
+	return cs.Cache
+}
+
+// TestClassicPathKeepsPages: on the classic path, cache=auto opens files
+// with FOPEN_KEEP_CACHE while the backing file is unchanged, so what one
+// open read stays cached for the next; cache=off drops it at every open
+// (as before there were cache modes). The mount's readahead is 4 MiB.
+func TestClassicPathKeepsPages(t *testing.T) {
+	for mode, keep := range map[string]bool{"auto": true, "off": false} {
+		t.Run(mode, func(t *testing.T) {
+			// Written before the mount: an event of the write, arriving
+			// after the first read, would rightly drop what it cached.
+			backing := t.TempDir()
+			os.Chmod(backing, 0755)
+			data := pattern(1<<20, 3)
+			must(t, os.WriteFile(filepath.Join(backing, "f"), data, 0644))
+			d := startDaemon(t, withBacking(backing), withArgs("--passthrough", "off", "-o", "cache="+mode))
+			p := filepath.Join(d.Mnt, "f")
+			mustEqualFile(t, p, data)
+			f, err := os.Open(p)
+			must(t, err)
+			defer f.Close()
+			if n := residentPages(t, f); (n == 256) != keep {
+				t.Errorf("cache=%s: %d of 256 pages cached after a reopen", mode, n)
+			}
+			st := statOf(t, d.Mnt)
+			ra, err := os.ReadFile(fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev)))
+			if kb, _ := strconv.Atoi(strings.TrimSpace(string(ra))); err != nil || kb != 4096 {
+				t.Errorf("the mount's read_ahead_kb is %q (%v), want 4096", ra, err)
+			}
+		})
+	}
+}
+
+// TestNetworkBackingRevalidates: a backing directory on a file system that
+// other machines may change (another FUSE mount here, as NFS, CephFS or
+// Lustre would be) gets cache=revalidate: said in the log, INFO and
+// user.phx.info; and a change made under that file system shows through
+// the mount within twice the 1 s timeout (the README's bound).
+func TestNetworkBackingRevalidates(t *testing.T) {
+	lower := startDaemon(t, withArgs("-o", "allow_other"))
+	d := startDaemon(t, withBacking(lower.Mnt))
+	if !strings.Contains(d.Stderr(), "fuse is shared with other machines") {
+		t.Errorf("the log does not say the backing is shared:\n%s", d.Stderr())
+	}
+	server, mnt := lower.Backing, d.Mnt
+	must(t, os.WriteFile(filepath.Join(server, "f"), []byte("one"), 0644))
+	info, err := openClient(t, filepath.Join(mnt, "f"), unix.O_RDONLY).Info()
+	if err != nil || info.Cache != client.CacheRevalidate || !info.NetworkBacking() {
+		t.Errorf("INFO: cache %s, network %v, %v; want revalidate, true", info.Cache, info.NetworkBacking(), err)
+	}
+	if m := phxInfo(t, filepath.Join(mnt, "f")); m["cache"] != "revalidate" || m["cache_fs"] != "fuse" || m["cache_network"] != "true" || m["entry_timeout"] != "1" {
+		t.Errorf("user.phx.info: cache=%q cache_fs=%q cache_network=%q entry_timeout=%q", m["cache"], m["cache_fs"], m["cache_network"], m["entry_timeout"])
+	}
+	for _, c := range backingChanges(t) {
+		t.Run(strings.ReplaceAll(c.name, " ", "-"), func(t *testing.T) {
+			bd, md := c.prepare(t, server, mnt)
+			c.change(bd)
+			for _, n := range c.names {
+				networkEventually(t, c.name+" "+n, func() string { return sameAsBacking(bd, md, n) })
+			}
+		})
+	}
+}
