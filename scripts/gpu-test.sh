@@ -123,11 +123,8 @@ mount_phx() {
 	unmount
 	"$CARRY/phxmount" --vendor nvidia "$@" "$WORK/backing" "$MNT" >>"$RAW/phxmount.log" 2>&1 &
 	DAEMON=$!
-	for _ in $(seq 100); do
-		mountpoint -q "$MNT" && grep -q "mounted;" "$RAW/phxmount.log" && return 0
-		kill -0 "$DAEMON" 2>/dev/null || break
-		sleep 0.1
-	done
+	# phxmount wait: the one readiness check (the INFO ioctl answers).
+	"$CARRY/phxmount" wait --timeout 10 "$MNT" >>"$RAW/phxmount.log" 2>&1 && return 0
 	fail "phxmount --vendor nvidia did not mount (see phxmount.log)"
 	tail -5 "$RAW/phxmount.log" | tee -a "$LOG"
 	return 1
