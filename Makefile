@@ -2,9 +2,19 @@
 # and go vet work too: giouring's go:linkname is patched out in
 # third_party/giouring (third_party/README.md).
 GO       ?= go
-GOBUILD  := CGO_ENABLED=0 $(GO) build
-GOTEST   := CGO_ENABLED=1 $(GO) test
 BIN      := bin
+
+# What --version prints (internal/buildinfo), stamped into every binary:
+# the tag when HEAD has one (vX.Y.Z), else the version python/pyproject.toml
+# says with -dev; the commit and its time. Outside a git checkout: unknown.
+BASEVERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' python/pyproject.toml)
+VERSION     ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || echo v$(BASEVERSION)-dev)
+COMMIT      ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+DATE        ?= $(shell git log -1 --format=%cI 2>/dev/null)
+MODULE      := $(shell $(GO) list -m 2>/dev/null)
+LDFLAGS     := -X $(MODULE)/internal/buildinfo.Version=$(VERSION) -X $(MODULE)/internal/buildinfo.Commit=$(COMMIT) -X $(MODULE)/internal/buildinfo.Date=$(DATE)
+GOBUILD  := CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)'
+GOTEST   := CGO_ENABLED=1 $(GO) test
 
 # Every tier's run goes through bin/testsummary (internal/testsummary): it
 # prints the usual progress, then the tier's skipped tests with their
@@ -18,13 +28,49 @@ TS          := $(BIN)/testsummary
 SKIPS       := $(BIN)/test-skips
 STRICT      ?=
 
-.PHONY: all build deps testsummary vet unit integration python-test test stress module-test demo bench-engine bench-mount gpu-build gpu-test fuzz clean
+.PHONY: all build install acceptance deps testsummary vet unit integration python-test test stress module-test demo bench-engine bench-mount gpu-build gpu-test fuzz clean
 
 all: build
 
 build:
 	mkdir -p $(BIN)
 	$(GOBUILD) -o $(BIN)/ ./cmd/...
+
+# make install [PREFIX=/usr/local] [DESTDIR=...]: the daemon, the mount
+# helper, the systemd units, the udev rule and sysusers group, the kernel
+# module's source as a DKMS package, and the docs (docs/install.md). The
+# benchmark and demo commands in bin/ are not installed. mount(8) looks for
+# helpers in /sbin only, so MOUNTHELPERDIR does not follow PREFIX; systemd
+# and udev also read PREFIX's lib/ when PREFIX is /usr/local.
+PREFIX         ?= /usr/local
+BINDIR         ?= $(PREFIX)/bin
+DOCDIR         ?= $(PREFIX)/share/doc/phxmount
+MOUNTHELPERDIR ?= /sbin
+UNITDIR        ?= $(PREFIX)/lib/systemd/system
+UDEVRULESDIR   ?= $(PREFIX)/lib/udev/rules.d
+SYSUSERSDIR    ?= $(PREFIX)/lib/sysusers.d
+DKMSDIR        ?= /usr/src/phxfs-$(BASEVERSION)
+MODULE_SRC     := Makefile LICENSE $(patsubst module/%,%,$(wildcard module/*.[ch] module/include/*.h module/include/uapi/*.h))
+
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MOUNTHELPERDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(UDEVRULESDIR) \
+		$(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(DKMSDIR)
+	install -m 0755 $(BIN)/phxmount $(DESTDIR)$(BINDIR)/phxmount
+	ln -sfn $(BINDIR)/phxmount $(DESTDIR)$(MOUNTHELPERDIR)/mount.fuse.phxmount
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' packaging/systemd/phxmount@.service.in \
+		>$(DESTDIR)$(UNITDIR)/phxmount@.service
+	install -m 0644 packaging/udev/70-phxfs.rules $(DESTDIR)$(UDEVRULESDIR)/
+	install -m 0644 packaging/sysusers/phxmount.conf $(DESTDIR)$(SYSUSERSDIR)/
+	install -m 0644 packaging/systemd/phxmount.conf.example packaging/systemd/models.mount.example $(DESTDIR)$(DOCDIR)/examples/
+	install -m 0644 README.md LICENSE NOTICE docs/*.md $(DESTDIR)$(DOCDIR)/
+	cd module && for f in $(MODULE_SRC); do install -D -m 0644 $$f $(DESTDIR)$(DKMSDIR)/$$f; done
+	sed 's|@VERSION@|$(BASEVERSION)|g' packaging/dkms/dkms.conf.in >$(DESTDIR)$(DKMSDIR)/dkms.conf
+	@echo "installed phxmount $(VERSION) under $(DESTDIR)$(PREFIX) (helper $(DESTDIR)$(MOUNTHELPERDIR)/mount.fuse.phxmount, DKMS source $(DESTDIR)$(DKMSDIR))"
+
+# The install and operation acceptance test (.ci/run runs it after make
+# test): scripts/acceptance.sh.
+acceptance:
+	bash scripts/acceptance.sh
 
 # The Debian packages the tests and the demo use (idempotent; quick when
 # they are there).

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/pciaddr"
+	"github.com/phxmount/phxmount/internal/pciaddr"
 )
 
 // File is an open file on a phxmount mount. Every command can be sent on

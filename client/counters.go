@@ -93,11 +93,44 @@ func (c *Counters) Each(fn func(name string, v uint64)) {
 	}
 }
 
+// Set sets the counter named name (its user.phx.info name); false when no
+// counter has that name.
+func (c *Counters) Set(name string, v uint64) bool {
+	for _, e := range counterTable {
+		if e.name == name {
+			*e.field(c) = v
+			return true
+		}
+	}
+	return false
+}
+
 // CounterNames lists the counters' user.phx.info names in wire order.
 func CounterNames() []string {
 	out := make([]string, numCounters)
 	for i, e := range counterTable {
 		out[i] = e.name
+	}
+	return out
+}
+
+// gauges are the counters that say how many things there are now; every
+// other counter only grows (a total of events since mount).
+var gauges = map[string]bool{"buffers_live": true}
+
+// CounterDesc describes one counter to an exporter (the daemon's metrics
+// endpoint): its user.phx.info name, what it counts, and whether it is a
+// gauge rather than a growing total.
+type CounterDesc struct {
+	Name, Doc string
+	Gauge     bool
+}
+
+// CounterDescs describes the counters in wire order.
+func CounterDescs() []CounterDesc {
+	out := make([]CounterDesc, numCounters)
+	for i, e := range counterTable {
+		out[i] = CounterDesc{Name: e.name, Doc: e.doc, Gauge: gauges[e.name]}
 	}
 	return out
 }

@@ -60,3 +60,24 @@ func TestCounterNames(t *testing.T) {
 		t.Errorf("Each walked %d of %d counters", i, numCounters)
 	}
 }
+
+// TestCounterDescs: every gauge names a counter, and the descriptions
+// follow the table.
+func TestCounterDescs(t *testing.T) {
+	names := map[string]bool{}
+	for i, d := range CounterDescs() {
+		names[d.Name] = true
+		if d.Name != CounterNames()[i] || d.Doc == "" || d.Gauge != gauges[d.Name] {
+			t.Errorf("counter %d: %+v", i, d)
+		}
+	}
+	var c Counters
+	if !c.Set("ioctl_calls", 7) || c.IoctlCalls != 7 || c.Set("no_such_counter", 1) {
+		t.Errorf("Set: %+v", c)
+	}
+	for g := range gauges {
+		if !names[g] {
+			t.Errorf("gauge %q is not a counter of the table", g)
+		}
+	}
+}

@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
-	"phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/procfs"
 )
 
 // The daemon acts on backing files as root. Where it must decide whether a

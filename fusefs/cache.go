@@ -9,8 +9,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Caching: how long the kernel keeps names, attributes, file data and

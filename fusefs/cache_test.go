@@ -13,7 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 func TestParseCacheMode(t *testing.T) {

@@ -6,10 +6,10 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/connector"
-	"phxmount/internal/errs"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // buffer is what the protocol adds to a phxfs registration: its id, its

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 // FuzzControlIoctl throws arbitrary commands and payloads at the server with

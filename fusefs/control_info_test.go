@@ -6,8 +6,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"phxmount/connector/emu"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // reportingConn is an emu connector that reports its scatter method, as

@@ -4,13 +4,14 @@ import (
 	"context"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/internal/errs"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // The ioctls: decode and check (serve, checkMode), then the extents
@@ -26,7 +27,11 @@ func (s *ControlServer) Ioctl(ctx context.Context, c Caller, f *OpenFile, cmd ui
 	s.stats.calls.Add(1)
 	e := unix.Errno(0)
 	if err == nil {
+		start := time.Now()
 		e = s.serve(c, f, cmd, in, out)
+		if name, ok := dataCommands[client.ParseCmd(cmd).Nr]; ok && s.cfg.ObserveIoctl != nil {
+			s.cfg.ObserveIoctl(name, time.Since(start))
+		}
 	} else {
 		e = unix.EINVAL
 	}
@@ -37,6 +42,12 @@ func (s *ControlServer) Ioctl(ctx context.Context, c Caller, f *OpenFile, cmd ui
 		}
 	}
 	return 0, e
+}
+
+// dataCommands are the ioctls that move bytes, by number, with the names
+// ObserveIoctl gets.
+var dataCommands = map[uint32]string{
+	client.NrRead: "read", client.NrWrite: "write", client.NrBatchRead: "batch_read", client.NrBatchWrite: "batch_write",
 }
 
 // request is one decoded ioctl: who sent it, on what, and its payloads.

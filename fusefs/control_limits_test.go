@@ -11,9 +11,9 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/connector/emu"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // gatedConnector holds every Import until the gate opens, so that

@@ -4,15 +4,16 @@ import (
 	"crypto/rand"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/connector"
-	"phxmount/internal/defaults"
-	"phxmount/internal/errs"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/defaults"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // This file is the control protocol server: the project's ioctls (the ABI
@@ -41,6 +42,10 @@ type ControlConfig struct {
 	MaxRegisteredBytes int64
 	// Log receives the control's log lines; nil uses logrus' standard logger.
 	Log *logrus.Entry
+	// ObserveIoctl, when set, is told how long each data ioctl took to
+	// serve (READ, WRITE, BATCH_READ, BATCH_WRITE), with the command's name
+	// in lower case ("batch_read"): the metrics' latency histogram.
+	ObserveIoctl func(command string, d time.Duration)
 }
 
 // ControlServer implements Control. Create it with NewControl and Close it

@@ -18,10 +18,10 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/connector"
-	"phxmount/connector/emu"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // The control is tested without a mount: requests go straight to Ioctl,

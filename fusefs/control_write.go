@@ -3,8 +3,8 @@ package fusefs
 import (
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/internal/procfs"
 )
 
 // An ioctl write is the daemon's pwrite, done as root. To the caller it

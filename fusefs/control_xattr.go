@@ -10,8 +10,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // The virtual xattrs (docs/abi.md, "Virtual xattrs").
@@ -88,6 +88,10 @@ func dioAlign(fd int) (mem, off uint32) {
 	}
 	return stx.Dio_mem_align, stx.Dio_offset_align
 }
+
+// Counters returns the counters INFO and user.phx.info carry (the
+// metrics endpoint reads them at each scrape).
+func (s *ControlServer) Counters() client.Counters { return s.counters() }
 
 func (s *ControlServer) counters() client.Counters {
 	s.mu.Lock()

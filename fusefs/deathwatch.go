@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // deathWatch waits, on one goroutine, for watched processes to exit: each

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 // The inodes the kernel knows, by the file handle fanotify names them by,

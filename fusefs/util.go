@@ -11,7 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/internal/procfs"
 )
 
 // procSelfFd names a descriptor of this process as a path that re-opens

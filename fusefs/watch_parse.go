@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Decoding what a fanotify group with FAN_REPORT_DFID_NAME |

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 // fidRec encodes an info record of a fanotify event: an fsid, a handle

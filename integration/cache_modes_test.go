@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 // cacheModes: each -o cache mode, the class INFO reports for a local

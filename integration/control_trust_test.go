@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 var user1000 = asUser(1000)

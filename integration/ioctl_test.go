@@ -30,8 +30,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/connector/emu"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector/emu"
 )
 
 // TestIoctlPath drives the ioctl data path of a real phxmount daemon on the

@@ -41,7 +41,7 @@ package integration
 // Mounts live under t.TempDir(); the backing directory is world-traversable
 // (0755) so that tests can drop privileges. The binary is bin/phxmount when
 // it is newer than every Go source of the tree, otherwise it is built once
-// per test run with -ldflags=-checklinkname=0 into a temporary directory.
+// per test run into a temporary directory.
 //
 // Comparing the mount with its backing directory:
 //
@@ -83,8 +83,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/fusefs"
-	"phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/fusefs"
+	"github.com/phxmount/phxmount/internal/procfs"
 )
 
 // requireMountEnv skips the test unless it can mount FUSE file systems.
@@ -143,7 +143,7 @@ func phxmountBin(t testing.TB) string {
 			return
 		}
 		out := filepath.Join(dir, "phxmount")
-		cmd := exec.Command("go", "build", "-ldflags=-checklinkname=0", "-o", out, "./cmd/phxmount")
+		cmd := exec.Command("go", "build", "-o", out, "./cmd/phxmount")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if b, err := cmd.CombinedOutput(); err != nil {

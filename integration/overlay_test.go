@@ -21,7 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/fusefs"
+	"github.com/phxmount/phxmount/fusefs"
 )
 
 // TestMountSmoke checks the helper itself: a file written through the

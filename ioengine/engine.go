@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Op is one positional transfer between a file and host-addressable memory.

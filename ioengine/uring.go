@@ -7,7 +7,7 @@ import (
 	"github.com/pawelgaczynski/giouring"
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // createRing makes the ring; tests replace it to force a failure.

@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Ioctl magic and command numbers of the module (_IOW(0x88, n, MapArgs)).

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/faultsafe"
+	"github.com/phxmount/phxmount/internal/faultsafe"
 )
 
 const pg = 64 << 10

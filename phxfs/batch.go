@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // ReadBatch performs every request, blocks until all complete and fills

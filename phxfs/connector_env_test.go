@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
-	"phxmount/connector"
-	"phxmount/connector/nvidia"
-	"phxmount/connector/pcibar"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/nvidia"
+	"github.com/phxmount/phxmount/connector/pcibar"
 )
 
 // PHX_TEST_CONNECTOR runs the suites on real device memory:

@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector/emu"
+	"github.com/phxmount/phxmount/connector/emu"
 )
 
 // TestShrunkImportFailsWithEFAULT: a client registers its emu buffer and

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/connector/emu"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
 )
 
 // setup is one combination the suites run on: an engine and a transport.

@@ -3,8 +3,8 @@ package phxfs
 import (
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
-	"phxmount/ioengine"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/ioengine"
 )
 
 // Request is one transfer between a file and a buffer.
@@ -111,6 +111,7 @@ func (l *Lib) runHost(p *plan) {
 // finish turns xfer results into request results and drops the holds.
 func (l *Lib) finish(p *plan) {
 	var moved, failed int64
+	var byTransport transportBytes
 	for i := range p.reqs {
 		rq := &p.reqs[i]
 		if rq.Result < 0 {
@@ -138,8 +139,10 @@ func (l *Lib) finish(p *plan) {
 		}
 		if total > 0 {
 			moved += total
+			byTransport.add(p.trans[i], total)
 		}
 	}
+	l.xportStats.add(p.write, &byTransport)
 	if p.write {
 		l.stats.bytesWritten.Add(moved)
 	} else {

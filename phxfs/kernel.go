@@ -8,9 +8,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 // moduleDevice adapts kmod's device to the kmod transport.

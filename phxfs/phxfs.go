@@ -7,10 +7,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/defaults"
-	"phxmount/internal/errs"
-	"phxmount/ioengine"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/defaults"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/ioengine"
 )
 
 // ChunkSize bounds one engine operation, below the kernel's MAX_RW_COUNT.
@@ -95,6 +95,7 @@ type Lib struct {
 
 	stats       counters
 	stagedStats stagedCounters
+	xportStats  transportCounters // bytes per transport (stats.go)
 	directIO    atomic.Int32
 }
 

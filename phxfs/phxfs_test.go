@@ -7,9 +7,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/connector/emu"
-	"phxmount/ioengine"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/ioengine"
 )
 
 const mib = 1 << 20

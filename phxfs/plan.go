@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Planning turns a batch of requests into engine transfers in three steps:
@@ -42,6 +42,7 @@ type plan struct {
 	held    []*Registration // registrations held for the batch
 	xfers   []xfer
 	segs    [][]segment // per request, in order
+	trans   []Transport // per request: its registration's transport ("" for host memory)
 	hasHost bool
 	staged  bool
 }
@@ -68,7 +69,8 @@ type target struct {
 // and plans the engine transfers. Requests that fail the checks get their
 // errno as Result and never reach the engine.
 func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
-	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs)), held: make([]*Registration, 0, len(reqs))}
+	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs)), held: make([]*Registration, 0, len(reqs)),
+		trans: make([]Transport, len(reqs))}
 	targets, err := l.resolve(p)
 	if err != nil {
 		return nil, err
@@ -116,6 +118,7 @@ func (l *Lib) resolve(p *plan) ([]target, error) {
 			continue
 		}
 		p.held = append(p.held, r)
+		p.trans[i] = r.transport
 		targets = append(targets, r.target(i, rq.DevAddr+uint64(rq.BufOffset)))
 	}
 	return targets, nil

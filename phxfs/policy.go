@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
-	"phxmount/ioengine"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/ioengine"
 )
 
 // This file is the staged transport's read policy: per transfer, read

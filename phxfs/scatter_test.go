@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 // countingConn counts the scatters and gathers its streams are asked for,

@@ -5,9 +5,9 @@ import (
 	"runtime/trace"
 	"unsafe"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
-	"phxmount/ioengine"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/ioengine"
 )
 
 // bg is the context of the trace regions that time the staged pipeline's

@@ -1,8 +1,8 @@
 package phxfs
 
 import (
-	"phxmount/connector"
-	"phxmount/ioengine"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/ioengine"
 )
 
 // stagedWrite writes the xfers idx (worker w's share) through w's slots:

@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
 [ -x "$BIN/phxmount" ] && [ -x "$BIN/phxbench-mount" ] && [ -x "$BIN/phxbench-ioctl" ] || {
 	mkdir -p "$BIN"
-	CGO_ENABLED=0 go build -ldflags=-checklinkname=0 -o "$BIN/" ./cmd/phxmount ./cmd/phxbench-mount ./cmd/phxbench-ioctl
+	CGO_ENABLED=0 go build -o "$BIN/" ./cmd/phxmount ./cmd/phxbench-mount ./cmd/phxbench-ioctl
 }
 if [ "$(id -u)" != 0 ]; then echo "bench-mount: needs root (mount, drop_caches)" >&2; exit 1; fi
 RAW=${BENCH_MOUNT_RAW:-$PWD/bench-mount-raw.json}

@@ -13,6 +13,15 @@ have python3 || need+=(python3) # POSIX lock checks, the Python client's tests
 # The Python client's planner tests compare with numpy slicing. A python3
 # that is not Debian's (pyenv) finds Debian's numpy through the tests.
 python3 -c 'import numpy' 2>/dev/null || [ -d /usr/lib/python3/dist-packages/numpy ] || need+=(python3-numpy)
+# Installing and operating (scripts/acceptance.sh, the non-root tests):
+# curl for the metrics endpoint, fusermount3 for mounts by ordinary users,
+# venv with pip for `pip install ./python`, systemd-analyze for the unit,
+# dkms for the module's DKMS package.
+have curl || need+=(curl)
+have fusermount3 || need+=(fuse3)
+dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
+have systemd-analyze || need+=(systemd)
+have dkms || need+=(dkms kmod)
 # The race detector (make unit) needs cgo: a C compiler that builds and
 # links a program against libc, not just a gcc on the PATH.
 cc_works() {

@@ -13,9 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/connector/emu"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 type result struct {

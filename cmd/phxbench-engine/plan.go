@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // The request plans. phxfs's prepare sorts a batch by (fd, file offset) and

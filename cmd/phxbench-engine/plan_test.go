@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector/emu"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 const (

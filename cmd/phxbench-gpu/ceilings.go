@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 // The ceilings: what the hardware does without phxfs, measured side by side

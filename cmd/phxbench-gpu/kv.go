@@ -13,9 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"phxmount/connector"
-	"phxmount/connector/nvidia"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/nvidia"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // kv is the KV-cache restore shape of kv_blocks.cu, through the phxfs

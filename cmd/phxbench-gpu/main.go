@@ -34,10 +34,10 @@ import (
 	"os"
 	"time"
 
-	"phxmount/connector"
-	"phxmount/connector/emu"
-	"phxmount/connector/nvidia"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/connector/nvidia"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 const (

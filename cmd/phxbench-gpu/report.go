@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // The report: each measurement is printed as a row as it is made and kept

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"phxmount/connector"
-	"phxmount/connector/nvidia"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/nvidia"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // The phxfs loads: the library called in-process (no mount) loads the

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"phxmount/connector"
-	"phxmount/connector/nvidia"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/nvidia"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // two loads the two halves of a hot file onto two GPUs at once through the

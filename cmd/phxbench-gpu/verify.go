@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 // verify copies back sampled ranges and every tensor's first and last 4 KiB

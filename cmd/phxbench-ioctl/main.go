@@ -20,11 +20,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/connector"
-	"phxmount/connector/emu"
-	"phxmount/internal/procfs"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 const (

@@ -17,9 +17,9 @@ import (
 	"os"
 	"time"
 
-	"phxmount/client"
-	"phxmount/connector"
-	"phxmount/connector/emu"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
 )
 
 func main() {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 // TestDemoMountsEmulatedDevice: make demo registers emulated device memory,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,7 +10,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"phxmount/fusefs"
+	"github.com/phxmount/phxmount/fusefs"
+	"github.com/phxmount/phxmount/internal/mounthelper"
 )
 
 // config is everything the command line says.
@@ -21,6 +23,10 @@ type config struct {
 	engine   string // auto, io_uring, sync
 	workers  int
 	logLevel logrus.Level
+
+	logFormat string // text (default) or json
+	logFile   string // "": stderr; reopened at SIGHUP
+	metrics   string // --metrics ADDR: serve Prometheus text there ("": off)
 
 	// The emulated device (--vendor emu, or auto without a GPU):
 	// emuStaged makes its memory non-host-addressable (the staged
@@ -38,15 +44,19 @@ type config struct {
 }
 
 const usage = `usage: phxmount [options] BACKING MOUNTPOINT
-       phxmount doctor [-o cache=MODE] [BACKING]
+       phxmount doctor [--vendor V] [--passthrough MODE] [--engine E] [-o cache=MODE] [--json] [BACKING]
        phxmount wait [--timeout SECONDS] MOUNTPOINT
+       phxmount --version
+       mount -t fuse.phxmount BACKING MOUNTPOINT [-o OPTIONS]   (/sbin/mount.fuse.phxmount)
 
 Mounts an overlay of the directory BACKING on MOUNTPOINT and serves it in
-the foreground until SIGINT or SIGTERM (or an unmount). "doctor" reports
-what this machine offers, and how a mount of BACKING would cache. "wait" returns
-once MOUNTPOINT is a phxmount mount that serves requests (exit 1 when it
-is not by the timeout, default 30 s): start phxmount in the background,
-then wait for it.
+the foreground until SIGINT or SIGTERM (or an unmount); SIGHUP reopens
+--log-file. Under systemd (Type=notify) it reports READY=1 once it serves.
+"doctor" reports what this machine offers, and how a mount of BACKING would
+cache; it exits 1 when the path asked for (--vendor, --passthrough,
+--engine) cannot work here. "wait" returns once MOUNTPOINT is a phxmount
+mount that serves requests (exit 1 when it is not by the timeout, default
+30 s): start phxmount in the background, then wait for it.
 
   -o OPT[,OPT...]       FUSE mount options:
                           ro, rw, allow_other, default_permissions (on by
@@ -74,9 +84,35 @@ then wait for it.
                         (the staged transport; env PHXMOUNT_EMU_STAGED=1)
   --emu-devices N       number of emulated devices (env PHXMOUNT_EMU_DEVICES)
   --log-level L         panic, fatal, error, warn, info (default), debug, trace
+  --log-format F        text (default) or json
+  --log-file PATH       append the log to PATH (default stderr); SIGHUP reopens it
+  --metrics ADDR        serve Prometheus metrics at http://ADDR/metrics
+                        (host:port; off by default)
+  --version             the version, commit and build, then exit
   -f                    foreground (always; accepted for compatibility)
   -d                    -o debug
+
+Every option above is also a mount option, for mount(8) and /etc/fstab:
+-o vendor=emu,metrics=127.0.0.1:9464,log_file=/var/log/phxmount.log,emu_staged
+(the name without "--", "_" for "-"). The options of mount(8), systemd and
+fstab are accepted and consumed, not passed to FUSE:
 `
+
+// usageText is usage with the mount(8) options it accepts.
+func usageText() string {
+	var names []string
+	for _, o := range mounthelper.MountLevelOptions {
+		n := o.Name
+		switch {
+		case strings.HasSuffix(n, "="):
+			n += "…"
+		case strings.HasSuffix(n, "-"):
+			n += "*"
+		}
+		names = append(names, n)
+	}
+	return usage + "  " + strings.Join(names, ", ") + "\n"
+}
 
 // usageError is a bad command line: one line, exit status 2.
 type usageError struct{ msg string }
@@ -130,6 +166,21 @@ var flagTable = []flagOpt{
 		c.emuDevices, err = intIn("--emu-devices", v, 1, 64)
 		return err
 	}},
+	{[]string{"--log-format"}, true, oneOf("--log-format", func(c *config) *string { return &c.logFormat }, "text", "json")},
+	{[]string{"--log-file"}, true, func(c *config, v string) error {
+		if v == "" {
+			return badf("--log-file: want a path")
+		}
+		c.logFile = v
+		return nil
+	}},
+	{[]string{"--metrics"}, true, func(c *config, v string) error {
+		if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+			return badf("--metrics %q: want HOST:PORT (127.0.0.1:9464, :9464)", v)
+		}
+		c.metrics = v
+		return nil
+	}},
 	{[]string{"--log-level"}, true, func(c *config, v string) error {
 		l, err := logrus.ParseLevel(v)
 		if err != nil {
@@ -170,7 +221,7 @@ func lookupFlag(name string) (flagOpt, bool) {
 }
 
 func parseArgs(args []string) (*config, error) {
-	c := &config{vendor: "auto", engine: "auto", logLevel: logrus.InfoLevel}
+	c := &config{vendor: "auto", engine: "auto", logLevel: logrus.InfoLevel, logFormat: "text"}
 	var pos []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -184,6 +235,8 @@ func parseArgs(args []string) (*config, error) {
 			continue
 		case a == "-h" || a == "--help" || a == "-help":
 			return nil, &usageError{msg: "help"}
+		case a == "--version":
+			return nil, &usageError{msg: "version"}
 		}
 		name, inline, hasInline := strings.Cut(a, "=")
 		if strings.HasPrefix(a, "-o") && a != "-o" && !strings.HasPrefix(a, "--") {
@@ -269,6 +322,17 @@ func init() {
 			return nil
 		}}
 	}
+	// Every --long option is a mount option too ("--log-file" is
+	// log_file=), so an fstab line can say everything the command line can.
+	for _, f := range flagTable {
+		for _, n := range f.names {
+			k, ok := strings.CutPrefix(n, "--")
+			k = strings.ReplaceAll(k, "-", "_")
+			if _, taken := mountTable[k]; ok && !taken {
+				mountTable[k] = mountOpt{f.takeValue, func(c *config, _, v string) error { return f.set(c, v) }}
+			}
+		}
+	}
 }
 
 func timeoutOpt(field func(*config) *time.Duration) func(*config, string, string) error {
@@ -305,6 +369,9 @@ func (c *config) mountOptions(list string) error {
 	for _, o := range strings.Split(list, ",") {
 		if o == "" {
 			continue
+		}
+		if mounthelper.MountLevel(o) {
+			continue // mount(8)'s, systemd's or fstab's, not the file system's
 		}
 		k, v, hasV := strings.Cut(o, "=")
 		m, ok := mountTable[k]

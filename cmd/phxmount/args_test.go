@@ -2,13 +2,14 @@ package main
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
-	"phxmount/fusefs"
+	"github.com/phxmount/phxmount/fusefs"
 )
 
 // TestEmuFlags: --emu-staged and --emu-devices configure the emulated
@@ -111,21 +112,24 @@ func TestCacheOption(t *testing.T) {
 	}
 }
 
-// TestDoctorArgs: doctor takes -o cache=MODE and one directory.
+// TestDoctorArgs: doctor takes -o cache=MODE, the mount's --vendor,
+// --passthrough and --engine (parsed by the same table), --json and one
+// directory; anything else is exit status 2.
 func TestDoctorArgs(t *testing.T) {
-	mode, dir, err := doctorArgs([]string{"-o", "cache=exclusive", "/data"})
-	if err != nil || mode != fusefs.CacheExclusive || dir != "/data" {
-		t.Errorf("doctorArgs = %v, %q, %v", mode, dir, err)
+	o, err := doctorArgs([]string{"-o", "cache=exclusive", "--vendor", "nvidia", "--passthrough=on", "--engine", "io_uring", "--json", "/data"})
+	if err != nil || o.mode != fusefs.CacheExclusive || o.dir != "/data" || o.c.vendor != "nvidia" ||
+		o.c.fs.Passthrough != fusefs.PassthroughOn || o.c.engine != "io_uring" || !o.json {
+		t.Errorf("doctorArgs = %+v, %v", o, err)
 	}
-	if mode, dir, err := doctorArgs(nil); err != nil || mode != fusefs.CacheAuto || dir != "" {
-		t.Errorf("doctorArgs() = %v, %q, %v", mode, dir, err)
+	if o, err := doctorArgs(nil); err != nil || o.mode != fusefs.CacheAuto || o.dir != "" || o.c.vendor != "auto" || o.json {
+		t.Errorf("doctorArgs() = %+v, %v", o, err)
 	}
-	for _, bad := range [][]string{{"a", "b"}, {"-x"}, {"-o", "ro"}, {"-o", "cache=sometimes"}, {"-o"}} {
-		if _, _, err := doctorArgs(bad); err == nil {
+	for _, bad := range [][]string{{"-o", "cache=sometimes"}, {"-o", "ro"}, {"--frob"}, {"a", "b"}, {"--vendor", "amd"}, {"--vendor"}, {"--passthrough", "maybe"}} {
+		if _, err := doctorArgs(bad); err == nil {
 			t.Errorf("doctorArgs(%q) accepted", bad)
 		}
 	}
-	if code := doctor(newLogger(logrus.PanicLevel), []string{"-o", "cache=bogus"}); code != 2 {
+	if code := doctor(newLogger(logrus.PanicLevel, "text", os.Stderr), []string{"-o", "cache=bogus"}); code != 2 {
 		t.Errorf("doctor with a bad option: exit %d, want 2", code)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,23 +12,25 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/connector/emu"
-	"phxmount/connector/nvidia"
-	"phxmount/connector/pcibar"
-	"phxmount/fusefs"
-	"phxmount/internal/procfs"
-	"phxmount/ioengine"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/connector/nvidia"
+	"github.com/phxmount/phxmount/connector/pcibar"
+	"github.com/phxmount/phxmount/fusefs"
+	"github.com/phxmount/phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/ioengine"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // finding is one line of doctor's report: a check that passed or not, or
-// a note (the transport a registration would get).
+// a note (the transport a registration would get). Required: the path the
+// user asked for needs it, so doctor fails when it did not pass.
 type finding struct {
-	What   string
-	OK     bool
-	Detail string
-	Note   bool
+	What     string `json:"what"`
+	OK       bool   `json:"ok"`
+	Required bool   `json:"required"`
+	Note     bool   `json:"note"`
+	Detail   string `json:"detail"`
 }
 
 func (f finding) String() string {
@@ -35,34 +38,93 @@ func (f finding) String() string {
 	switch {
 	case f.Note:
 		mark = "->  "
+	case !f.OK && f.Required:
+		mark = "FAIL"
 	case !f.OK:
 		mark = "no  "
 	}
 	return fmt.Sprintf("%s %-22s %s", mark, f.What, f.Detail)
 }
 
+// doctorReport is doctor --json's output.
+type doctorReport struct {
+	OK       bool              `json:"ok"`      // the path asked for can work here
+	Asked    map[string]string `json:"asked"`   // vendor, passthrough, engine, cache
+	Missing  []string          `json:"missing"` // the required findings that did not pass
+	Findings []finding         `json:"findings"`
+}
+
 // doctor reports what this machine offers, without mounting anything the
 // user can see (the passthrough probe mounts a throwaway overlay of an
-// empty temporary directory and unmounts it).
+// empty temporary directory and unmounts it). It exits 1 when the path
+// asked for (--vendor, --passthrough, --engine; a mount at all) cannot
+// work here, 2 on a bad command line.
 func doctor(log *logrus.Entry, args []string) int {
-	mode, dir, err := doctorArgs(args)
+	o, err := doctorArgs(args)
 	if err != nil {
 		return fail(2, "%v", err)
 	}
-	fuse := checkFuse()
-	var all []finding
-	all = append(all, fuse)
-	all = append(all, checkPassthrough(log, fuse.OK)...)
-	all = append(all, checkCache(mode, dir)...)
-	all = append(all, checkIOUring(), checkCachestat(), checkEnvironment())
-	mod, modOK := checkModule()
-	cuda, gpus := checkCUDA()
-	all = append(all, mod, cuda)
-	all = append(all, transportNotes(gpus, modOK)...)
+	all := doctorFindings(log, o)
+	r := doctorReport{OK: true, Findings: all, Missing: []string{}, Asked: map[string]string{
+		"vendor": o.c.vendor, "passthrough": passthroughName(o.c.fs.Passthrough), "engine": o.c.engine, "cache": o.mode.String()}}
 	for _, f := range all {
-		fmt.Println(f)
+		if f.Required && !f.OK {
+			r.OK = false
+			r.Missing = append(r.Missing, f.What)
+		}
+	}
+	if o.json {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetEscapeHTML(false)
+		enc.SetIndent("", "  ")
+		enc.Encode(r)
+	} else {
+		for _, f := range all {
+			fmt.Println(f)
+		}
+		if !r.OK {
+			fmt.Printf("=> the path asked for (%s) cannot work here: %s\n", askedLine(r.Asked), strings.Join(r.Missing, ", "))
+		}
+	}
+	if !r.OK {
+		return 1
 	}
 	return 0
+}
+
+// doctorFindings runs every check; each is required where the path asked
+// for needs it.
+func doctorFindings(log *logrus.Entry, o doctorOpts) []finding {
+	fuse := checkFuse()
+	fuse.Required = true
+	all := append([]finding{fuse}, userFindings()...)
+	pt := checkPassthrough(log, fuse.OK)
+	pt[len(pt)-1].Required = o.c.fs.Passthrough == fusefs.PassthroughOn
+	all = append(all, pt...)
+	all = append(all, checkCache(o.mode, o.dir)...)
+	uring, env := checkIOUring(), checkEnvironment()
+	uring.Required, env.Required = o.c.engine == "io_uring", true
+	all = append(all, uring, checkCachestat(), env)
+	mod, modOK := checkModule()
+	mod.Required = o.c.vendor == "pcibar"
+	cuda, gpus := checkCUDA()
+	cuda.Required = o.c.vendor == "nvidia"
+	all = append(all, mod, cuda)
+	return append(all, transportNotes(o.c.vendor, gpus, modOK)...)
+}
+
+func passthroughName(m fusefs.PassthroughMode) string {
+	switch m {
+	case fusefs.PassthroughOn:
+		return "on"
+	case fusefs.PassthroughOff:
+		return "off"
+	}
+	return "auto"
+}
+
+func askedLine(a map[string]string) string {
+	return fmt.Sprintf("--vendor %s --passthrough %s --engine %s", a["vendor"], a["passthrough"], a["engine"])
 }
 
 func checkFuse() finding {
@@ -152,7 +214,7 @@ func checkModule() (finding, bool) {
 	return f, f.OK
 }
 
-// checkCUDA reports libcuda and its GPUs.
+// checkCUDA reports libcuda and its GPUs; it passes with one GPU or more.
 func checkCUDA() (finding, int) {
 	c, err := nvidia.Open()
 	if err != nil {
@@ -164,21 +226,25 @@ func checkCUDA() (finding, int) {
 	for _, d := range ds {
 		names = append(names, fmt.Sprintf("%d: %s (%s, %d MiB)", d.Index, d.Name, d.PCIAddress, d.MemoryBytes>>20))
 	}
-	return finding{What: "libcuda", OK: true, Detail: fmt.Sprintf("%d GPU(s): %s", len(ds), strings.Join(names, "; "))}, len(ds)
+	return finding{What: "libcuda", OK: len(ds) > 0, Detail: fmt.Sprintf("%d GPU(s): %s", len(ds), strings.Join(names, "; "))}, len(ds)
 }
 
 // transportNotes: the transport a registration would get for the vendor
-// --vendor auto picks, and the VM's BAR stand-in where the module is.
-func transportNotes(gpus int, module bool) []finding {
+// asked for (auto: NVIDIA when there is a GPU, else the emulated device),
+// and the VM's BAR stand-in where the module is.
+func transportNotes(vendor string, gpus int, module bool) []finding {
 	var conns []connector.Connector
-	if gpus > 0 {
+	switch {
+	case (vendor == "auto" || vendor == "nvidia") && gpus > 0:
 		if c, err := nvidia.Open(); err == nil {
 			conns = append(conns, c)
 		}
-	} else if c, err := emu.New(emu.Config{}); err == nil {
-		conns = append(conns, c)
+	case vendor == "auto" || vendor == "emu":
+		if c, err := emu.New(emu.Config{}); err == nil {
+			conns = append(conns, c)
+		}
 	}
-	if module {
+	if module && (vendor == "auto" || vendor == "pcibar") {
 		if c, err := pcibar.New(pcibar.Config{}); err == nil {
 			conns = append(conns, c)
 		}

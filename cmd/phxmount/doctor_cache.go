@@ -2,36 +2,9 @@ package main
 
 import (
 	"fmt"
-	"strings"
 
-	"phxmount/fusefs"
+	"github.com/phxmount/phxmount/fusefs"
 )
-
-// doctorArgs parses `doctor [-o cache=MODE] [BACKING]`: the cache mode and
-// the directory whose caching doctor reports (default ".").
-func doctorArgs(args []string) (fusefs.CacheMode, string, error) {
-	mode, dir := fusefs.CacheAuto, ""
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case a == "-o" && i+1 < len(args):
-			i++
-			v, ok := strings.CutPrefix(args[i], "cache=")
-			m, good := fusefs.ParseCacheMode(v)
-			if !ok || !good {
-				return mode, "", badf("doctor: -o %s: want cache=auto, cache=exclusive or cache=off", args[i])
-			}
-			mode = m
-		case strings.HasPrefix(a, "-"):
-			return mode, "", badf("doctor: unknown option %s (usage: phxmount doctor [-o cache=MODE] [BACKING])", a)
-		case dir != "":
-			return mode, "", badf("doctor: one BACKING directory at most")
-		default:
-			dir = a
-		}
-	}
-	return mode, dir, nil
-}
 
 // checkCache reports whether fanotify can watch, and how a mount of dir
 // (the current directory when none is named) would cache in mode.

@@ -1,27 +1,30 @@
 // Command phxmount mounts the Phoenix overlay of a backing directory:
 // `phxmount [options] BACKING MOUNTPOINT` (see --help), and `phxmount
-// doctor` reports what this machine offers without mounting.
+// doctor` reports what this machine offers without mounting. Run as
+// mount.fuse.phxmount, it is mount(8)'s helper (helper.go).
 package main
 
 import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
-	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector/nvidia"
-	"phxmount/fusefs"
-	"phxmount/internal/procfs"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector/nvidia"
+	"github.com/phxmount/phxmount/fusefs"
+	"github.com/phxmount/phxmount/internal/buildinfo"
+	"github.com/phxmount/phxmount/internal/mounthelper"
+	"github.com/phxmount/phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == mounthelper.HelperName {
+		os.Exit(mountHelper(os.Args[1:])) // mount(8) runs /sbin/mount.fuse.phxmount
+	}
 	os.Exit(run(os.Args[1:]))
 }
 
@@ -31,18 +34,9 @@ func fail(code int, format string, args ...any) int {
 	return code
 }
 
-func newLogger(level logrus.Level) *logrus.Entry {
-	l := logrus.New()
-	l.SetOutput(os.Stderr)
-	l.SetLevel(level)
-	l.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: "15:04:05.000"})
-	return logrus.NewEntry(l).WithField("component", "phxmount")
-}
-
 func run(args []string) int {
 	if len(args) > 0 && args[0] == "doctor" {
-		lvl := logrus.WarnLevel
-		return doctor(newLogger(lvl), args[1:])
+		return doctor(newLogger(logrus.WarnLevel, "text", os.Stderr), args[1:])
 	}
 	if len(args) > 0 && args[0] == "wait" {
 		return waitCmd(args[1:])
@@ -50,8 +44,12 @@ func run(args []string) int {
 	c, err := parseArgs(args)
 	if err != nil {
 		var ue *usageError
-		if errors.As(err, &ue) && ue.msg == "help" {
-			fmt.Print(usage)
+		switch {
+		case errors.As(err, &ue) && ue.msg == "help":
+			fmt.Print(usageText())
+			return 0
+		case errors.As(err, &ue) && ue.msg == "version":
+			fmt.Print(buildinfo.Get())
 			return 0
 		}
 		return fail(2, "%v", err)
@@ -62,50 +60,7 @@ func run(args []string) int {
 	if err := checkEnv(c); err != nil {
 		return fail(2, "%v", err)
 	}
-	log := newLogger(c.logLevel)
-	c.fs.Log = log
-
-	ctl, closeCtl, err := newControl(c, log)
-	if err != nil {
-		return fail(1, "%v", err)
-	}
-	defer closeCtl()
-	c.fs.Control = ctl
-
-	fsys, err := fusefs.Mount(c.backing, c.mountpoint, c.fs)
-	if err != nil {
-		return fail(1, "%v", err)
-	}
-	logMounted(log, c, fsys, ctl != nil)
-	// The control exists before the overlay: tell it how to report the
-	// overlay's passthrough state (INFO and user.phx.info). From here on
-	// the mount answers as ready (phxmount wait), after the line above.
-	if s, ok := ctl.(interface{ SetPassthrough(func() (bool, string)) }); ok {
-		s.SetPassthrough(fsys.PassthroughActive)
-	}
-
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		fsys.Wait()
-		close(done)
-	}()
-	select {
-	case s := <-sigs:
-		log.Infof("%v: unmounting %s", s, c.mountpoint)
-		if err := fsys.Unmount(); err != nil {
-			log.Errorf("unmount %s: %v", c.mountpoint, err)
-		}
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			log.Warnf("%s was detached lazily; processes still using it will see ENOTCONN", c.mountpoint)
-		}
-	case <-done:
-		log.Infof("%s was unmounted", c.mountpoint)
-	}
-	return 0
+	return serve(c)
 }
 
 // logMounted says what was mounted, with passthrough and caching, in the

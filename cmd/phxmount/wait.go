@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/internal/procfs"
 )
 
 // phxmount wait [--timeout S] MOUNTPOINT: the one readiness check. It

@@ -4,24 +4,25 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
-	"phxmount/connector"
-	"phxmount/connector/emu"
-	"phxmount/connector/nvidia"
-	"phxmount/connector/pcibar"
-	"phxmount/fusefs"
-	"phxmount/phxfs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/emu"
+	"github.com/phxmount/phxmount/connector/nvidia"
+	"github.com/phxmount/phxmount/connector/pcibar"
+	"github.com/phxmount/phxmount/fusefs"
+	"github.com/phxmount/phxmount/phxfs"
 )
 
 // ---------------------------------------------------------------------------
 // WIRING: phxfs + connector + the control protocol.
 //
-// newControl builds the fusefs.Control that answers the project's ioctls and
-// user.phx.* xattrs: it opens the connector (--vendor), creates the phxfs
-// library (--engine, --workers) and the control server over them, and
-// returns a function that releases it all after unmount.
+// newControl builds the fusefs.ControlServer that answers the project's
+// ioctls and user.phx.* xattrs: it opens the connector (--vendor), creates
+// the phxfs library (--engine, --workers) and the control server over them,
+// and returns them with a function that releases it all after unmount.
 //
 // --vendor auto takes nvidia when connector/nvidia.Open succeeds and falls
 // back to the emulated device, loudly. The emulated device is configured by
@@ -29,7 +30,55 @@ import (
 // and --emu-devices N, or by the environment variables they replace,
 // PHXMOUNT_EMU_STAGED=1 and PHXMOUNT_EMU_DEVICES=N (see emuConfig).
 // ---------------------------------------------------------------------------
-func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(), err error) {
+
+// controlStack is the control protocol server, the library it runs on,
+// and how to release them after unmount.
+type controlStack struct {
+	ctl   *fusefs.ControlServer
+	lib   *phxfs.Lib
+	close func()
+}
+
+// newControl builds the stack; observe (nil: none) is told the latency of
+// each data ioctl (the metrics' histogram).
+func newControl(c *config, log *logrus.Entry, observe func(string, time.Duration)) (*controlStack, error) {
+	conn, err := openConnector(c, log)
+	if err != nil {
+		return nil, err
+	}
+	engine := c.engine
+	if engine == "auto" {
+		engine = ""
+	}
+	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: c.workers})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	s, err := fusefs.NewControl(fusefs.ControlConfig{Lib: lib, ReadOnly: c.fs.ReadOnly, Log: log, ObserveIoctl: observe,
+		MaxBuffersPerProcess: c.limits.perProcess, MaxBuffers: c.limits.buffers, MaxRegisteredBytes: c.limits.bytes})
+	if err != nil {
+		lib.Close()
+		conn.Close()
+		return nil, err
+	}
+	logControl(log, conn, lib)
+	return &controlStack{ctl: s, lib: lib, close: func() {
+		if err := s.Close(); err != nil {
+			log.Warnf("control: %v", err)
+		}
+		if err := lib.Close(); err != nil {
+			log.Warnf("phxfs: %v", err)
+		}
+		if err := conn.Close(); err != nil {
+			log.Warnf("%s connector: %v", conn.Vendor(), err)
+		}
+	}}, nil
+}
+
+// openConnector opens the vendor --vendor names (auto: NVIDIA, else the
+// emulated device, loudly).
+func openConnector(c *config, log *logrus.Entry) (connector.Connector, error) {
 	newEmu := func() (connector.Connector, error) {
 		cfg, err := emuConfig(c, os.Getenv)
 		if err != nil {
@@ -38,6 +87,7 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 		return emu.New(cfg)
 	}
 	var conn connector.Connector
+	var err error
 	switch c.vendor {
 	case "nvidia":
 		conn, err = nvidia.Open()
@@ -56,7 +106,7 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 		}
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("--vendor %s: %v", c.vendor, err)
+		return nil, fmt.Errorf("--vendor %s: %v", c.vendor, err)
 	}
 	if e, ok := conn.(*emu.Connector); ok {
 		mode := "host-addressable (host transport)"
@@ -65,22 +115,11 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 		}
 		log.Warnf("vendor emu: the emulated device's memory is %s", mode)
 	}
-	engine := c.engine
-	if engine == "auto" {
-		engine = ""
-	}
-	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: c.workers})
-	if err != nil {
-		conn.Close()
-		return nil, nil, err
-	}
-	s, err := fusefs.NewControl(fusefs.ControlConfig{Lib: lib, ReadOnly: c.fs.ReadOnly, Log: log,
-		MaxBuffersPerProcess: c.limits.perProcess, MaxBuffers: c.limits.buffers, MaxRegisteredBytes: c.limits.bytes})
-	if err != nil {
-		lib.Close()
-		conn.Close()
-		return nil, nil, err
-	}
+	return conn, nil
+}
+
+// logControl says what the control runs on, and what it falls back from.
+func logControl(log *logrus.Entry, conn connector.Connector, lib *phxfs.Lib) {
 	log.WithFields(logrus.Fields{"vendor": conn.Vendor(), "engine": lib.EngineName(), "workers": lib.Workers()}).
 		Infof("control protocol ready: vendor %s, engine %s, %d workers", conn.Vendor(), lib.EngineName(), lib.Workers())
 	if err := lib.EngineFallback(); err != nil {
@@ -89,17 +128,6 @@ func newControl(c *config, log *logrus.Entry) (ctl fusefs.Control, closeFn func(
 	if !conn.HostAddressable() && !lib.StagedStats().Cachestat {
 		log.Warnf("staged read policy: this kernel has no cachestat(2) (Linux >= 6.5): every staged read goes through the page cache, none with O_DIRECT")
 	}
-	return s, func() {
-		if err := s.Close(); err != nil {
-			log.Warnf("control: %v", err)
-		}
-		if err := lib.Close(); err != nil {
-			log.Warnf("phxfs: %v", err)
-		}
-		if err := conn.Close(); err != nil {
-			log.Warnf("%s connector: %v", conn.Vendor(), err)
-		}
-	}, nil
 }
 
 // emuConfig is the emulated device's configuration: the flags, else the

@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // PageSize is the emulated device page: the 64 KiB GPU page.

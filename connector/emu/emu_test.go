@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 func newConn(t *testing.T, cfg Config) *Connector {

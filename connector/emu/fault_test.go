@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 // TestStagedCopyIntoShrunkBufferFails: a client that registers its memfd

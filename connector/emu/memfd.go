@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // shmMount is the mount id of the kernel's internal tmpfs that holds every

@@ -5,9 +5,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
-	"phxmount/internal/faultsafe"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/faultsafe"
 )
 
 // stream is the emulated copy engine: a goroutine that performs copies in

@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 // TestScatterGatherAndFences: pieces land at scattered addresses and come

@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // EnvSync chooses how a thread waiting for the GPU waits: "spin", "yield"

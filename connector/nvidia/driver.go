@@ -7,7 +7,7 @@ import (
 	"github.com/ebitengine/purego"
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // libName is the driver library. The unversioned libcuda.so is often only

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 // Tests on the real driver. They skip where libcuda.so.1 is absent; the

@@ -4,7 +4,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 // HostMemory is pinned host memory from AllocHost.

@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
+	"github.com/phxmount/phxmount/connector"
 )
 
 func TestFakeIPCHandleByValue(t *testing.T) {

@@ -35,9 +35,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
-	"phxmount/internal/pciaddr"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/pciaddr"
 )
 
 // gpuPageSize is the GPU page that P2P mappings (nv-p2p) pin: registrations

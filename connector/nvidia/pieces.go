@@ -5,8 +5,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // The three ways of moving a scatter or gather (scatter.go picks one). Each

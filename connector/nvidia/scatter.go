@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // A scatter (or gather) moves many pieces between one host buffer and

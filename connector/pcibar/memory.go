@@ -4,13 +4,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
-	"phxmount/connector"
-	"phxmount/internal/errs"
-	"phxmount/internal/procfs"
-	"phxmount/kmod"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 // BAR memory: allocation, export and import of ranges, and the check that

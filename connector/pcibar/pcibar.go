@@ -26,9 +26,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 // The stand-in device: QEMU ivshmem-plain, its shared memory in BAR 2.

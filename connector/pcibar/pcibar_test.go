@@ -14,9 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/procfs"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/procfs"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 const fakeBAR = 1 << 20

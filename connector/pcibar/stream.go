@@ -7,10 +7,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/internal/errs"
-	"phxmount/internal/faultsafe"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/faultsafe"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 // View names how Stream copies reach a BAR.

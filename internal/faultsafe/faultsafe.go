@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Copy copies src to dst, one of which lies in mem, the memory that may

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Mount is one line of /proc/self/mountinfo.

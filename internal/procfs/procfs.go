@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/errs"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Root is where procfs is mounted; tests point it elsewhere.

@@ -162,7 +162,7 @@ checks=$((checks + 1))
 # --- the Go programs (static) ---------------------------------------------
 ROOTFS=$WORK/rootfs
 rm -rf "$ROOTFS" && mkdir -p "$ROOTFS"/{bin,sbin,proc,sys,dev,tmp,mnt,steps,lib/modules,t}
-GOFLAGS_VM=(-ldflags=-checklinkname=0 -trimpath)
+GOFLAGS_VM=(-trimpath)
 export CGO_ENABLED=0
 (cd "$ROOT" && go build "${GOFLAGS_VM[@]}" -o "$ROOTFS/bin/vmcheck" ./module/test/vmcheck) ||
 	fail "go build ./module/test/vmcheck"

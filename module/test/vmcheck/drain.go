@@ -18,8 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 // held is what a pipe holds: 16 pages, a pipe's default capacity.

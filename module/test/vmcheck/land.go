@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/ioengine"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/ioengine"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 // landSync: O_DIRECT pread from the NVMe file straight into device pages.

@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/internal/faultsafe"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/internal/faultsafe"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 // busyModule: the module cannot go while a mapping exists, even with the

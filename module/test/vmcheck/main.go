@@ -27,8 +27,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/connector/pcibar"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/connector/pcibar"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 func main() {

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 // revokeRange has the vendor take [addr, addr+size) back: the emu

@@ -26,10 +26,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
-	"phxmount/connector"
-	"phxmount/connector/pcibar"
-	"phxmount/kmod"
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/connector/pcibar"
+	"github.com/phxmount/phxmount/kmod"
 )
 
 const (

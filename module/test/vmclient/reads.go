@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 // readOne: one READ ioctl, O_DIRECT, 2 MiB.

@@ -2,7 +2,7 @@
 // tests (python/tests/test_abi.py) check their struct packing against: every
 // struct encoded by package client, the Go side of the ABI, as hex.
 //
-//	go run -ldflags=-checklinkname=0 ./python/tests/goldengen > python/tests/golden_abi.json
+//	go run ./python/tests/goldengen > python/tests/golden_abi.json
 //
 // Its test fails when the committed file no longer matches package client.
 package main
@@ -15,7 +15,7 @@ import (
 	"fmt"
 	"os"
 
-	"phxmount/client"
+	"github.com/phxmount/phxmount/client"
 )
 
 type vector struct {

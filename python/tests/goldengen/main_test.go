@@ -19,6 +19,6 @@ func TestGoldenFileIsCurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Fatal("python/tests/golden_abi.json is stale: go run -ldflags=-checklinkname=0 ./python/tests/goldengen > python/tests/golden_abi.json")
+		t.Fatal("python/tests/golden_abi.json is stale: go run ./python/tests/goldengen > python/tests/golden_abi.json")
 	}
 }
