@@ -1,7 +1,6 @@
 package phxfs
 
 import (
-	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -30,12 +29,7 @@ func (ld *loading) enter(dev int) (rank, k int) {
 		ld.active = map[int]int{}
 	}
 	ld.active[dev]++
-	devs := make([]int, 0, len(ld.active))
-	for d := range ld.active {
-		devs = append(devs, d)
-	}
-	slices.Sort(devs)
-	return slices.Index(devs, dev), len(devs)
+	return ld.rankLocked(dev)
 }
 
 func (ld *loading) leave(dev int) {
@@ -51,8 +45,7 @@ func (ld *loading) leave(dev int) {
 // part of the pool, starting where the previous plan stopped, so that
 // small concurrent batches spread over the part.
 func (l *Lib) place(rank, k, want int) (start, n int) {
-	part := max(l.pool.Workers()/k, 1)
-	base := min(rank*part, l.pool.Workers()-part)
+	base, part := l.part(rank, k)
 	n = min(want, part)
 	rot := int(l.rotor.Add(uint64(n)) % uint64(part-n+1))
 	return base + rot, n
@@ -72,13 +65,23 @@ func stagedDevice(xs []xfer) int {
 func (ld *loading) rankOf(dev int) (rank, k int) {
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
-	rank = 0
+	return ld.rankLocked(dev)
+}
+
+// rankLocked counts the loading devices before dev; caller holds mu.
+func (ld *loading) rankLocked(dev int) (rank, k int) {
 	for d := range ld.active {
 		if d < dev {
 			rank++
 		}
 	}
 	return rank, len(ld.active)
+}
+
+// part is the workers [base, base+size) of device rank of k loading.
+func (l *Lib) part(rank, k int) (base, size int) {
+	size = max(l.pool.Workers()/k, 1)
+	return min(rank*size, l.pool.Workers()-size), size
 }
 
 // mayLeave says whether worker w, one of the plan's n workers from start,
@@ -90,8 +93,7 @@ func (l *Lib) mayLeave(dev, w, start, n int) bool {
 		return false
 	}
 	workers := l.pool.Workers()
-	part := max(workers/k, 1)
-	base := min(rank*part, workers-part)
+	base, part := l.part(rank, k)
 	inside := func(x int) bool { return x >= base && x < base+part }
 	if inside(w) {
 		return false
