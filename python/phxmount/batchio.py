@@ -3,8 +3,14 @@ mount: every thread of its pool has its own descriptor of the file (its own
 ioctl stream; the daemon serves them concurrently), and every ioctl carries
 up to 409 extents. PreadIO is the fallback off a mount: pread into host
 memory, said so by whoever chose it. Both take extents as columns
-(extents.Cols) and return futures; wait_all waits with a deadline and keeps
-the destination memory alive while an abandoned request may still land."""
+(extents.Cols) and return futures; wait_all waits with a deadline.
+
+The memory that extents land in (or, for writes, come from) must outlive
+every ioctl that names it, whatever the caller does meanwhile: drop a
+prefetched request, stop iterating, meet another request's error or time
+out. So a queued task holds that memory itself (submit's keep) and lets go
+of it only when its ioctls have returned: the caching allocator cannot hand
+those blocks to a new tensor while the daemon still writes into them."""
 
 from __future__ import annotations
 
@@ -13,43 +19,17 @@ import errno
 import os
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 from . import abi
 from .client import PhxError, PhxFile
 from .extents import Cols
 
-_kept_lock = threading.Lock()
-_kept: Dict[int, object] = {}
-
-
-def keep_alive(futures: Iterable[cf.Future], objs) -> None:
-    """Holds objs until every future is done: the daemon may still write
-    into memory that a timed-out request named."""
-    futures = list(futures)
-    if not futures:
-        return
-    key = id(objs)
-    with _kept_lock:
-        _kept[key] = objs
-    left = [len(futures)]
-
-    def done(_f) -> None:
-        with _kept_lock:
-            left[0] -= 1
-            if left[0] == 0:
-                _kept.pop(key, None)
-
-    for f in futures:
-        f.add_done_callback(done)
-
-
-def wait_all(futures: List[cf.Future], timeout: Optional[float], what: str, keep=None) -> None:
+def wait_all(futures: List[cf.Future], timeout: Optional[float], what: str) -> None:
     """Waits for every future; raises the first failure, or TimeoutError
-    after timeout seconds (keeping keep alive until they finish)."""
+    after timeout seconds (the tasks still hold their memory: submit)."""
     done, not_done = cf.wait(futures, timeout=timeout)
     if not_done:
-        keep_alive(not_done, keep)
         raise TimeoutError(f"{what}: {len(not_done)} of {len(futures)} requests not done after {timeout} s")
     for f in futures:
         f.result()
@@ -89,8 +69,18 @@ class _Submitter:
         """Moves every extent of cols on the calling thread."""
         raise NotImplementedError
 
-    def submit(self, cols: Cols) -> cf.Future:
-        fut = self._pool.submit(self.run, cols)
+    def _run_holding(self, cols: Cols, keep) -> None:
+        # The executor's work item holds keep until run has returned; the
+        # del keeps a failure's traceback from holding it any longer.
+        try:
+            self.run(cols)
+        finally:
+            del keep
+
+    def submit(self, cols: Cols, keep=None) -> cf.Future:
+        """Queues the extents of cols. keep (the memory they name) is held
+        by the queued task until its ioctls have returned."""
+        fut = self._pool.submit(self._run_holding, cols, keep)
         with self._lock:
             self._live = [f for f in self._live if not f.done()]
             self._live.append(fut)

@@ -57,7 +57,7 @@ class Pending:
             return self._result
         what = f"phx read of {self.plan.name}" + ("" if self.plan.index is None else f"[{self.plan.index}]")
         try:
-            wait_all(self.futures, max(0.0, self.deadline - time.monotonic()), what, keep=self.mem)
+            wait_all(self.futures, max(0.0, self.deadline - time.monotonic()), what)
         except PhxError as e:
             raise PhxError(e.errno, f"{self.plan.name}: {e.strerror}") from None
         self._result = self.fetcher.backend.finish(self.mem, self.plan)
@@ -132,8 +132,9 @@ class Fetcher:
         upto = n if whole else n - n % te
         if upto == 0:
             return
+        keep = [pend.mem for pend in b.waiting]  # held by the tasks (batchio.submit)
         for i in range(0, upto, te):
-            fut = self.io.submit(b.cols.part(i, min(i + te, upto)))
+            fut = self.io.submit(b.cols.part(i, min(i + te, upto)), keep)
             for pend in b.waiting:
                 pend.futures.append(fut)
         self.read_bytes += b.nbytes if whole else sum(b.cols.lens[:upto])

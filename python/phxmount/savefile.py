@@ -59,7 +59,8 @@ def save(path: Union[str, os.PathLike], sources: Sequence[Source], metadata: Opt
          fsync: bool = False, *, threads: int = 4, chunk: int = DEFAULT_CHUNK,
          timeout: Optional[float] = DEFAULT_TIMEOUT, keep=None, stats: Optional[SaveStats] = None) -> SaveStats:
     """Writes the file (created or truncated, mode 0666 less the umask).
-    keep: what must stay alive while a timed-out write may still read it."""
+    keep: the memory the sources are in, held until every write that
+    reads it has returned (batchio.submit)."""
     t0 = time.perf_counter()
     st = stats if stats is not None else SaveStats()
     head, offsets = encode_header([(s.name, s.dtype, s.shape, s.nbytes) for s in sources], metadata)
@@ -70,8 +71,8 @@ def save(path: Union[str, os.PathLike], sources: Sequence[Source], metadata: Opt
     try:
         _pwrite_all(fd, head, 0)
         t1 = time.perf_counter()
-        futs = [io.submit(part) for part in cols.split(4 * MAX_EXTENTS)]
-        wait_all(futs, timeout, f"phx save of {path}", keep=keep)
+        futs = [io.submit(part, keep) for part in cols.split(4 * MAX_EXTENTS)]
+        wait_all(futs, timeout, f"phx save of {path}")
         t2 = time.perf_counter()
         if fsync:
             os.fsync(fd)
