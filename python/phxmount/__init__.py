@@ -10,7 +10,7 @@ for the CUDA driver (libcuda.so.1), torch for the tensors.
                                         shard=(0, rank, world))     # only this rank's bytes
     phxmount.save_safetensors(tensors, "/mnt/models/out.safetensors", fsync=True)
 
-The torch parts (torch_helpers, torch_mem, torch_load, torch_save) are
+The torch parts (torch_mem, torch_load, torch_save, replicate) are
 imported lazily: the ABI, the client, the planner (slicing), the fetch
 engine and the safetensors parser work without torch. docs/python.md has
 the whole API.
@@ -28,11 +28,10 @@ __all__ = ["abi", "safetensors", "PhxFile", "PhxError", "EmuBuffer", "phx_info_x
            "load_sharded", "load_replicated", "LoadStats", "SaveStats", "PhxFallbackWarning", "load_safetensors_emu"]
 
 _LAZY = {
-    "torch_helpers": ("available", "Availability", "read_into", "register_tensor"),
-    "torch_load": ("safe_open", "load_safetensors", "load_into", "iter_tensors", "PhxFallbackWarning"),
+    "availability": ("available", "Availability"),
+    "torch_load": ("safe_open", "load_safetensors", "load_into", "iter_tensors", "load_sharded", "PhxFallbackWarning"),
     "torch_save": ("save_safetensors",),
-    "torch_mem": ("register_tensors",),
-    "sharded": ("load_sharded",),
+    "torch_mem": ("read_into", "register_tensor", "register_tensors"),
     "replicate": ("load_replicated",),
     "loader": ("LoadStats", "load_safetensors_emu"),
     "savefile": ("SaveStats",),

@@ -15,6 +15,7 @@ import os
 from typing import Dict, Union
 
 from . import abi
+from .availability import available
 from .batchio import BatchIO, PreadIO
 from .client import EmuBuffer
 from .fetch import Fetcher, SafeOpen
@@ -126,14 +127,12 @@ class HostBackend(HostMemory):
 def open_emu(path: Union[str, os.PathLike], threads: int = 2, owned: bool = True, **kw) -> SafeOpen:
     """safe_open over the emulated device of an emu mount (tests, demos);
     numpy results always own their memory (owned is accepted and moot)."""
-    from .torch_helpers import available
     backend = EmuBackend(cache_for(path, abi.VENDOR_EMU, 0))
     return SafeOpen(Fetcher(path, backend, BatchIO(path, threads), **kw), available(path))
 
 
 def open_host(path: Union[str, os.PathLike], threads: int = 2, owned: bool = True, **kw) -> SafeOpen:
     """safe_open(framework="np"): pread into host memory, numpy results."""
-    from .torch_helpers import available
     av = available(path)
     av.fallback = "pread into host memory (numpy results)"
     backend = HostBackend()

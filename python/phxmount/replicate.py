@@ -12,8 +12,10 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence, Union
 
+from .fetch import select
 from .loader import DEFAULT_TIMEOUT, LoadStats
 from .safetensors import DEFAULT_CHUNK
+from .torch_load import open_reader
 
 PathLike = Union[str, os.PathLike]
 
@@ -27,8 +29,6 @@ def load_replicated(path: PathLike, devices: Sequence[int], chunk: int = DEFAULT
     tensor owns its memory. stats (of the read onto devices[0]) gets
     seconds for the whole, copies included."""
     import torch
-    from .fetch import select
-    from .torch_load import open_reader
     if not devices:
         raise ValueError("load_replicated: no devices")
     first, rest = devices[0], list(devices[1:])

@@ -1,17 +1,13 @@
-"""Sharded checkpoints onto several GPUs: each shard file (a safetensors file
-of a checkpoint split in several, as `model-00001-of-00004.safetensors`
-with its `model.safetensors.index.json`) goes to its own device, and the
-shards load in parallel threads (each batch ioctl releases the GIL, so the
-daemon's workers serve every shard at once)."""
+"""Sharded checkpoints: the shard files of a checkpoint split in several
+(`model-00001-of-00004.safetensors` with its
+`model.safetensors.index.json`), and which device each goes to
+(torch_load.load_sharded loads them in parallel). No torch."""
 
 from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple, Union
-
-from .safetensors import DEFAULT_CHUNK
+from typing import List, Sequence, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -45,38 +41,3 @@ def assign_devices(files: Sequence[str], devices: Sequence[int]) -> List[Tuple[s
     if not devices:
         raise ValueError("no devices")
     return [(f, devices[i % len(devices)]) for i, f in enumerate(files)]
-
-
-def load_sharded(checkpoint: PathLike, devices: Optional[Sequence[int]] = None, chunk: int = DEFAULT_CHUNK,
-                 timeout: Optional[float] = None, stats: Optional[list] = None, *, names=None,
-                 shard: Optional[Tuple[int, int, int]] = None, owned: bool = True) -> Dict[str, "object"]:
-    """Loads every shard file of a checkpoint on a phxmount mount, each onto
-    its device (default: every visible GPU), in parallel. Returns one
-    {name: tensor} dict; a tensor name in two shard files is an error.
-    names, shard and owned as in load_safetensors: only the named tensors,
-    only this rank's part of each (an explicit name in no shard file is a
-    KeyError)."""
-    from .loader import DEFAULT_TIMEOUT, LoadStats
-    from .torch_load import load_safetensors
-    if devices is None:
-        import torch
-        devices = list(range(torch.cuda.device_count()))
-    plan = assign_devices(shard_files(checkpoint), list(devices))
-    keep = names if names is None or callable(names) else set(names).__contains__
-    per = [LoadStats() for _ in plan]
-    kw = dict(names=keep, shard=shard, owned=owned, strict=False)
-    with ThreadPoolExecutor(max_workers=len(plan)) as pool:
-        futures = [pool.submit(load_safetensors, f, d, chunk, DEFAULT_TIMEOUT if timeout is None else timeout, s, **kw)
-                   for (f, d), s in zip(plan, per)]
-        parts = [fu.result() for fu in futures]
-    out: Dict[str, object] = {}
-    for (f, _), part in zip(plan, parts):
-        for k, v in part.items():
-            if k in out:
-                raise ValueError(f"tensor {k!r} is in two shards (again in {f})")
-            out[k] = v
-    if names is not None and not callable(names) and set(names) - set(out):
-        raise KeyError(f"{os.fspath(checkpoint)}: no tensor {sorted(set(names) - set(out))[0]!r} in any shard file")
-    if stats is not None:
-        stats.extend(per)
-    return out

@@ -16,15 +16,16 @@ import errno
 import os
 import time
 import warnings
-from typing import Dict, Iterator, Optional, Tuple, Union
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from .batchio import BatchIO, PreadIO
 from .client import PhxError
 from .fetch import Fetcher, SafeOpen, select, stream
 from .loader import DEFAULT_TIMEOUT, LoadStats
 from .safetensors import DEFAULT_CHUNK
-from .sharded import shard_files
-from .torch_helpers import Availability, available
+from .sharded import assign_devices, shard_files
+from .availability import Availability, available
 from .torch_mem import ArenaBackend, CudaBackend, GivenBackend, HostTorchBackend, cuda_cache, device_index
 
 PathLike = Union[str, os.PathLike]
@@ -188,3 +189,38 @@ def iter_tensors(source: PathLike, device=0, *, names=None, shard: Optional[Tupl
         missing = sorted(set(names) - seen)
         if missing:
             raise KeyError(f"{os.fspath(source)}: no tensor {missing[0]!r} in any shard file")
+
+
+def load_sharded(checkpoint: PathLike, devices: Optional[Sequence[int]] = None, chunk: int = DEFAULT_CHUNK,
+                 timeout: Optional[float] = None, stats: Optional[list] = None, *, names=None,
+                 shard: Optional[Tuple[int, int, int]] = None, owned: bool = True) -> Dict[str, "object"]:
+    """Loads every shard file of a checkpoint on a phxmount mount, each onto
+    its device (default: every visible GPU), in parallel threads (each
+    BATCH ioctl lets go of the GIL, so the daemon serves every shard at
+    once). Returns one
+    {name: tensor} dict; a tensor name in two shard files is an error.
+    names, shard and owned as in load_safetensors: only the named tensors,
+    only this rank's part of each (an explicit name in no shard file is a
+    KeyError)."""
+    if devices is None:
+        import torch
+        devices = list(range(torch.cuda.device_count()))
+    plan = assign_devices(shard_files(checkpoint), list(devices))
+    keep = names if names is None or callable(names) else set(names).__contains__
+    per = [LoadStats() for _ in plan]
+    kw = dict(names=keep, shard=shard, owned=owned, strict=False)
+    with ThreadPoolExecutor(max_workers=len(plan)) as pool:
+        futures = [pool.submit(load_safetensors, f, d, chunk, DEFAULT_TIMEOUT if timeout is None else timeout, s, **kw)
+                   for (f, d), s in zip(plan, per)]
+        parts = [fu.result() for fu in futures]
+    out: Dict[str, object] = {}
+    for (f, _), part in zip(plan, parts):
+        for k, v in part.items():
+            if k in out:
+                raise ValueError(f"tensor {k!r} is in two shards (again in {f})")
+            out[k] = v
+    if names is not None and not callable(names) and set(names) - set(out):
+        raise KeyError(f"{os.fspath(checkpoint)}: no tensor {sorted(set(names) - set(out))[0]!r} in any shard file")
+    if stats is not None:
+        stats.extend(per)
+    return out

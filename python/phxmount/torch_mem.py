@@ -1,5 +1,6 @@
 """torch tensors as the fetch engine's destinations (fetch.py), and their
-registrations with the mount. Kept thin: the planning, batching and
+registrations with the mount (register_tensor, register_tensors, and
+read_into, a byte range of a file into a tensor). Kept thin: the planning, batching and
 waiting are torch-free and tested on the emulated device.
 
 A tensor's memory is registered whole-allocation at a time: the CUDA
@@ -21,15 +22,19 @@ Backends (see fetch.py for the protocol):
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
-from typing import Dict, Iterable, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Tuple, Union
 
 from . import abi, cuda
-from .client import PhxFile
+from .client import PhxError, PhxFile
+from .dtypes import torch_dtype
 from .hostbackends import HostMemory
-from .regcache import Alloc, RegCache, cache_for, mount_root
+from .loader import DEFAULT_TIMEOUT
+from .regcache import PAGE, Alloc, RegCache, cache_for, mount_root
+from .safetensors import DEFAULT_CHUNK
 from .slicing import Plan
-from .torch_helpers import torch_dtype
 
 ALIGN = 256  # sub-allocations of an arena start at multiples of this
 
@@ -109,6 +114,75 @@ def register_tensors(path, tensors: Iterable) -> int:
         locate_tensor(cache, t)
         made += cache.registered - before
     return made
+
+
+@dataclass
+class TensorRegistration:
+    file: PhxFile
+    id: int
+    transport: str
+    device: int
+    base: int  # the allocation's device address
+    size: int  # bytes registered from base
+    offset: int  # the tensor's first byte, from base
+
+    def close(self) -> None:
+        self.file.deregister(self.id)
+
+
+def register_tensor(f: PhxFile, tensor) -> TensorRegistration:
+    """Registers the CUDA allocation holding tensor's storage with the
+    mount, outside the registration cache: the caller deregisters it (close)
+    or closing f does. Loads use the cache instead (torch_mem); do not
+    register an allocation that the cache holds too. tensor must be
+    contiguous."""
+    if not tensor.is_contiguous():
+        raise ValueError("tensor must be contiguous")
+    dev, a = device_index(tensor), tensor_alloc(tensor)
+    reg_size = a.size // PAGE * PAGE
+    offset = tensor.data_ptr() - a.base
+    nbytes = tensor.numel() * tensor.element_size()
+    if a.base % PAGE or reg_size == 0 or offset + nbytes > reg_size:
+        raise ValueError(f"tensor [{offset}, +{nbytes}) does not lie in the 64 KiB-aligned, 64 KiB-rounded "
+                         f"allocation {a.base:#x}+{a.size}")
+    r = f.register(abi.VENDOR_NVIDIA, mount_device(f"/proc/self/fd/{f.fd}", dev), a.export(), reg_size)
+    return TensorRegistration(f, r.id, r.transport_name, dev, a.base, reg_size, offset)
+
+
+def read_into(tensor, path: Union[str, os.PathLike, PhxFile], file_offset: int = 0, length: Optional[int] = None,
+              chunk: int = DEFAULT_CHUNK, timeout: Optional[float] = DEFAULT_TIMEOUT) -> int:
+    """Reads length bytes (default: the tensor's size) of the file at
+    file_offset into the tensor's bytes; returns the bytes read (fewer only
+    at end of file). The tensor's allocation is registered through the
+    mount's cache (once for all reads into it)."""
+    import torch
+    nbytes = tensor.numel() * tensor.element_size()
+    length = nbytes if length is None else length
+    if not 0 <= length <= nbytes:
+        raise ValueError(f"length {length} does not fit a tensor of {nbytes} bytes")
+    f = path if isinstance(path, PhxFile) else PhxFile(path)
+    try:
+        dev = device_index(tensor)
+        torch.cuda.synchronize(dev)
+        buf_id, off = locate_tensor(cuda_cache(f"/proc/self/fd/{f.fd}", dev), tensor)
+        ext = [abi.Extent(buf_id, off + o, min(chunk, length - o), file_offset + o) for o in range(0, length, chunk)]
+        for i in range(0, len(ext), abi.MAX_EXTENTS):
+            try:  # on a timeout, tensor stays referenced until the batch is over
+                f.batch_read_all(ext[i:i + abi.MAX_EXTENTS], timeout=timeout, on_abandon=lambda t=tensor: None)
+            except PhxError as e:
+                if e.errno != errno.EIO:  # EIO here is a short extent: end of file
+                    raise
+        total = 0
+        for e in ext:
+            if e.result < 0:
+                raise PhxError(-e.result, f"phx read {f.path}: {os.strerror(-e.result)}")
+            total += e.result
+            if e.result < e.length:
+                break
+        return total
+    finally:
+        if f is not path:
+            f.close()
 
 
 def to_tensor(mem, plan: Plan):

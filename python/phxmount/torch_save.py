@@ -12,7 +12,8 @@ from .client import PhxError
 from .loader import DEFAULT_TIMEOUT
 from .safetensors import DEFAULT_CHUNK
 from .savefile import SaveStats, Source, save
-from .torch_helpers import available, st_dtype
+from .availability import available
+from .dtypes import st_dtype
 from .torch_mem import cuda_cache, device_index, locate_tensor
 
 

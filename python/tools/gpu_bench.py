@@ -41,7 +41,7 @@ def fresh():
 
 def registered(a, h, wd):
     import torch
-    from phxmount.torch_helpers import torch_dtype
+    from phxmount.dtypes import torch_dtype
     wd.stage("hot, registered: allocate and register every tensor (untimed)", 120)
     fresh()
     tensors = {t.name: torch.empty(t.shape, dtype=torch_dtype(t.dtype), device="cuda:0") for t in h.tensors}

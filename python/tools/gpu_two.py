@@ -37,7 +37,7 @@ _TWO_A = re.compile(r"^A bounce hot file -> 2 GPU\(s\).*?([\d.]+) GB/s", re.M)
 def empty_like_file(path, dev):
     """One uninitialised tensor per tensor of the file, on cuda:dev."""
     import torch
-    from phxmount.torch_helpers import torch_dtype
+    from phxmount.dtypes import torch_dtype
     return {t.name: torch.empty(t.shape, dtype=torch_dtype(t.dtype), device=f"cuda:{dev}")
             for t in read_header(path).tensors}
 
