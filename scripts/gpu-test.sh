@@ -18,6 +18,8 @@
 #                                    loads (hot, cold), KV blocks, rank shards,
 #                                    saving; then gpu_report.py: $OUT/bench.md and
 #                                    $OUT/gpu-latest.json (for docs/bench/)
+#   bash scripts/gpu-test.sh hf      the drop-in's checks and rows alone (gpu_hf.py;
+#                                    run does them too)
 #   bash scripts/gpu-test.sh report  gpu_report.py over the raw files in $RAW
 #                                    (PHX_GPU_RAW; no GPU needed: raw.tgz of
 #                                    several runs unpacked into one folder)
@@ -173,9 +175,34 @@ gen_file() {
 	sync
 }
 
+# install_py: pip install ./python into this python3, as a user does: its
+# phxmount-hook.pth is what PHXMOUNT_HOOK needs at interpreter start.
+install_py() {
+	if python3 -m pip install -q --no-index --no-deps --no-build-isolation "$ROOT/python" >"$RAW/pip.log" 2>&1; then
+		say "pip install ./python: $(python3 -c 'import phxmount; print(phxmount.__version__, phxmount.__file__)')"
+	else
+		fail "pip install ./python (see pip.log)"
+		return 1
+	fi
+}
+
+# drop_in: issue 19's checks and rows on a Llama-shaped checkpoint that
+# transformers writes (python/tools/gpu_hf.py), the mount up.
+drop_in() {
+	install_py || return
+	if [ ! -f "$WORK/backing/llama/config.json" ]; then
+		say "--- generate the Llama-shaped checkpoint (transformers save_pretrained)"
+		timeout 300 python3 python/tools/gpu_hf.py gen --dir "$WORK/backing/llama" 2>&1 | tail -3 | tee -a "$LOG" ||
+			{ fail "generate the Llama-shaped checkpoint"; return 1; }
+	fi
+	py_tool gpu_hf 900 run --mount-dir "$MNT" --backing-dir "$WORK/backing" --ckpt llama \
+		--phxmount "$CARRY/phxmount" --out "$RAW/run-hf.json"
+}
+
 run() {
 	cd "$ROOT" || exit 1
 	need_binaries
+	rm -f "$RAW"/run-*.json
 	say "=== gpu-test run: $(date -u +%FT%TZ) $(nvidia-smi -L 2>&1 | head -1); kernel $(uname -r); python $(python3 -c 'import sys; print(sys.version.split()[0])')"
 	say "--- connector/nvidia tests"
 	if timeout 150 ./.devcarry/nvidia.test -test.v -test.count=1 >"$RAW/nvidia-test.log" 2>&1; then
@@ -212,6 +239,7 @@ run() {
 	else
 		say "two GPUs: not run (this machine has $(gpus) GPU)"
 	fi
+	drop_in
 	grep -E "registered .* buffer" "$RAW/phxmount.log" | head -2 | sed -e 's/^time="[^"]*" //' | tee -a "$LOG"
 	unmount
 }
@@ -281,7 +309,7 @@ report() {
 	# shellcheck disable=SC2086 # PHX_EXTRA_ROWS: JSON files of more rows, space-separated
 	python3 python/tools/gpu_report.py --go "$RAW/bench-go.json" --py "$RAW/bench-py.json" --kv "$RAW/bench-kv.json" \
 		--shard "$RAW/bench-shard.json" --save "$RAW/bench-save.json" --ref-staged "$RAW/ref-staged_ceiling.txt" \
-		--ref-kv "$RAW/ref-kv_blocks.txt" --rows $(ls "$RAW"/bench-two.json 2>/dev/null) ${PHX_EXTRA_ROWS:-} --commit "$(cat "$CARRY/commit" 2>/dev/null || echo unknown)" \
+		--ref-kv "$RAW/ref-kv_blocks.txt" --rows $(ls "$RAW"/bench-two.json "$RAW"/run-*.json 2>/dev/null) ${PHX_EXTRA_ROWS:-} --commit "$(cat "$CARRY/commit" 2>/dev/null || echo unknown)" \
 		--machine "$machine" --json-out "$OUT/gpu-latest.json" "$ROOT/docs/bench/gpu-latest.json" --md-out "$OUT/bench.md" |
 		tee -a "$LOG" || fail "gpu_report"
 }
@@ -350,6 +378,10 @@ build) build ;;
 run) run ;;
 bench) bench ;;
 report) report ;;
+hf)
+	cd "$ROOT" && need_binaries && mount_phx && drop_in
+	unmount
+	;;
 all)
 	run
 	bench

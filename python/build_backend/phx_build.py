@@ -13,6 +13,9 @@ import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "phxmount"
+# Installed beside the package: turns the safetensors hook on at interpreter
+# start when PHXMOUNT_HOOK is set (phxmount/hook.py).
+PTH = "phxmount-hook.pth"
 
 
 def _project() -> dict:
@@ -35,6 +38,11 @@ def _metadata(p: dict) -> str:
 def _package_files() -> list:
     src = os.path.join(ROOT, PACKAGE)
     return sorted(n for n in os.listdir(src) if n.endswith(".py") or n == "py.typed")
+
+
+def _read(rel: str) -> bytes:
+    with open(os.path.join(ROOT, rel), "rb") as f:
+        return f.read()
 
 
 def _dist_info(p: dict) -> str:
@@ -66,7 +74,7 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     p = _project()
     name = f"{p['name']}-{p['version']}-py3-none-any.whl"
-    files = [(f"{PACKAGE}/{n}", open(os.path.join(ROOT, PACKAGE, n), "rb").read()) for n in _package_files()]
+    files = [(f"{PACKAGE}/{n}", _read(os.path.join(PACKAGE, n))) for n in _package_files()] + [(PTH, _read(PTH))]
     di = _dist_info(p)
     files.append((f"{di}/METADATA", _metadata(p).encode()))
     files.append((f"{di}/WHEEL", b"Wheel-Version: 1.0\nGenerator: phx_build\nRoot-Is-Purelib: true\nTag: py3-none-any\n"))
@@ -82,7 +90,7 @@ def build_sdist(sdist_directory, config_settings=None):
     p = _project()
     base = f"{p['name']}-{p['version']}"
     name = f"{base}.tar.gz"
-    members = ["pyproject.toml", p["readme"], "build_backend/phx_build.py"] + \
+    members = ["pyproject.toml", p["readme"], "build_backend/phx_build.py", PTH] + \
         [f"{PACKAGE}/{n}" for n in _package_files()]
     with tarfile.open(os.path.join(sdist_directory, name), "w:gz") as t:
         for m in members:

@@ -23,6 +23,7 @@ A backend provides:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from typing import Dict, Iterable, List, Optional, Union
@@ -251,12 +252,15 @@ class SliceView:
 class SafeOpen:
     """safetensors.safe_open's interface over a Fetcher: keys(), metadata(),
     get_tensor(name), get_slice(name)[...], plus prefetch(items) and
-    available() (how the bytes travel, and why)."""
+    available() (how the bytes travel, and why). Threads may share one
+    (transformers materializes tensors from a pool): planning and starting
+    take a lock, waiting for the bytes does not."""
 
     def __init__(self, fetcher: Fetcher, availability):
         self.fetcher = fetcher
         self._availability = availability
         self._landing: Dict[tuple, List[Pending]] = {}
+        self._lock = threading.Lock()
         self.served_from_prefetch = 0
 
     def keys(self) -> List[str]:
@@ -281,31 +285,40 @@ class SafeOpen:
     def prefetch(self, items: Iterable) -> List[Plan]:
         """Starts many requests at once: names, or (name, index) pairs;
         later get_tensor / get_slice calls for them take what landed."""
-        plans = [self.fetcher.plan(*((it, None) if isinstance(it, str) else it)) for it in items]
-        for p, pend in zip(plans, self.fetcher.start(plans)):
-            self._landing.setdefault(p.key, []).append(pend)
+        with self._lock:
+            plans = [self.fetcher.plan(*((it, None) if isinstance(it, str) else it)) for it in items]
+            for p, pend in zip(plans, self.fetcher.start(plans)):
+                self._landing.setdefault(p.key, []).append(pend)
         return plans
 
     def wait_prefetched(self) -> None:
         """Waits until every prefetched request has landed."""
-        for q in self._landing.values():
-            for pend in q:
-                wait_all(pend.futures, max(0.0, pend.deadline - time.monotonic()), f"prefetch of {pend.plan.name}")
+        with self._lock:
+            pends = [pend for q in self._landing.values() for pend in q]
+        for pend in pends:
+            wait_all(pend.futures, max(0.0, pend.deadline - time.monotonic()), f"prefetch of {pend.plan.name}")
 
     def _get(self, name: str, index):
-        p = self.fetcher.plan(name, index)
-        q = self._landing.get(p.key)
-        if q:
-            pend = q.pop(0)
-            if not q:
-                del self._landing[p.key]
-            self.served_from_prefetch += 1
-        else:
-            pend = self.fetcher.start([p])[0]
+        with self._lock:
+            p = self.fetcher.plan(name, index)
+            q = self._landing.get(p.key)
+            if q:
+                pend = q.pop(0)
+                if not q:
+                    del self._landing[p.key]
+                self.served_from_prefetch += 1
+            else:
+                pend = self.fetcher.start([p])[0]
         return pend.result()
 
+    def landing(self, name: str, index=None) -> bool:
+        """Whether a prefetched request for name[index] waits to be taken."""
+        with self._lock:
+            return self.fetcher.plan(name, index).key in self._landing
+
     def close(self) -> None:
-        self._landing.clear()
+        with self._lock:
+            self._landing.clear()
         self.fetcher.close()
 
     def __enter__(self) -> "SafeOpen":

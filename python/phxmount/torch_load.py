@@ -85,11 +85,15 @@ def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Option
     return SafeOpen(fetcher, av)
 
 
-def safe_open(path: PathLike, framework: str = "pt", device="cpu", **kw) -> SafeOpen:
+def safe_open(path: PathLike, framework: str = "pt", device="cpu", *, backend: str = "mmap", **kw) -> SafeOpen:
     """safetensors.safe_open through phxmount: keys(), metadata(),
     get_tensor(name), get_slice(name)[...] (each request one BATCH of
-    exactly the extents it covers), prefetch([...]), available(). kw:
+    exactly the extents it covers), prefetch([...]), available(). backend
+    is safetensors' ("mmap" or "pread"): accepted, and moot, as phxmount
+    reads through the mount's ioctls (and pread where it falls back). kw:
     threads, strategy ("auto", "exact", "cover"), chunk, timeout, owned."""
+    if backend not in ("mmap", "pread"):
+        raise ValueError(f"backend {backend!r}: safetensors knows mmap and pread")
     fw = framework.lower()
     if fw in ("np", "numpy"):
         if device not in ("cpu", None):

@@ -17,7 +17,7 @@ LAYERS = [
     ["savefile", "hostbackends"],
     ["torch_mem"],
     ["torch_load", "torch_save"],
-    ["replicate"],
+    ["replicate", "hook"],
     ["__init__"],
 ]
 

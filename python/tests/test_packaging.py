@@ -34,6 +34,15 @@ class PackagingTest(unittest.TestCase):
             self.assertEqual(got_version, version)
             self.assertEqual(typed, "True", "py.typed is not installed")
             self.assertTrue(path.startswith(venv), f"imported from {path}, not the venv")
+            # phxmount-hook.pth: the hook at interpreter start when PHXMOUNT_HOOK says so, nothing otherwise.
+            probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('phxmount')))"
+            for value, want in (("1", "['phxmount', 'phxmount.abi'"), ("0", "[]"), (None, "[]")):
+                env = {k: v for k, v in os.environ.items() if k != "PHXMOUNT_HOOK"}
+                if value is not None:
+                    env["PHXMOUNT_HOOK"] = value
+                out = subprocess.run([py, "-c", probe], cwd=d, env=env, capture_output=True, text=True, check=True)
+                self.assertTrue(out.stdout.startswith(want), (value, out.stdout, out.stderr))
+                self.assertEqual("phxmount.hook" in out.stdout, value == "1", (value, out.stdout))
 
 
 if __name__ == "__main__":

@@ -65,8 +65,9 @@ def best_prefix(results: dict, *prefixes):
     return max(vals) if vals else None
 
 
-def row(name, value, baseline, target, baseline_name, unit="GB/s", missing=(), note=""):
-    """One row; the ratio is a speed-up for time rows."""
+def row(name, value, baseline, target, baseline_name, unit="GB/s", missing=(), note="", smaller=False):
+    """One row; the ratio is a speed-up for time rows, and baseline / value
+    for any row where smaller is better (memory)."""
     r = {"name": name, "value": value, "baseline": baseline, "ratio": None, "target": target, "met": False,
          "unit": unit, "baseline_name": baseline_name, "status": "measured"}
     if note:
@@ -75,7 +76,7 @@ def row(name, value, baseline, target, baseline_name, unit="GB/s", missing=(), n
         r.update(value=None, status=NOT_RUN,
                  missing=list(missing) or [w for w, v in (("value", value), ("baseline", baseline)) if not v])
         return r
-    r["ratio"] = baseline / value if unit == "s" else value / baseline
+    r["ratio"] = baseline / value if unit == "s" or smaller else value / baseline
     r["met"] = r["ratio"] >= target
     return r
 

@@ -1,0 +1,622 @@
+"""The drop-in: safetensors' own `safe_open` (and so `safetensors.torch.load_file`,
+which calls it) served by phxmount for files on a phxmount mount, with no
+change to the program that calls them.
+
+Turning it on:
+    PHXMOUNT_HOOK=1 python serve.py     # pip install ./python puts phxmount-hook.pth
+                                        # in site-packages; it reads the variable at
+                                        # interpreter start and imports nothing else
+    import phxmount.hook                # in code: the same as PHXMOUNT_HOOK=1
+
+PHXMOUNT_HOOK is 0/off (or unset), 1/on/auto, or a CUDA device: `cuda` (the
+calling thread's current device) or `cuda:N`.
+
+What a call safe_open(path, framework, device, backend=...) gets:
+* the real safetensors, untouched, for a file off a phxmount mount, a
+  framework other than PyTorch's, a device that is neither CUDA nor the
+  CPU, or a mount whose device is not an NVIDIA GPU;
+* device "cuda", "cuda:N" or N: tensors that land in that GPU's memory
+  through the mount;
+* device "cpu": host tensors from the real safetensors, except where the
+  hook knows that the caller moves them to a GPU anyway:
+    - transformers' from_pretrained tells its loader each tensor's device
+      and dtype (core_model_loading.spawn_materialize); a tensor bound for
+      a GPU in its own dtype lands there, and the .to() that follows has
+      nothing left to do;
+    - with PHXMOUNT_HOOK=cuda or cuda:N, every tensor asked for on the CPU
+      lands on that GPU: for loaders that copy each tensor into GPU
+      parameters (vLLM's and SGLang's default loaders), which must then
+      accept CUDA tensors.
+A reader that will read the whole file gets one plan for it at its first
+read: get_tensors (load_file), or transformers, which asks for a slice of
+every tensor before it reads any (the tensors bound to one GPU so far start
+together). get_tensor in key order reads ahead PHXMOUNT_HOOK_WINDOW bytes
+(default 1 GiB) of the next tensors.
+
+Nothing fails where safetensors would have worked: whatever phxmount cannot
+do (no CUDA driver here, a registration refused, a read error) is done by
+the real safetensors instead, and said once on stderr. The hook says once,
+at its first file, what it does, and at exit what it did.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+from .safetensors import Header, TensorInfo, read_header
+
+ENV = "PHXMOUNT_HOOK"
+WINDOW_ENV = "PHXMOUNT_HOOK_WINDOW"
+DEFAULT_WINDOW = 1 << 30
+FUSE_SUPER_MAGIC = 0x65735546
+_PT = ("pt", "torch", "pytorch")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What PHXMOUNT_HOOK asks for: on or off, and where tensors asked for
+    on the CPU go (None: they stay host tensors)."""
+    on: bool
+    cpu_to: Optional[str] = None
+
+
+def parse_mode(value: Optional[str]) -> Mode:
+    v = (value or "").strip().lower()
+    if v in ("", "0", "off", "no", "false"):
+        return Mode(False)
+    if v in ("1", "on", "yes", "true", "auto"):
+        return Mode(True)
+    if v == "cuda" or re.fullmatch(r"cuda:\d+", v):
+        return Mode(True, v)
+    raise ValueError(f"{ENV}={value!r}: want 0, 1 (auto), cuda or cuda:N")
+
+
+# --- saying what happened -------------------------------------------------------
+
+class Report:
+    """What the hook did in this process: said once per kind of event on
+    stderr, and summed up at exit."""
+
+    def __init__(self, out=None):
+        self.out = out
+        self.lock = threading.Lock()
+        self.said = set()
+        self.files = self.tensors = self.bytes = self.fallbacks = 0
+        self.devices = set()
+
+    def say(self, key: str, msg: str) -> None:
+        with self.lock:
+            if key in self.said:
+                return
+            self.said.add(key)
+        print(f"phxmount hook: {msg}", file=self.out or sys.stderr, flush=True)
+
+    def landed(self, dev: int, nbytes: int) -> None:
+        with self.lock:
+            self.tensors += 1
+            self.bytes += nbytes
+            self.devices.add(dev)
+
+    def fell_back(self, path: str, why: BaseException) -> None:
+        with self.lock:
+            self.fallbacks += 1
+        self.say(f"fallback {why.__class__.__name__}: {why}",
+                 f"{path}: {why}; reading it with safetensors instead")
+
+    def summary(self) -> str:
+        with self.lock:
+            devs = ", ".join(f"cuda:{d}" for d in sorted(self.devices)) or "no GPU"
+            return (f"{self.files} file(s) through phxmount, {self.tensors} tensor(s), "
+                    f"{self.bytes / 1e9:.2f} GB onto {devs}; {self.fallbacks} fallback(s) to safetensors")
+
+
+report = Report()
+
+
+def _at_exit() -> None:
+    if report.files or report.fallbacks:
+        print(f"phxmount hook: {report.summary()}", file=report.out or sys.stderr, flush=True)
+
+
+# --- devices --------------------------------------------------------------------
+
+def cuda_index(device) -> Optional[int]:
+    """The CUDA ordinal device names (an int, "cuda", "cuda:N", a torch
+    device), or None when it names no CUDA device."""
+    if isinstance(device, bool):
+        return None
+    if isinstance(device, int):
+        return device if device >= 0 else None
+    s = str(device).strip().lower()
+    m = re.fullmatch(r"cuda(?::(\d+))?", s)
+    if not m:
+        return None
+    if m.group(1) is not None:
+        return int(m.group(1))
+    import torch
+    return torch.cuda.current_device()
+
+
+def is_cpu(device) -> bool:
+    return device is None or str(device).strip().lower() == "cpu"
+
+
+# --- which files are phxmount's ----------------------------------------------------
+
+class Mounts:
+    """Whether a file is on a phxmount mount (one INFO ioctl per file
+    system, remembered by st_dev), and whether a device of this process
+    can load from it (availability.available, remembered per device)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.phx: Dict[int, bool] = {}
+        self.gpu: Dict[tuple, object] = {}
+
+    def on_phxmount(self, path: str) -> bool:
+        dev = os.stat(path).st_dev
+        with self.lock:
+            known = self.phx.get(dev)
+        if known is None:
+            known = _statfs_type(path) == FUSE_SUPER_MAGIC and _answers_info(path)
+            with self.lock:
+                self.phx[dev] = known
+        return known
+
+    def availability(self, path: str, device: int):
+        from .availability import available
+        key = (os.stat(path).st_dev, device)
+        with self.lock:
+            av = self.gpu.get(key)
+        if av is None:
+            av = available(path, device)
+            with self.lock:
+                self.gpu[key] = av
+        return av
+
+
+def _statfs_type(path: str) -> int:
+    """statfs(2)'s f_type (0 when it cannot be read): FUSE or not, without
+    opening the file."""
+    import ctypes
+    import ctypes.util
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on x86-64
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.statfs(os.fsencode(path), buf) != 0:
+        return 0
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def _answers_info(path: str) -> bool:
+    from .client import PhxError, PhxFile
+    try:
+        with PhxFile(path) as f:
+            f.info(0)
+        return True
+    except (OSError, PhxError):
+        return False
+
+
+mounts = Mounts()
+
+
+# --- the hooked objects -------------------------------------------------------------
+
+class HookedSlice:
+    """get_slice's answer: shape and dtype from the header; an index reads
+    through phxmount when the tensor goes to a GPU, else through the real
+    safetensors slice."""
+
+    def __init__(self, file: "HookedFile", info: TensorInfo):
+        self._file, self._info = file, info
+        self._bound: Optional[int] = None
+
+    def get_shape(self) -> List[int]:
+        return list(self._info.shape)
+
+    def get_dtype(self) -> str:
+        return self._info.dtype
+
+    def bind(self, device, dtype=None) -> None:
+        """Where the caller will move the tensor (transformers says so):
+        a GPU in the file's own dtype lands there directly."""
+        dev = cuda_index(device) if not is_cpu(device) else None
+        if dev is None:
+            return
+        self._bound = dev
+        if dtype is None or _same_dtype(dtype, self._info.dtype):
+            self._file.defer(dev, self._info.name)
+
+    def __getitem__(self, index):
+        return self._file.read_slice(self._info, index, self._bound)
+
+    def __getattr__(self, name):
+        return getattr(self._file.stock().get_slice(self._info.name), name)
+
+
+def _same_dtype(dtype, st_dtype: str) -> bool:
+    from .dtypes import torch_dtype
+    try:
+        return dtype == torch_dtype(st_dtype)
+    except TypeError:
+        return False
+
+
+class HookedFile:
+    """What the hooked safe_open returns for a file on a phxmount mount: the
+    interface of safetensors' safe_open, thread-safe, with the GPU reads
+    through phxmount (torch_load.open_reader, one per device) and every
+    host read, and whatever phxmount could not do, through the real one."""
+
+    def __init__(self, path: str, framework: str, device, backend: str, header: Header, mode: Mode,
+                 real: Callable, open_reader: Callable):
+        self.path, self.framework, self.device, self.backend = path, framework, device, backend
+        self.header, self.mode, self._real, self._open_reader = header, mode, real, open_reader
+        self.tensors: Dict[str, TensorInfo] = {t.name: t for t in header.tensors}
+        self._sorted = sorted(self.tensors)
+        self._lock = threading.RLock()
+        self._stock = None
+        self._readers: Dict[int, object] = {}
+        self._deferred: Dict[int, Dict[str, None]] = {}  # per device, in order
+        self._started: Dict[int, set] = {}
+        self._fallen: Optional[BaseException] = None
+        self._counted = False  # in report.files
+        self._index = {n: i for i, n in enumerate(self._sorted)}
+        self._expect = 0  # get_tensor in key order: the index of the next key
+        self._ahead_to = 0  # keys before this index have been read ahead
+        self.window = int(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW))
+
+    # safetensors' interface
+    def keys(self) -> List[str]:
+        return list(self._sorted)
+
+    def offset_keys(self) -> List[str]:
+        return [t.name for t in self.header.tensors]
+
+    def metadata(self):
+        return dict(self.header.metadata) or None
+
+    def get_slice(self, name: str):
+        info = self.tensors.get(name)
+        if info is None:
+            return self.stock().get_slice(name)  # its own error
+        return HookedSlice(self, info)
+
+    def get_tensor(self, name: str):
+        info = self.tensors.get(name)
+        dev = self.destination(None)
+        if info is None or dev is None:
+            return self.stock().get_tensor(name)
+        self.defer(dev, name)
+        self._read_ahead(name, dev)
+        return self._gpu(info, None, dev)
+
+    def get_tensors(self):
+        dev = self.destination(None)
+        if dev is None:
+            return self.stock().get_tensors()
+        names = self.offset_keys()
+        for n in names:
+            self.defer(dev, n)
+        return {n: self._gpu(self.tensors[n], None, dev) for n in names}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            readers, self._readers = list(self._readers.values()), {}
+            stock, self._stock = self._stock, None
+        for r in readers:
+            r.close()
+        if stock is not None:
+            stock.__exit__(None, None, None)
+
+    def __getattr__(self, name):
+        return getattr(self.stock(), name)
+
+    # routing
+    def stock(self):
+        """The real safetensors handle of the file, opened at first need."""
+        with self._lock:
+            if self._stock is None:
+                self._stock = self._real(self.path, self.framework, device=self.device, backend=self.backend)
+            return self._stock
+
+    def destination(self, bound: Optional[int]) -> Optional[int]:
+        """The GPU a read lands on: the device the file was opened for, or
+        where the caller said it goes, or PHXMOUNT_HOOK's; None: the host."""
+        if self._fallen is not None:
+            return None
+        if not is_cpu(self.device):
+            return cuda_index(self.device)
+        if bound is not None:
+            return bound
+        if self.mode.cpu_to is not None:
+            return cuda_index(self.mode.cpu_to)
+        return None
+
+    def defer(self, dev: int, name: str) -> None:
+        """name will be read onto dev: it starts with the next read there."""
+        with self._lock:
+            if name not in self._started.get(dev, ()):
+                self._deferred.setdefault(dev, {})[name] = None
+
+    def read_slice(self, info: TensorInfo, index, bound: Optional[int]):
+        dev = self.destination(bound)
+        if dev is None:
+            return self.stock().get_slice(info.name)[index]
+        return self._gpu(info, index, dev)
+
+    def _read_ahead(self, name: str, dev: int) -> None:
+        """get_tensor in key order (an engine's loading loop): the reads of
+        the next keys, up to the window's bytes, start with this one."""
+        with self._lock:
+            i = self._index[name]
+            sequential, self._expect = i == self._expect, i + 1
+            if not sequential:
+                return
+            k, j, ahead = self._sorted, i + 1, 0
+            while j < len(k) and ahead + self.tensors[k[j]].nbytes <= self.window:
+                ahead += self.tensors[k[j]].nbytes
+                if j >= self._ahead_to:
+                    self.defer(dev, k[j])
+                j += 1
+            self._ahead_to = max(self._ahead_to, j)
+
+    def _gpu(self, info: TensorInfo, index, dev: int):
+        """info[index] on dev through phxmount; the real safetensors (and a
+        copy to dev) where phxmount cannot, and for an index phxmount's
+        planner does not take (safetensors' own answer, or its error)."""
+        try:
+            reader = self._reader(dev)
+        except Exception as e:  # noqa: BLE001: never fail where safetensors works
+            self._fall_back(e)
+            return self._stock_to(info, index, dev)
+        try:
+            reader.fetcher.plan(info.name, index)
+        except (IndexError, TypeError, ValueError):
+            return self._stock_to(info, index, dev)
+        try:
+            self._start_deferred(reader, dev)
+            t = reader._get(info.name, index)
+        except Exception as e:  # noqa: BLE001
+            self._fall_back(e)
+            return self._stock_to(info, index, dev)
+        report.landed(dev, t.nbytes)
+        return t
+
+    def _reader(self, dev: int):
+        with self._lock:
+            r = self._readers.get(dev)
+            if r is not None:
+                return r
+        av = mounts.availability(self.path, dev)
+        if not av:
+            raise RuntimeError(f"cuda:{dev}: {av.reason}")
+        r = self._open_reader(self.path, dev)
+        with self._lock:
+            if dev in self._readers:
+                r.close()
+                return self._readers[dev]
+            self._readers[dev] = r
+            first, self._counted = not self._counted, True
+        if first:
+            with report.lock:
+                report.files += 1
+        report.say("engaged", f"{self.path}: tensors for cuda:{dev} through phxmount ({av.transport}); "
+                              f"{describe(self.mode)}")
+        return r
+
+    def _start_deferred(self, reader, dev: int) -> None:
+        with self._lock:
+            names = list(self._deferred.pop(dev, {}))
+            self._started.setdefault(dev, set()).update(names)
+        if names:
+            reader.prefetch(names)
+
+    def _fall_back(self, e: BaseException) -> None:
+        with self._lock:
+            first = self._fallen is None
+            self._fallen = self._fallen or e
+        if first:
+            report.fell_back(self.path, e)
+
+    def _stock_to(self, info: TensorInfo, index, dev: int):
+        t = self.stock().get_slice(info.name)[index] if index is not None else self.stock().get_tensor(info.name)
+        return t.to(f"cuda:{dev}")
+
+
+def describe(mode: Mode) -> str:
+    if mode.cpu_to:
+        return f"tensors asked for on the cpu land on {mode.cpu_to} ({ENV}={mode.cpu_to})"
+    return ("tensors asked for on the cpu stay host tensors unless their loader says they go to a GPU "
+            f"(transformers' from_pretrained); {ENV}=cuda sends them all to the GPU")
+
+
+# --- the hooked functions ---------------------------------------------------------------
+
+_orig: Dict[str, Callable] = {}
+_mode = Mode(False)
+
+
+def safe_open(filename, framework, device="cpu", *, backend="mmap"):
+    """safetensors.safe_open, served by phxmount where it can (see the module's doc)."""
+    real = _orig["safe_open"]
+    path = os.fspath(filename)
+    try:
+        f = _route(path, framework, device, backend, real)
+    except Exception as e:  # noqa: BLE001: the real one decides what is an error
+        report.fell_back(path, e)
+        f = None
+    return f if f is not None else real(filename, framework, device=device, backend=backend)
+
+
+def _route(path: str, framework, device, backend, real) -> Optional[HookedFile]:
+    if not isinstance(framework, str) or framework.lower() not in _PT:
+        return None
+    if not is_cpu(device) and cuda_index(device) is None:
+        return None  # mps, xpu, ...: not ours
+    if is_cpu(device) and _mode.cpu_to is None and "transformers" not in sys.modules:
+        return None  # host tensors, and no loader that could say otherwise
+    if not os.path.isfile(path) or not mounts.on_phxmount(path):
+        return None
+    header = read_header(path)
+    return HookedFile(path, framework, device, backend, header, _mode, real, _open_reader)
+
+
+def _open_reader(path: str, dev: int):
+    from .torch_load import open_reader
+    return open_reader(path, dev, owned=True)
+
+
+def _bind_spawn(orig: Callable) -> Callable:
+    """transformers' spawn_materialize, which first tells a hooked slice
+    the device and dtype its tensor goes to."""
+
+    def spawn_materialize(thread_pool, tensor, device=None, dtype=None, *args, **kw):
+        if isinstance(tensor, HookedSlice):
+            tensor.bind(device, dtype)
+        return orig(thread_pool, tensor, device, dtype, *args, **kw)
+
+    spawn_materialize.__wrapped__ = orig
+    return spawn_materialize
+
+
+# --- installing -------------------------------------------------------------------------
+
+def _patch_safetensors(mod) -> None:
+    real = getattr(mod, "safe_open", None)
+    if real is None or real is safe_open:
+        return
+    _orig.setdefault("safe_open", real)
+    _rebind(_orig["safe_open"], safe_open)
+
+
+def _rebind(old, new) -> None:
+    """Every module that holds old as safe_open gets new instead (but the
+    real extension module, and this one)."""
+    for name, m in list(sys.modules.items()):
+        if m is None or name in ("safetensors._safetensors_rust", __name__):
+            continue
+        try:
+            if getattr(m, "safe_open", None) is old:
+                setattr(m, "safe_open", new)
+        except Exception:  # noqa: BLE001: a module whose attributes misbehave
+            continue
+
+
+def _patch_transformers(mod) -> None:
+    fn = getattr(mod, "spawn_materialize", None)
+    if fn is None:
+        report.say("no-spawn", "transformers has no core_model_loading.spawn_materialize here: "
+                               f"tensors it asks for on the cpu stay host tensors ({ENV}=cuda sends them to a GPU)")
+        return
+    if getattr(fn, "__wrapped__", None) is None:
+        mod.spawn_materialize = _bind_spawn(fn)
+
+
+_AFTER_IMPORT = {"safetensors": _patch_safetensors, "transformers.core_model_loading": _patch_transformers}
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner, after):
+        self.inner, self.after = inner, after
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        self.after(module)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Patches a watched module as soon as it has been imported, before
+    anyone can take a name from it."""
+
+    def __init__(self):
+        self._busy = threading.local()
+
+    def find_spec(self, fullname, path=None, target=None):
+        after = _AFTER_IMPORT.get(fullname)
+        if after is None or getattr(self._busy, "name", None) == fullname:
+            return None
+        self._busy.name = fullname
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.name = None
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _Loader(spec.loader, after)
+        return spec
+
+
+_finder: Optional[_AfterImport] = None
+
+
+def install(mode: Optional[Mode] = None) -> Mode:
+    """Turns the hook on (idempotent): patches safetensors and transformers
+    now if they are imported, else as soon as they are."""
+    global _mode, _finder
+    _mode = mode or Mode(True)
+    if _finder is None:
+        _finder = _AfterImport()
+        sys.meta_path.insert(0, _finder)
+        atexit.register(_at_exit)
+    for name, after in _AFTER_IMPORT.items():
+        if name in sys.modules:
+            after(sys.modules[name])
+    return _mode
+
+
+def uninstall() -> None:
+    """Turns the hook off and puts the real functions back (tests)."""
+    global _mode, _finder
+    _mode = Mode(False)
+    if _finder is not None:
+        sys.meta_path.remove(_finder)
+        _finder = None
+    real = _orig.pop("safe_open", None)
+    if real is not None:
+        _rebind(safe_open, real)
+    tcl = sys.modules.get("transformers.core_model_loading")
+    fn = getattr(tcl, "spawn_materialize", None)
+    if getattr(fn, "__wrapped__", None) is not None:
+        tcl.spawn_materialize = fn.__wrapped__
+
+
+def install_from_env() -> None:
+    """What phxmount-hook.pth runs at interpreter start when PHXMOUNT_HOOK
+    is set: never fails the interpreter."""
+    try:
+        mode = parse_mode(os.environ.get(ENV))
+    except ValueError as e:
+        print(f"phxmount hook: {e}: the hook is off", file=sys.stderr)
+        return
+    if mode.on:
+        install(mode)
+
+
+# `import phxmount.hook` turns the hook on, unless PHXMOUNT_HOOK says
+# otherwise (PHXMOUNT_HOOK=0 turns it off without a change to the code).
+if ENV in os.environ:
+    install_from_env()
+else:
+    install()

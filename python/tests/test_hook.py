@@ -1,0 +1,402 @@
+"""The safetensors drop-in (phxmount.hook) without torch or a GPU:
+
+* the switch (PHXMOUNT_HOOK) and device names;
+* the patching, in fresh interpreters, against stand-in `safetensors` and
+  `transformers` packages: the name is replaced where it is defined and
+  wherever a module took it, before or after the hook, and
+  transformers' spawn_materialize tells hooked slices where they go;
+* the routing on a real emu mount, with numpy results from the emulated
+  device standing in for GPU tensors: files off the mount, other
+  frameworks and devices, and host tensors go to the real safetensors
+  with the same arguments; GPU-bound reads go through BATCH ioctls, the
+  whole file at once for get_tensors and for transformers' pattern (from
+  four threads), read ahead for get_tensor in key order; a mount that
+  cannot serve the GPU and a failing read fall back to safetensors and
+  say so once.
+"""
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import types
+import unittest
+
+from mountutil import WHY_NO_NUMPY, MountedCase, as_array, make_file, np, same, why_not
+
+from phxmount import hook  # noqa: E402
+from phxmount.client import PhxError  # noqa: E402
+from phxmount.hostbackends import open_emu  # noqa: E402
+from phxmount.safetensors import read_header  # noqa: E402
+
+PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A stand-in for the real package: safe_open records its arguments and
+# answers with them; safetensors.torch takes the name as the real one does.
+FAKE_SAFETENSORS = {
+    "safetensors/__init__.py": """
+        calls = []
+        def safe_open(filename, framework, device="cpu", *, backend="mmap"):
+            calls.append((str(filename), framework, device, backend))
+            return ("stock", str(filename), framework, device, backend)
+    """,
+    "safetensors/torch.py": """
+        from safetensors import safe_open
+        def load_file(filename, device="cpu", *, backend="mmap"):
+            return safe_open(filename, framework="pt", device=device, backend=backend)
+    """,
+    "transformers/__init__.py": "",
+    "transformers/core_model_loading.py": """
+        def spawn_materialize(thread_pool, tensor, device=None, dtype=None, sharding_op=None, tensor_idx=None):
+            return ("spawned", device, dtype)
+    """,
+    "early/__init__.py": "from safetensors import safe_open\n",
+}
+
+
+def write_tree(root, files):
+    for rel, text in files.items():
+        p = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write(textwrap.dedent(text))
+
+
+class ModeTest(unittest.TestCase):
+    def test_the_switch(self):
+        for v, want in (("", hook.Mode(False)), ("0", hook.Mode(False)), ("off", hook.Mode(False)),
+                        ("1", hook.Mode(True)), ("auto", hook.Mode(True)), (" ON ", hook.Mode(True)),
+                        ("cuda", hook.Mode(True, "cuda")), ("cuda:3", hook.Mode(True, "cuda:3"))):
+            self.assertEqual(hook.parse_mode(v), want, v)
+        for bad in ("cuda:x", "gpu", "2"):
+            with self.assertRaises(ValueError):
+                hook.parse_mode(bad)
+
+    def test_device_names(self):
+        for d, want in ((0, 0), (3, 3), ("cuda:2", 2), (" CUDA:1", 1), ("cpu", None), ("mps", None),
+                        ("meta", None), (True, None), (-1, None)):
+            self.assertEqual(hook.cuda_index(d), want, d)
+        self.assertTrue(hook.is_cpu("cpu") and hook.is_cpu(None) and not hook.is_cpu("cuda:0"))
+
+
+class PatchingTest(unittest.TestCase):
+    """Fresh interpreters with the stand-in packages first on the path."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="phxhook-")
+        write_tree(cls.dir, FAKE_SAFETENSORS)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def run_py(self, code, **env):
+        e = {k: v for k, v in os.environ.items() if k != "PHXMOUNT_HOOK"}
+        e.update(PYTHONPATH=os.pathsep.join([self.dir, PYDIR]), **env)
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), os.path.join(self.dir, "x.safetensors")],
+                           env=e, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r
+
+    def test_every_binding_is_replaced_before_and_after(self):
+        self.run_py("""
+            import early, safetensors                  # early took the name before the hook
+            real = safetensors.safe_open
+            import phxmount.hook as h
+            import safetensors.torch                   # takes it after
+            from safetensors import safe_open as late
+            for where, fn in (("safetensors", safetensors.safe_open), ("early", early.safe_open),
+                              ("safetensors.torch", safetensors.torch.safe_open), ("late", late)):
+                assert fn is h.safe_open, where
+            import transformers.core_model_loading as tcl
+            assert tcl.spawn_materialize.__wrapped__ is not None
+            h.uninstall()
+            assert safetensors.safe_open is real and early.safe_open is real
+            assert not hasattr(tcl.spawn_materialize, "__wrapped__")
+        """)
+
+    def test_hook_first_then_imports(self):
+        self.run_py("""
+            import phxmount.hook as h
+            import safetensors.torch, transformers.core_model_loading as tcl
+            assert safetensors.safe_open is h.safe_open and safetensors.torch.safe_open is h.safe_open
+            assert tcl.spawn_materialize.__wrapped__ is not None
+        """)
+
+    def test_the_switch_at_import(self):
+        self.run_py("""
+            import phxmount.hook as h, safetensors
+            assert safetensors.safe_open is not h.safe_open and not h._mode.on
+        """, PHXMOUNT_HOOK="0")
+        r = self.run_py("""
+            import phxmount.hook as h, safetensors
+            assert safetensors.safe_open is not h.safe_open
+        """, PHXMOUNT_HOOK="gpu")
+        self.assertIn("PHXMOUNT_HOOK='gpu'", r.stderr)
+        self.run_py("""
+            import phxmount.hook as h
+            assert h._mode == h.Mode(True, "cuda:1"), h._mode
+        """, PHXMOUNT_HOOK="cuda:1")
+
+    def test_files_off_a_mount_go_to_safetensors_unchanged(self):
+        r = self.run_py("""
+            import sys, transformers, phxmount.hook, safetensors, safetensors.torch
+            p = sys.argv[1]
+            open(p, "wb").close()
+            for args, kw, want in (((p, "pt"), {}, ("stock", p, "pt", "cpu", "mmap")),
+                                   ((p, "pt", "cuda:0"), {"backend": "pread"}, ("stock", p, "pt", "cuda:0", "pread")),
+                                   ((p, "np"), {}, ("stock", p, "np", "cpu", "mmap")),
+                                   (("/nonexistent", "pt", 0), {}, ("stock", "/nonexistent", "pt", 0, "mmap"))):
+                got = safetensors.safe_open(*args, **kw)
+                assert got == want, (got, want)
+            assert safetensors.torch.load_file(p, device="mps") == ("stock", p, "pt", "mps", "mmap")
+            print("calls", len(safetensors.calls))
+        """)
+        self.assertIn("calls 5", r.stdout)
+        self.assertNotIn("phxmount hook:", r.stderr, "nothing to say for files that are not on a mount")
+
+
+# --- on a real emu mount ---------------------------------------------------------------
+
+SPECS = [("a.w", "F32", (64, 300)), ("b.w", "BF16", (128, 129)), ("c.bias", "I64", (4099,)),
+         ("d.flag", "BOOL", (7,)), ("e.big", "U8", (3, 70000)), ("f.none", "F16", (0, 3))]
+
+
+class Host(np.ndarray if np is not None else object):
+    """A host tensor of the stand-in: a numpy array that can .to() a device
+    (where the hook copies what safetensors read to the GPU asked for)."""
+
+    def to(self, device):
+        return self
+
+
+class StockFile:
+    """The real safetensors' stand-in on the mount: reads with pread (the
+    page cache), numpy results; counts what it served."""
+
+    served = 0
+
+    def __init__(self, filename, framework, device="cpu", *, backend="mmap"):
+        self.path, self.framework, self.device, self.backend = str(filename), framework, device, backend
+        self.h = read_header(self.path)
+        self.infos = {t.name: t for t in self.h.tensors}
+
+    def get_tensor(self, name):
+        if name not in self.infos:
+            raise KeyError(f"File does not contain tensor {name}")
+        StockFile.served += 1
+        t = self.infos[name]
+        with open(self.path, "rb") as f:
+            f.seek(self.h.data_start + t.begin)
+            return as_array(t.dtype, t.shape, f.read(t.nbytes)).view(Host)
+
+    def get_slice(self, name):
+        parent = self
+
+        class S:
+            def __getitem__(self, index):
+                return parent.get_tensor(name)[index]
+        return S()
+
+    def get_tensors(self):
+        return {n: self.get_tensor(n) for n in self.infos}
+
+    def keys(self):
+        return sorted(self.infos)
+
+    def __exit__(self, *a):
+        pass
+
+
+class Ok:
+    ok, transport, reason = True, "staged", "stands in for a GPU"
+
+    def __bool__(self):
+        return True
+
+
+WHY = why_not() or WHY_NO_NUMPY
+
+
+@unittest.skipIf(WHY, f"SKIP: {WHY}")
+class RoutingTest(MountedCase):
+    staged = True
+
+    @classmethod
+    def populate(cls, backing):
+        cls.header, ts = make_file(os.path.join(backing, "m.safetensors"), specs=SPECS)
+        cls.arrays = {n: as_array(*v) for n, v in ts.items()}
+        shutil.copy(os.path.join(backing, "m.safetensors"), os.path.join(os.path.dirname(backing), "off.safetensors"))
+
+    def setUp(self):
+        self.saved = {k: sys.modules.get(k) for k in ("safetensors", "transformers")}
+        fake = types.ModuleType("safetensors")
+        fake.safe_open = StockFile
+        sys.modules["safetensors"] = fake
+        sys.modules["transformers"] = types.ModuleType("transformers")
+        self.fake = fake
+        self.err = io.StringIO()
+        hook.report.__init__(self.err)
+        hook.mounts.__init__()
+        self.readers = []
+
+        def open_reader(path, dev):  # the emulated device stands in for cuda:dev
+            r = open_emu(path)
+            self.readers.append(r)
+            return r
+        self.orig_open_reader = hook._open_reader
+        hook._open_reader = open_reader
+        hook.install(hook.Mode(True))
+        StockFile.served = 0
+
+    def tearDown(self):
+        hook.uninstall()
+        hook._open_reader = self.orig_open_reader
+        hook.mounts.__init__()
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+    def gpu_ok(self):
+        key = (os.stat(self.path).st_dev, 0)
+        hook.mounts.gpu[key] = Ok()
+
+    @property
+    def path(self):
+        return self.m.path("m.safetensors")
+
+    def batches(self):
+        return self.counters()["lib_batches"]
+
+    def test_host_tensors_come_from_safetensors(self):
+        with self.fake.safe_open(self.path, "pt", device="cpu", backend="pread") as f:
+            self.assertIsInstance(f, hook.HookedFile)
+            self.assertEqual(f.keys(), sorted(self.arrays))
+            self.assertEqual(f.offset_keys(), [n for n, _, _ in SPECS])
+            for n, want in self.arrays.items():
+                self.assertTrue(same(f.get_tensor(n), want), n)
+                self.assertTrue(same(f.get_slice(n)[...], want), n)
+            self.assertEqual((f.stock().device, f.stock().backend), ("cpu", "pread"))
+        self.assertEqual(StockFile.served, 2 * len(self.arrays))
+        with self.assertRaises(KeyError):
+            self.fake.safe_open(self.path, "pt").get_tensor("nope")
+
+    def test_off_the_mount(self):
+        off = os.path.join(os.path.dirname(self.backing), "off.safetensors")
+        self.assertIsInstance(self.fake.safe_open(off, "pt", device="cuda:0"), StockFile)
+        self.assertIsInstance(self.fake.safe_open(self.path, "np", device="cpu"), StockFile)
+        self.assertIsInstance(self.fake.safe_open(self.path, "pt", device="mps"), StockFile)
+
+    def test_a_mount_without_a_gpu_falls_back_and_says_so(self):
+        # The emu mount's real availability: not an NVIDIA GPU.
+        with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:
+            for n, want in self.arrays.items():
+                self.assertTrue(same(np.asarray(f.get_tensor(n)), want), n)
+        self.assertGreater(StockFile.served, 0)
+        said = self.err.getvalue()
+        self.assertEqual(said.count("reading it with safetensors instead"), 1, said)
+        self.assertIn("not an NVIDIA GPU", said)
+
+    def test_get_tensors_is_one_plan(self):
+        self.gpu_ok()
+        b0 = self.batches()
+        with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:
+            got = f.get_tensors()
+        self.assertEqual(list(got), [n for n, _, _ in SPECS])
+        for n, want in self.arrays.items():
+            self.assertTrue(same(got[n], want), n)
+        self.assertEqual(StockFile.served, 0)
+        self.assertEqual(self.batches() - b0, 1, "one plan for the whole file: one BATCH")
+        self.assertIn("through phxmount", self.err.getvalue())
+
+    def test_transformers_pattern(self):
+        self.gpu_ok()
+        b0 = self.batches()
+        f = self.fake.safe_open(self.path, "pt", device="cpu", backend="mmap")
+        slices = {k: f.get_slice(k) for k in f.keys()}
+        spawn = hook._bind_spawn(lambda pool, t, device=None, dtype=None, *a, **k: t)
+        for k, s in slices.items():  # what from_pretrained does: device and dtype per tensor
+            spawn(None, s, "cuda:0", None)
+        out, errs = {}, []
+
+        def materialize(names):
+            try:
+                for n in names:
+                    out[n] = slices[n][...]
+            except Exception as e:  # noqa: BLE001
+                errs.append(e)
+        names = sorted(slices)
+        ts = [threading.Thread(target=materialize, args=(names[i::4],)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        f.__exit__(None, None, None)
+        self.assertEqual(errs, [])
+        for n, want in self.arrays.items():
+            self.assertTrue(same(out[n], want), n)
+        self.assertEqual(StockFile.served, 0, "every tensor through the mount")
+        self.assertLess(self.batches() - b0, len(self.arrays) - 1, "the bound tensors started together")
+
+    def test_unbound_cpu_slices_stay_host(self):
+        self.gpu_ok()
+        f = self.fake.safe_open(self.path, "pt", device="cpu")
+        s = f.get_slice("a.w")
+        hook._bind_spawn(lambda *a, **k: None)(None, s, "cpu", None)
+        self.assertTrue(same(s[2:5, 7], self.arrays["a.w"][2:5, 7]))
+        self.assertEqual(StockFile.served, 1)
+
+    def test_engine_loop_reads_ahead(self):
+        self.gpu_ok()
+        hook.install(hook.Mode(True, "cuda:0"))
+        with self.fake.safe_open(self.path, "pt") as f:
+            f.window = 1 << 20
+            keys = f.keys()
+            first = f.get_tensor(keys[0])
+            r = self.readers[0]
+            ahead = [k for k in keys[1:] if r.landing(k)]
+            self.assertGreater(len(ahead), 0, "nothing read ahead")
+            self.assertLessEqual(sum(f.tensors[k].nbytes for k in ahead), f.window)
+            self.assertTrue(same(first, self.arrays[keys[0]]))
+            for k in keys[1:]:
+                self.assertTrue(same(f.get_tensor(k), self.arrays[k]), k)
+            self.assertGreaterEqual(r.served_from_prefetch, len(ahead))
+        self.assertEqual(StockFile.served, 0)
+
+    def test_a_failing_read_falls_back_once(self):
+        self.gpu_ok()
+
+        def broken(path, dev):
+            r = open_emu(path)
+
+            def fail(*a):
+                raise PhxError(5, "injected")
+            r._get = fail
+            self.readers.append(r)
+            return r
+        hook._open_reader = broken
+        with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:
+            for n, want in self.arrays.items():
+                got = f.get_tensor(n)
+                self.assertTrue(same(np.asarray(got), want), n)
+        said = self.err.getvalue()
+        self.assertEqual(said.count("injected"), 1, said)
+        self.assertEqual(hook.report.fallbacks, 1)
+
+    def test_an_index_the_planner_refuses_goes_to_safetensors(self):
+        self.gpu_ok()
+        with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:
+            got = f.get_slice("a.w")[::-1]  # a negative step: the stand-in (numpy) takes it
+        self.assertTrue(same(np.ascontiguousarray(got), np.ascontiguousarray(self.arrays["a.w"][::-1])))
+        self.assertEqual(hook.report.fallbacks, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

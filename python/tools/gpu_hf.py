@@ -1,0 +1,399 @@
+"""The drop-in as users meet it (issue 19): stock programs on a phxmount mount
+with PHXMOUNT_HOOK set, against the same programs without it, on a
+Llama-shaped bf16 checkpoint that transformers itself writes
+(save_pretrained from a config and random weights).
+
+    gpu_hf.py gen --dir D          the checkpoint (hidden 4096, MLP 14336, 32/8
+                                   heads, vocab 128256, LAYERS layers) in D
+    gpu_hf.py run --mount-dir M --backing-dir B --ckpt NAME --phxmount BIN --out J
+                                   every check and row below, each measurement
+                                   in a fresh process; J: results and rows
+
+Each measurement is one fresh Python process (imports outside the clock):
+* stock: AutoModelForCausalLM.from_pretrained(B/NAME, dtype=bfloat16,
+  device_map="cuda:0"), timed, with torch's peak reserved memory;
+* hooked: the same call on M/NAME with PHXMOUNT_HOOK=1 (no other change),
+  timed, peak; then, in the same process, the stock call on B/NAME and
+  every parameter and buffer compared (torch.equal); load_file of a file on
+  the mount with device="cpu" must give host tensors equal to stock's; a
+  file off the mount must get the real safetensors' object;
+* engine: safe_open(f, framework="pt", device="cpu"), every key, get_tensor,
+  copied into a GPU tensor allocated before the clock (vLLM's and SGLang's
+  default loading loop), on M/NAME without the hook and with
+  PHXMOUNT_HOOK=cuda:0; the hooked one compared with a stock loop on B;
+* cold: caches dropped, the hooked from_pretrained; the cold-read ceiling
+  (the checkpoint's files read with 8 threads, O_DIRECT 16 MiB and buffered
+  1 MiB, caches dropped before each; the better one) in the same run;
+* first load: a fresh mount, a fresh process, phxmount.load_safetensors of
+  every file (in parallel); the pinned host-to-device ceiling measured in a
+  fresh process beside it.
+
+Rows (gpu_rows.row; every ratio higher-is-better): hf_from_pretrained_hot
+(stock s / hooked s, target 6), hf_from_pretrained_cold (hooked GB/s /
+cold ceiling, 0.9), engine_iterator_hot (without / with, 6),
+first_load_fresh_mount (GB/s / pinned, 0.85), hook_peak_memory (stock peak
+/ hooked peak, 0.952: within 1.05x). One run each, hot unless named cold.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import drop_caches, say, warm, write_json  # noqa: E402
+from gpu_rows import row  # noqa: E402
+
+LAYERS = 12
+GB = 1e9
+
+
+def gen(d: str) -> None:
+    """The checkpoint, written by transformers (skipped when it is there)."""
+    if os.path.exists(os.path.join(d, "config.json")):
+        say(f"checkpoint {d}: there")
+        return
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                      num_hidden_layers=LAYERS, vocab_size=128256, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("cuda:0"):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    m.save_pretrained(d)
+    os.sync()
+    say(f"checkpoint {d}: {ckpt_bytes(d) / GB:.2f} GB in {len(ckpt_files(d))} files")
+
+
+def ckpt_files(d: str):
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
+
+
+def ckpt_bytes(d: str) -> int:
+    return sum(os.path.getsize(f) for f in ckpt_files(d))
+
+
+# --- the fresh processes --------------------------------------------------------------
+
+def child(kind: str, args) -> dict:
+    """One measurement in this (fresh) process; its JSON goes to stdout."""
+    import torch
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    from transformers import AutoModelForCausalLM
+    torch.cuda.init()
+    torch.empty(1, device="cuda:0")  # the CUDA context, outside the clock (as a serving process has it)
+
+    def load(d):
+        t0 = time.perf_counter()
+        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, device_map="cuda:0")
+        torch.cuda.synchronize()
+        return m, time.perf_counter() - t0
+
+    out = {"kind": kind}
+    if kind in ("stock", "hooked"):
+        m, out["seconds"] = load(args.dir)
+        out["peak_reserved"] = torch.cuda.max_memory_reserved(0)
+        out["peak_allocated"] = torch.cuda.max_memory_allocated(0)
+        out["bytes"] = ckpt_bytes(args.dir)
+        if kind == "hooked":
+            out.update(hook_checks(args, m, load))
+    elif kind == "engine":
+        out.update(engine_loop(args))
+    elif kind == "first":
+        out.update(first_load(args))
+    elif kind == "pinned":
+        out.update(pinned())
+    return out
+
+
+def hook_checks(args, m, load) -> dict:
+    import torch
+    import safetensors
+    import safetensors.torch
+    from phxmount import hook
+    out = {"hook_summary": hook.report.summary(), "hook_files": hook.report.files,
+           "hook_fallbacks": hook.report.fallbacks}
+    ref, _ = load(args.ref)
+    want = dict(ref.named_parameters()) | dict(ref.named_buffers())
+    got = dict(m.named_parameters()) | dict(m.named_buffers())
+    out["params"] = len(want)
+    out["params_on_gpu"] = sum(1 for t in got.values() if t.device.type == "cuda")
+    out["mismatch"] = sorted(k for k in want if k not in got or not torch.equal(got[k], want[k]))[:10]
+    del ref, m
+    f_mount, f_back = ckpt_files(args.dir)[-1], ckpt_files(args.ref)[-1]
+    host = safetensors.torch.load_file(f_mount, device="cpu")
+    stock = safetensors.torch.load_file(f_back, device="cpu")
+    out["host_tensors"] = len(host)
+    out["host_not_cpu"] = sorted(k for k, t in host.items() if t.device.type != "cpu")[:5]
+    out["host_mismatch"] = sorted(k for k in stock if k not in host or not torch.equal(host[k], stock[k]))[:5]
+    with safetensors.safe_open(f_back, framework="pt", device="cpu") as f:
+        out["off_mount_type"] = f"{type(f).__module__}.{type(f).__name__}"
+    out["off_mount_stock"] = not isinstance(f, hook.HookedFile)
+    return out
+
+
+def engine_loop(args) -> dict:
+    """The engines' loop into GPU tensors allocated before the clock."""
+    import torch
+    from safetensors import safe_open
+    files = ckpt_files(args.dir)
+
+    def loop(paths):
+        params = {}
+        for p in paths:
+            with safe_open(p, framework="pt", device="cpu") as f:
+                for k in f.keys():
+                    s = f.get_slice(k)
+                    params[k] = torch.empty(s.get_shape(), dtype=getattr(torch, _TD[s.get_dtype()]), device="cuda:0")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for p in paths:
+            with safe_open(p, framework="pt", device="cpu") as f:
+                for k in f.keys():
+                    params[k].copy_(f.get_tensor(k))
+        torch.cuda.synchronize()
+        return params, time.perf_counter() - t0
+
+    got, secs = loop(files)
+    out = {"seconds": secs, "bytes": ckpt_bytes(args.dir), "tensors": len(got)}
+    if args.ref:
+        want, _ = loop(ckpt_files(args.ref))
+        out["mismatch"] = sorted(k for k in want if not torch.equal(got[k], want[k]))[:10]
+    hook = sys.modules.get("phxmount.hook")  # importing it would turn it on
+    out["hook_summary"] = hook.report.summary() if hook is not None and hook._mode.on else "off"
+    return out
+
+
+_TD = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def first_load(args) -> dict:
+    import torch
+    import phxmount
+    files = ckpt_files(args.dir)
+    t0 = time.perf_counter()
+    res = [None] * len(files)
+
+    def one(i):
+        res[i] = phxmount.load_safetensors(files[i], device=0)
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(files))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    n = sum(t.numel() * t.element_size() for r in res for t in r.values())
+    return {"seconds": secs, "bytes": n, "gbps": n / secs / GB}
+
+
+def pinned() -> dict:
+    import torch
+    h = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    d = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:0")
+    best = None
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        d.copy_(h, non_blocking=True)
+        torch.cuda.synchronize()
+        s = time.perf_counter() - t0
+        best = s if best is None else min(best, s)
+    return {"gbps": (1 << 30) / best / GB}
+
+
+def fresh(kind: str, d: str, ref: str = "", hook: str = "", timeout: float = 300) -> dict:
+    """child(kind) in a fresh process (PHXMOUNT_HOOK=hook, or unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "PHXMOUNT_HOOK"}
+    if hook:
+        env["PHXMOUNT_HOOK"] = hook
+    env["PYTHONPATH"] = os.pathsep.join([PYDIR, env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, os.path.abspath(__file__), "child", kind, "--dir", d, "--ref", ref]
+    say(f"fresh process: {kind} {d}" + (f" (PHXMOUNT_HOOK={hook})" if hook else ""))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    for line in r.stderr.splitlines():
+        if "phxmount hook:" in line or "Error" in line or "error" in line:
+            say(f"  {line[:300]}")
+    if r.returncode != 0:
+        return {"kind": kind, "error": f"exit {r.returncode}: {r.stderr[-800:]}"}
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    say(f"  {json.dumps(res)[:400]}")
+    return res
+
+
+PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cold_ceiling(files) -> dict:
+    """The checkpoint read cold, 8 threads, O_DIRECT 16 MiB and buffered
+    1 MiB chunks (caches dropped before each): GB/s of each."""
+    import mmap
+    out = {}
+    total = sum(os.path.getsize(f) for f in files)
+    for name, flags, chunk in (("odirect", os.O_DIRECT, 16 << 20), ("buffered", 0, 1 << 20)):
+        drop_caches()
+        jobs = [(f, off) for f in files for off in range(0, os.path.getsize(f), chunk)]
+        lock = threading.Lock()
+
+        def worker():
+            buf = mmap.mmap(-1, chunk)
+            fds = {f: os.open(f, os.O_RDONLY | flags) for f in files}
+            try:
+                while True:
+                    with lock:
+                        if not jobs:
+                            return
+                        f, off = jobs.pop()
+                    os.preadv(fds[f], [buf], off)
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+        t0 = time.perf_counter()
+        ts = [threading.Thread(target=worker) for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        out[name] = total / (time.perf_counter() - t0) / GB
+    return out
+
+
+class Mount:
+    """A fresh phxmount --vendor nvidia of the backing directory."""
+
+    def __init__(self, binary: str, backing: str):
+        self.bin, self.mnt = binary, tempfile.mkdtemp(prefix="phxhf-")
+        self.log = open(os.path.join(tempfile.gettempdir(), "phxhf-mount.log"), "a")
+        self.p = subprocess.Popen([binary, "--vendor", "nvidia", backing, self.mnt], stdout=self.log,
+                                  stderr=subprocess.STDOUT)
+        if subprocess.run([binary, "wait", "--timeout", "20", self.mnt]).returncode != 0:
+            self.close()
+            raise RuntimeError("phxmount did not mount")
+
+    def close(self):
+        subprocess.run(["umount", self.mnt], check=False)
+        self.p.wait(timeout=20)
+        os.rmdir(self.mnt)
+
+
+def run(a) -> int:
+    back, mnt = os.path.join(a.backing_dir, a.ckpt), os.path.join(a.mount_dir, a.ckpt)
+    files = ckpt_files(back)
+    nbytes = ckpt_bytes(back)
+    say(f"checkpoint {back}: {len(files)} files, {nbytes / GB:.2f} GB")
+    for f in files:
+        warm(f)
+    r = {"bytes": nbytes}
+    r["hooked_warmup"] = fresh("engine", mnt, hook="cuda:0")  # the daemon has served a client before the rows
+    r["stock"] = fresh("stock", back)
+    r["hooked"] = fresh("hooked", mnt, back, hook="1")
+    r["engine_stock"] = fresh("engine", mnt)
+    r["engine_hooked"] = fresh("engine", mnt, back, hook="cuda:0")
+    r["cold_ceiling"] = cold_ceiling(files)
+    drop_caches()
+    r["hooked_cold"] = fresh("hooked", mnt, back, hook="1")
+    for f in files:
+        warm(f)
+    r["pinned"] = fresh("pinned", back)
+    try:
+        m2 = Mount(a.phxmount, a.backing_dir)
+    except RuntimeError as e:
+        r["first"] = {"error": str(e)}
+    else:
+        try:
+            r["first"] = fresh("first", os.path.join(m2.mnt, a.ckpt))
+        finally:
+            m2.close()
+    fails = checks(r)
+    rows = build_rows(r)
+    write_json(a.out, {"results": r, "rows": rows, "failures": fails})
+    for x in rows:
+        say(f"row {x['name']}: {x['value']} vs {x['baseline']} ({x['baseline_name']}): ratio "
+            f"{x['ratio'] if x['ratio'] is None else round(x['ratio'], 3)}, target {x['target']}, met {x['met']}")
+    for f in fails:
+        print(f"FAIL {f}", flush=True)
+    print("PASS drop-in checks" if not fails else f"{len(fails)} drop-in check(s) failed", flush=True)
+    return 1 if fails else 0
+
+
+def checks(r) -> list:
+    fails = []
+    for k, v in r.items():
+        if isinstance(v, dict) and v.get("error"):
+            fails.append(f"{k}: {v['error'][-300:]}")
+    h = r.get("hooked", {})
+    if not h.get("error"):
+        if h.get("mismatch"):
+            fails.append(f"hooked from_pretrained: parameters differ from stock: {h['mismatch']}")
+        if h.get("params_on_gpu") != h.get("params"):
+            fails.append(f"hooked from_pretrained: {h.get('params_on_gpu')} of {h.get('params')} on the GPU")
+        if h.get("hook_files", 0) < 1 or h.get("hook_fallbacks"):
+            fails.append(f"hooked from_pretrained did not go through phxmount: {h.get('hook_summary')}")
+        if h.get("host_not_cpu") or h.get("host_mismatch") or not h.get("host_tensors"):
+            fails.append(f"load_file(device='cpu') on the mount: not host tensors equal to stock: {h}")
+        if not h.get("off_mount_stock"):
+            fails.append(f"a file off the mount got {h.get('off_mount_type')}, not safetensors' own")
+    e = r.get("engine_hooked", {})
+    if not e.get("error") and e.get("mismatch"):
+        fails.append(f"engine loop with the hook: tensors differ: {e['mismatch']}")
+    return fails
+
+
+def ok(x, key):
+    return None if not isinstance(x, dict) or x.get("error") else x.get(key)
+
+
+def build_rows(r) -> list:
+    n = r["bytes"]
+    st, hk, hc = r.get("stock"), r.get("hooked"), r.get("hooked_cold")
+    cold = r.get("cold_ceiling") or {}
+    cold_best = max(cold.values()) if cold else None
+    hc_gbps = n / ok(hc, "seconds") / GB if ok(hc, "seconds") else None
+    rows = [
+        row("hf_from_pretrained_hot", ok(hk, "seconds"), ok(st, "seconds"), 6, "stock from_pretrained, backing dir",
+            unit="s", note="from_pretrained(dtype=bfloat16, device_map='cuda:0'), fresh process each, one run each"),
+        row("hf_from_pretrained_cold", hc_gbps, cold_best, 0.9,
+            "best cold read of the checkpoint (8 threads, O_DIRECT 16 MiB or buffered 1 MiB)",
+            note="hooked from_pretrained after dropping caches; GB/s of the checkpoint's bytes"),
+        row("engine_iterator_hot", ok(r.get("engine_hooked"), "seconds"), ok(r.get("engine_stock"), "seconds"), 6,
+            "the same loop without the hook, on the mount", unit="s",
+            note="safe_open(device='cpu'), get_tensor per key, copy_ into GPU tensors allocated before the clock"),
+        row("first_load_fresh_mount", ok(r.get("first"), "gbps"), ok(r.get("pinned"), "gbps"), 0.85,
+            "pinned H2D copy, 1 GiB, torch", note="load_safetensors of every file at once, fresh process, fresh mount"),
+        row("hook_peak_memory", ok(hk, "peak_reserved"), ok(st, "peak_reserved"), 0.952,
+            "stock from_pretrained's peak reserved", unit="bytes", smaller=True,
+            note="torch.cuda.max_memory_reserved after the load, fresh process each; ratio = stock / hooked"),
+    ]
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("gen")
+    g.add_argument("--dir", required=True)
+    c = sub.add_parser("child")
+    c.add_argument("kind")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--ref", default="")
+    r = sub.add_parser("run")
+    for k in ("--mount-dir", "--backing-dir", "--ckpt", "--phxmount", "--out"):
+        r.add_argument(k, required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "gen":
+        gen(a.dir)
+        return 0
+    if a.cmd == "child":
+        print(json.dumps(child(a.kind, a)), flush=True)
+        return 0
+    return run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
