@@ -34,7 +34,8 @@ func (l *Lib) stagedWorkers(xs []xfer) int {
 // runStriped runs a plan that has staged transfers on its share of the
 // workers (placement.go). Reads are handed out in order, a chunk at a time
 // (claimer), so that a worker which the placement has since given to
-// another device can leave the plan to its other workers; writes are
+// another device can leave the plan to its other workers (the last one
+// stays); writes are
 // striped round-robin. Host transfers of the plan run through the
 // worker's engine as they come.
 func (l *Lib) runStriped(p *plan) {
@@ -50,7 +51,7 @@ func (l *Lib) runStriped(p *plan) {
 	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
 		if !p.write {
 			src := func() []int {
-				if l.mayLeave(dev, w, start, n) {
+				if l.leaves(c, dev, w, start, n) {
 					return nil
 				}
 				return l.hostFirst(eng, p, c.claim())
