@@ -120,8 +120,8 @@ func checkMethod(t *testing.T, c *Connector, f *fakeGPU, mode string) {
 }
 
 // TestFakeScatterChecks covers the errors: pieces outside the host buffer,
-// a kernel the driver would not load, and a fence's error reaching the
-// fence that covers the failed move only.
+// a kernel the driver would not load, returned by the enqueue and by no
+// fence after it.
 func TestFakeScatterChecks(t *testing.T) {
 	c, f := withFake(t)
 	f.mu.Lock()
@@ -171,8 +171,10 @@ func TestFakeScatterChecks(t *testing.T) {
 	if err := good.Wait(); err != nil {
 		t.Errorf("the later fence reports %v", err)
 	}
-	if err := bad.Wait(); err == nil {
-		t.Error("the failed move's fence reports nothing")
+	// The failed move's error was its enqueue's, returned to it: no fence
+	// reports it again.
+	if err := bad.Wait(); err != nil {
+		t.Errorf("the fence after a failed enqueue reports %v", err)
 	}
 }
 
@@ -231,4 +233,100 @@ func TestScatterModeChecked(t *testing.T) {
 	if _, err := Open(); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("Open with %s=Kernel: %v, want EINVAL", EnvScatter, err)
 	}
+}
+
+// TestFakeEnqueueErrorStaysWithItsTransfer: a scatter whose enqueue fails
+// part way (its first copy queued, then a call refused) returns the error
+// to its caller alone; the next transfer on the same stream, which may be
+// another client's, gets a clean fence and every byte (issue 18, item 6).
+func TestFakeEnqueueErrorStaysWithItsTransfer(t *testing.T) {
+	// The kernel's copy into staging is queued before its launch fails;
+	// so is the first piece's copy before the second's.
+	fails := map[string]struct {
+		call string
+		skip int
+	}{"kernel": {"cuLaunchKernel", 0}, "batch": {"cuMemcpyBatchAsync_v2", 0}, "copies": {"cuMemcpyHtoDAsync_v2", 1}}
+	for mode, fail := range fails {
+		t.Run(mode, func(t *testing.T) {
+			c, f := withFake(t)
+			if err := c.SetScatter(mode); err != nil {
+				t.Fatal(err)
+			}
+			const n = 40
+			m, err := c.Alloc(0, n*8192)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { closeT(t, m) })
+			ps, hostLen, devLen := scatterPieces(n, m.Addr())
+			s, err := c.NewStream(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { closeT(t, s) })
+			f.mu.Lock()
+			f.pieces.failCall, f.pieces.failSkip, f.pieces.failCode = fail.call, fail.skip, cudaErrorInvalidValue
+			f.mu.Unlock()
+			if err := s.ScatterToDevice(pattern(int(hostLen), 0x11), ps); !errors.Is(err, unix.EINVAL) {
+				t.Fatalf("the failing scatter: %v, want EINVAL", err)
+			}
+			src := pattern(int(hostLen), 0x22)
+			waitFence(t, s, s.ScatterToDevice(src, ps))
+			if err := s.Synchronize(); err != nil {
+				t.Fatalf("Synchronize after the failed enqueue: %v", err)
+			}
+			dev := make([]byte, devLen)
+			if err := c.CopyToHost(dev, m.Addr(), 0); err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range ps {
+				at := p.Dev - m.Addr()
+				if !bytes.Equal(dev[at:at+uint64(p.Len)], src[p.Off:p.Off+p.Len]) {
+					t.Fatalf("piece %d of the second transfer differs on the device", i)
+				}
+			}
+		})
+	}
+}
+
+// TestFakeStickyErrorReachesEveryone: a broken context (a sticky error)
+// fails every wait after it, whoever queued the copies.
+func TestFakeStickyErrorReachesEveryone(t *testing.T) {
+	c, f := withFake(t)
+	m, err := c.Alloc(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, m) })
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := pattern(4096, 0x33)
+	var fences []connector.Fence
+	for range 2 {
+		if err := s.CopyToDevice(m.Addr(), src); err != nil {
+			t.Fatal(err)
+		}
+		fe, err := s.Fence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fences = append(fences, fe)
+	}
+	f.mu.Lock()
+	f.pieces.sticky = 700 // CUDA_ERROR_ILLEGAL_ADDRESS
+	f.mu.Unlock()
+	for i, fe := range fences {
+		if err := fe.Wait(); err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_700") {
+			t.Errorf("fence %d after the context broke: %v", i, err)
+		}
+	}
+	if err := s.Synchronize(); err == nil {
+		t.Error("Synchronize after the context broke reports nothing")
+	}
+	f.mu.Lock()
+	f.pieces.sticky = 0
+	f.mu.Unlock()
+	closeT(t, s)
 }
