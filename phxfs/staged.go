@@ -172,9 +172,9 @@ func (sf slotFences) start(slot int, s connector.Stream, buf []byte, pieces []co
 	fl.xfers = append(fl.xfers[:0], idx...)
 }
 
-// settle waits for slot's copies. When they failed, it moves the pieces
+// await waits for slot's copies. When they failed, it moves the pieces
 // again one by one.
-func (sf slotFences) settle(slot int, buf []byte, xfers []xfer) {
+func (sf slotFences) await(slot int, buf []byte, xfers []xfer) {
 	fl := &sf[slot]
 	if fl.fence == nil {
 		return

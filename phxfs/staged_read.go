@@ -118,9 +118,9 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, src func() []
 			k = r.group(idx, k)
 		}
 	}
-	trace.WithRegion(bg, "phxfs.settle", func() {
+	trace.WithRegion(bg, "phxfs.await", func() {
 		for slot := range slots {
-			r.sf.settle(slot, slots[slot], xfers)
+			r.sf.await(slot, slots[slot], xfers)
 		}
 	})
 }
@@ -137,14 +137,14 @@ type stagedReader struct {
 	sf    slotFences
 	next  int // the slot to fill next
 
-	reads  []stagedRead // this group's reads, slot by slot
+	reads  []slotRead // this group's reads, slot by slot
 	ops    []ioengine.Op
 	filled []int // this group's slots, in order
 }
 
-// stagedRead is one read of a group: the xfer, and where and how it is
+// slotRead is one read of a group: the xfer, and where and how it is
 // read into its slot.
-type stagedRead struct {
+type slotRead struct {
 	i      int // the xfer
 	slot   int
 	at     int64        // where its bytes go in the slot (O_DIRECT: the span's start)
@@ -168,7 +168,7 @@ func (r *stagedReader) group(idx []int, k int) int {
 	for g := max(len(r.slots)/2, 1); g > 0 && k < len(idx) && r.xfers[idx[k]].dev == dev; g-- {
 		slot := r.next
 		r.next = (r.next + 1) % len(r.slots)
-		trace.WithRegion(bg, "phxfs.settle", func() { r.sf.settle(slot, r.slots[slot], r.xfers) })
+		trace.WithRegion(bg, "phxfs.await", func() { r.sf.await(slot, r.slots[slot], r.xfers) })
 		k = r.pack(slot, idx, k, dev)
 		r.filled = append(r.filled, slot)
 	}
@@ -195,7 +195,7 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 	var pos int64
 	for first := true; k < len(idx) && r.xfers[idx[k]].dev == dev; first = false {
 		x := &r.xfers[idx[k]]
-		rd := stagedRead{i: idx[k], slot: slot}
+		rd := slotRead{i: idx[k], slot: slot}
 		// Whether x is read around the page cache is decided for a whole
 		// slot: a cold range that does not fit what is left of this slot
 		// goes to the next one, never through the page cache.
@@ -242,7 +242,7 @@ func (r *stagedReader) scatter(s connector.Stream, slot, n, m int, runErr error)
 // land takes a read's result (got bytes, or the run's error), redoes a
 // failed or short O_DIRECT read through the page cache, sets the xfer's
 // result and returns where its bytes are in the slot and how many.
-func (r *stagedReader) land(rd *stagedRead, got int64, runErr error) (int64, int64) {
+func (r *stagedReader) land(rd *slotRead, got int64, runErr error) (int64, int64) {
 	l, x := r.l, &r.xfers[rd.i]
 	off := rd.at
 	switch {

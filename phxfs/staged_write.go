@@ -82,7 +82,7 @@ func (wr *stagedWriter) gather(slot int, idx []int, k int) int {
 // whose bytes arrived (a failed gather gave the others their result).
 func (wr *stagedWriter) flush(slot int) {
 	buf := wr.slots[slot]
-	wr.sf.settle(slot, buf, wr.xfers)
+	wr.sf.await(slot, buf, wr.xfers)
 	var ops []ioengine.Op
 	var idx []int
 	for _, sw := range wr.fill[slot] {
