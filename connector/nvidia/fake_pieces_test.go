@@ -31,6 +31,14 @@ type fakePieces struct {
 	failSkip int     // after this many of them have succeeded,
 	failCode uintptr // once (an enqueue error)
 	sticky   uintptr // every later wait fails with it: a broken context
+	record   bool    // launches record their pieces (decoded) and move nothing
+	decoded  []decodedPiece
+}
+
+// decodedPiece is one piece of a launch's parameter block, read at the
+// offsets copy_pieces.ptx documents.
+type decodedPiece struct {
+	dev, off, len uint64
 }
 
 // injected is the error the named call returns now: failCode once, if it
@@ -130,19 +138,31 @@ func fakeLaunch(fn uintptr, gx, gy, gz, bx, by, bz, shmem uint32, s uintptr, par
 	if r := fake.onStream(s, fake.injected("cuLaunchKernel")); r != 0 {
 		return r
 	}
-	blk := unsafe.Slice((*byte)(*params), 4080)
+	// The block is 4072 bytes: 16 of header, then 169 pieces of 24.
+	blk := unsafe.Slice((*byte)(*params), 4072)
 	le := binary.LittleEndian
 	stage, n, gather := le.Uint64(blk), le.Uint32(blk[8:]), le.Uint32(blk[12:])
-	if fn != fakeFunction || gx != n || n == 0 || n > kernelMaxPieces || gy != 1 || gz != 1 || bx != kernelThreads || extra != 0 {
+	if fn != fakeFunction || gx != n || n == 0 || n > 169 || gy != 1 || gz != 1 || bx != kernelThreads || extra != 0 {
 		return 1
+	}
+	ps := make([]decodedPiece, n)
+	for i := range ps {
+		e := blk[16+24*i:]
+		ps[i] = decodedPiece{dev: le.Uint64(e), off: le.Uint64(e[8:]), len: le.Uint64(e[16:])}
 	}
 	fake.mu.Lock()
 	fake.pieces.launches++
+	record := fake.pieces.record
+	if record {
+		fake.pieces.decoded = append(fake.pieces.decoded, ps...)
+	}
 	fake.mu.Unlock()
-	for i := range int(n) {
-		e := blk[16+16*i:]
-		dev, off, ln := le.Uint64(e), uint64(le.Uint32(e[8:])), uintptr(le.Uint32(e[12:]))
-		src, dst := stage+off, dev
+	if record {
+		return 0
+	}
+	for _, p := range ps {
+		ln := uintptr(p.len)
+		src, dst := stage+p.off, p.dev
 		if gather == 1 {
 			src, dst = dst, src
 		}

@@ -3,8 +3,11 @@ package nvidia
 import (
 	"bytes"
 	"errors"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -329,4 +332,63 @@ func TestFakeStickyErrorReachesEveryone(t *testing.T) {
 	f.pieces.sticky = 0
 	f.mu.Unlock()
 	closeT(t, s)
+}
+
+// TestFakeKernelPiecesPast4GiB: the kernel's parameter block carries
+// offsets and lengths of 4 GiB and more whole (issue 18, item 11:
+// PHX_SCATTER=kernel truncated them to 32 bits). The fake decodes the
+// block at the offsets copy_pieces.ptx documents and moves nothing.
+func TestFakeKernelPiecesPast4GiB(t *testing.T) {
+	c, f := withFake(t)
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, s) })
+	fn, err := c.kernel(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.pieces.record = true
+	f.mu.Unlock()
+	const lo = 4096
+	ps := []connector.Piece{
+		{Off: lo, Len: 16, Dev: 0x7f0000000000},
+		{Off: lo + 5<<30 + 48, Len: 4<<30 + 32, Dev: 0x7f0100000000},
+		{Off: lo + 9<<30 + 4096, Len: 8<<30 + 7, Dev: 0x7f0200000000},
+	}
+	st := s.(*Stream)
+	st.mu.Lock()
+	err = st.c.onDev(0, func() error { return st.launch(fn, ps, lo, false) })
+	st.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	got := f.pieces.decoded
+	f.mu.Unlock()
+	if len(got) != len(ps) {
+		t.Fatalf("%d pieces decoded, want %d", len(got), len(ps))
+	}
+	for i, p := range ps {
+		want := decodedPiece{dev: p.Dev, off: uint64(p.Off - lo), len: uint64(p.Len)}
+		if got[i] != want {
+			t.Errorf("piece %d: the kernel reads %+v, want %+v", i, got[i], want)
+		}
+	}
+}
+
+// TestKernelParamBlockMatchesPTX: the Go parameter block is as large as
+// the kernel's declared parameter, which stays within the 4 KiB every
+// driver takes.
+func TestKernelParamBlockMatchesPTX(t *testing.T) {
+	m := regexp.MustCompile(`phx_copy_pieces_param_0\[(\d+)\]`).FindStringSubmatch(copyPiecesPTX)
+	if m == nil {
+		t.Fatal("no parameter declaration in copy_pieces.ptx")
+	}
+	declared, _ := strconv.Atoi(m[1])
+	if size := int(unsafe.Sizeof(kernelArgs{})); size != declared || size > 4096 {
+		t.Fatalf("kernelArgs is %d bytes, the PTX declares %d (limit 4096)", size, declared)
+	}
 }
