@@ -59,17 +59,7 @@ func TestFakeScatterGather(t *testing.T) {
 			}
 			t.Cleanup(func() { closeT(t, s) })
 			waitFence(t, s, s.ScatterToDevice(src, ps))
-
-			dev := make([]byte, devLen)
-			if err := c.CopyToHost(dev, m.Addr(), 0); err != nil {
-				t.Fatal(err)
-			}
-			for i, p := range ps {
-				at := p.Dev - m.Addr()
-				if !bytes.Equal(dev[at:at+uint64(p.Len)], src[p.Off:p.Off+p.Len]) {
-					t.Fatalf("piece %d (%d bytes) differs on the device", i, p.Len)
-				}
-			}
+			checkLanded(t, c, m, ps, src, devLen)
 			back := make([]byte, hostLen)
 			waitFence(t, s, s.GatherFromDevice(back, ps))
 			for i, p := range ps {
@@ -80,6 +70,39 @@ func TestFakeScatterGather(t *testing.T) {
 			checkMethod(t, c, f, mode)
 		})
 	}
+}
+
+// checkLanded checks that every piece's bytes of src are at its device
+// address in m, whose first devLen bytes it reads back.
+func checkLanded(t *testing.T, c *Connector, m connector.Memory, ps []connector.Piece, src []byte, devLen int64) {
+	t.Helper()
+	dev := make([]byte, devLen)
+	if err := c.CopyToHost(dev, m.Addr(), 0); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range ps {
+		at := p.Dev - m.Addr()
+		if !bytes.Equal(dev[at:at+uint64(p.Len)], src[p.Off:p.Off+p.Len]) {
+			t.Fatalf("piece %d (%d bytes) differs on the device", i, p.Len)
+		}
+	}
+}
+
+// fakeMemAndStream makes size bytes of device 0's memory and a stream on
+// device 0, both closed, checked, when the test ends.
+func fakeMemAndStream(t *testing.T, c *Connector, size int64) (connector.Memory, connector.Stream) {
+	t.Helper()
+	m, err := c.Alloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, m) })
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, s) })
+	return m, s
 }
 
 func waitFence(t *testing.T, s connector.Stream, enqueueErr error) {
@@ -133,16 +156,7 @@ func TestFakeScatterChecks(t *testing.T) {
 	if err := c.SetScatter("kernel"); err != nil {
 		t.Fatal(err)
 	}
-	m, err := c.Alloc(0, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeT(t, m) })
-	s, err := c.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeT(t, s) })
+	m, s := fakeMemAndStream(t, c, 1<<20)
 	buf := make([]byte, 4096)
 	for _, p := range []connector.Piece{{Off: 4000, Len: 100, Dev: m.Addr()}, {Off: -1, Len: 1, Dev: m.Addr()}, {Len: 0, Dev: m.Addr()}} {
 		if err := s.ScatterToDevice(buf, []connector.Piece{p}); !errors.Is(err, unix.EINVAL) {
@@ -150,7 +164,7 @@ func TestFakeScatterChecks(t *testing.T) {
 		}
 	}
 	two := []connector.Piece{{Len: 16, Dev: m.Addr()}, {Off: 16, Len: 16, Dev: m.Addr() + 64}}
-	err = s.ScatterToDevice(buf, two)
+	err := s.ScatterToDevice(buf, two)
 	if err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_218") {
 		t.Fatalf("kernel forced but not loadable: %v", err)
 	}
@@ -256,17 +270,8 @@ func TestFakeEnqueueErrorStaysWithItsTransfer(t *testing.T) {
 				t.Fatal(err)
 			}
 			const n = 40
-			m, err := c.Alloc(0, n*8192)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { closeT(t, m) })
+			m, s := fakeMemAndStream(t, c, n*8192)
 			ps, hostLen, devLen := scatterPieces(n, m.Addr())
-			s, err := c.NewStream(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { closeT(t, s) })
 			f.mu.Lock()
 			f.pieces.failCall, f.pieces.failSkip, f.pieces.failCode = fail.call, fail.skip, cudaErrorInvalidValue
 			f.mu.Unlock()
@@ -278,16 +283,7 @@ func TestFakeEnqueueErrorStaysWithItsTransfer(t *testing.T) {
 			if err := s.Synchronize(); err != nil {
 				t.Fatalf("Synchronize after the failed enqueue: %v", err)
 			}
-			dev := make([]byte, devLen)
-			if err := c.CopyToHost(dev, m.Addr(), 0); err != nil {
-				t.Fatal(err)
-			}
-			for i, p := range ps {
-				at := p.Dev - m.Addr()
-				if !bytes.Equal(dev[at:at+uint64(p.Len)], src[p.Off:p.Off+p.Len]) {
-					t.Fatalf("piece %d of the second transfer differs on the device", i)
-				}
-			}
+			checkLanded(t, c, m, ps, src, devLen)
 		})
 	}
 }
@@ -296,15 +292,7 @@ func TestFakeEnqueueErrorStaysWithItsTransfer(t *testing.T) {
 // fails every wait after it, whoever queued the copies.
 func TestFakeStickyErrorReachesEveryone(t *testing.T) {
 	c, f := withFake(t)
-	m, err := c.Alloc(0, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeT(t, m) })
-	s, err := c.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, s := fakeMemAndStream(t, c, 1<<20)
 	src := pattern(4096, 0x33)
 	var fences []connector.Fence
 	for range 2 {
@@ -329,9 +317,8 @@ func TestFakeStickyErrorReachesEveryone(t *testing.T) {
 		t.Error("Synchronize after the context broke reports nothing")
 	}
 	f.mu.Lock()
-	f.pieces.sticky = 0
+	f.pieces.sticky = 0 // so that the stream closes
 	f.mu.Unlock()
-	closeT(t, s)
 }
 
 // TestFakeKernelPiecesPast4GiB: the kernel's parameter block carries
@@ -340,11 +327,7 @@ func TestFakeStickyErrorReachesEveryone(t *testing.T) {
 // block at the offsets copy_pieces.ptx documents and moves nothing.
 func TestFakeKernelPiecesPast4GiB(t *testing.T) {
 	c, f := withFake(t)
-	s, err := c.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeT(t, s) })
+	_, s := fakeMemAndStream(t, c, 1<<20)
 	fn, err := c.kernel(0)
 	if err != nil {
 		t.Fatal(err)
