@@ -313,7 +313,7 @@ func TestChunking(t *testing.T) {
 // promises only at end of file (issue 18, item 2). Requests whose
 // transfers all ran keep their counts.
 func TestUnrunTransferIsAnError(t *testing.T) {
-	l, _ := newLib(t, setup{"sync", Host}, 1)
+	l, _ := newLib(t, setup{"sync", Host}, 0) // planning only: host buffers
 	reqs := []Request{
 		{Fd: 7, Device: -1, HostAddr: 1 << 40, Len: 3 * mib, FileOffset: 0},
 		{Fd: 8, Device: -1, HostAddr: 1 << 41, Len: 4096, FileOffset: 0},

@@ -86,7 +86,8 @@ func TestClaimerAndLeaving(t *testing.T) {
 // at the moment it asks; the plan's last worker stays anyway, or its
 // unclaimed xfers would never run (issue 18, item 2).
 func TestLastWorkerNeverLeaves(t *testing.T) {
-	l, _ := newLib(t, setup{"sync", Staged}, 3, func(c *Config) { c.Workers = 8 })
+	// Placement is arithmetic on device numbers: no device is opened.
+	l, _ := newLib(t, setup{"sync", Staged}, 0, func(c *Config) { c.Workers = 8 })
 	const dev = 1
 	rank, k := l.loading.enter(dev) // device 1 alone: its plan takes every worker
 	start, n := l.place(rank, k, 8)
@@ -141,7 +142,8 @@ func TestLastWorkerNeverLeaves(t *testing.T) {
 // unclaimed transfers came back as short successes).
 func TestManyDevicesLoadingAtOnce(t *testing.T) {
 	const devices, blocks, block = 4, 64, 64 << 10
-	l, c := newLib(t, setup{"sync", Staged}, devices, func(c *Config) {
+	c := emuStaged(t, devices)
+	l := newLibOn(t, c, setup{"sync", Staged}, devices, func(c *Config) {
 		c.Workers, c.BounceSize, c.StagedShare = 8, block, block
 	})
 	name := patternFile(t, blocks*block)

@@ -220,17 +220,10 @@ func (s refusingStream) GatherFromDevice(dst []byte, ps []connector.Piece) error
 // item 6: an error belongs to the transfer that caused it).
 func TestEnqueueErrorFailsItsOwnTransfer(t *testing.T) {
 	const block, n = 16 << 10, 8
-	c := newConnector(t, setup{"sync", Staged}, 1)
+	c := emuStaged(t, 1)
 	m := alloc(t, c, 0, 2*n*block)
 	bad := m.Addr() + 3*block + 100
-	l, err := New(Config{Connector: refusingConn{c, bad}, Engine: "sync", Workers: 1, BounceSize: 256 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := l.OpenDevice(0); err != nil {
-		t.Fatal(err)
-	}
+	l := newLibOn(t, refusingConn{c, bad}, setup{"sync", Staged}, 1, func(cfg *Config) { cfg.Workers = 1 })
 	register(t, l, m)
 	fd := openFile(t, patternFile(t, 4*n*block), unix.O_RDONLY)
 	// n blocks into consecutive slots from base, from the file in reverse
