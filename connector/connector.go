@@ -83,6 +83,13 @@ type Piece struct {
 // Stream is an ordered queue of asynchronous copies on one device. The host
 // buffer of a copy must stay untouched until a Fence recorded after it has
 // been waited for, or Synchronize returns.
+//
+// An error is reported to the transfer that caused it. A copy, scatter or
+// gather that fails to enqueue returns its error and leaves nothing of
+// itself in flight; no later Fence or Synchronize reports it again (the
+// stream's next user may be another transfer). An error of a queued copy
+// is reported by the Fence that covers it. An error that breaks the whole
+// device (a sticky CUDA context error) is reported to every wait after it.
 type Stream interface {
 	CopyToDevice(dst uint64, src []byte) error
 	CopyFromDevice(dst []byte, src uint64) error
@@ -100,7 +107,7 @@ type Stream interface {
 	// bounce buffers, each ending with a Fence.
 	Fence() (Fence, error)
 	// Synchronize waits for every copy enqueued so far and reports the first
-	// error among them.
+	// error among those no Fence has reported.
 	Synchronize() error
 	Close() error
 }

@@ -28,7 +28,9 @@
 //  3. Transfer (io.go). execute runs the plan in rounds on the worker pool,
 //     so other batches (other devices, other clients) interleave with a
 //     large one; finish turns transfer results into request results and
-//     releases the holds.
+//     releases the holds. A transfer starts "not run" and every path that
+//     runs it sets its result; one left unrun fails its request with EIO,
+//     so a short count only ever means end of file.
 //  4. Transport. Each registration's transport decides how the bytes of a
 //     transfer reach device memory:
 //     - kmod (kernel.go): the phxfs kernel module maps the device memory
@@ -42,10 +44,19 @@
 //     transfer or many small ones packed together (KV-cache blocks); the
 //     connector moves a whole slot with one scatter (NVIDIA: one copy and
 //     a kernel, or one batched copy) ended by a fence, while the worker
-//     fills the next. A small batch runs on a few workers only, so
-//     concurrent batches run beside it. Ranges the page cache holds are
-//     read through it, cold ones with O_DIRECT (the ODirect policy), so a
-//     load never evicts the cache.
+//     fills the next. Ranges the page cache holds are read through it,
+//     cold ones with O_DIRECT (the ODirect policy), so a load never evicts
+//     the cache. A copy error fails the transfers whose bytes it concerns
+//     only: a slot whose copy fails is moved again piece by piece.
+//     Placement (placement.go) decides which workers run a staged plan: a
+//     small batch runs on a few workers only (stagedWorkers), so
+//     concurrent batches run beside it, and devices loading at the same
+//     time split the pool, device rank r of k getting workers
+//     [r·W/k, (r+1)·W/k), so that each GPU's copy engine is kept busy. A
+//     read plan's workers claim its transfers a chunk at a time (claimer);
+//     a worker that the placement has since given to another device may
+//     leave the plan to the others, except the last one, which claims
+//     whatever is left.
 //     The device's transport is the fastest the machine offers (kmod, then
 //     host, then staged); Device and TransportFor say which, and why.
 //
@@ -53,7 +64,7 @@
 //
 // # The libphoenix reference, rule by rule
 //
-// The reference (../shared/seeds/000_56bce1c89dd9b457.txt) lives here:
+// Each rule of the libphoenix API, and the code that keeps it here:
 //   - open and close reference-count a device; the last close drains the
 //     device's I/O, then unmaps every registration; an open racing it gets
 //     EBUSY: OpenDevice, CloseDevice (device.go).

@@ -56,6 +56,22 @@ func forEach(t *testing.T, fn func(t *testing.T, s setup)) {
 
 func newLib(t testing.TB, s setup, devices int, tweak ...func(*Config)) (*Lib, connector.Connector) {
 	c := newConnector(t, s, devices)
+	return newLibOn(t, c, s, devices, tweak...), c
+}
+
+// emuStaged is an emulated connector of devices staged devices, whatever
+// PHX_TEST_CONNECTOR says: for tests of the staged pipeline's own logic.
+func emuStaged(t testing.TB, devices int) connector.Connector {
+	c, err := emu.New(emu.Config{Devices: devices, Staged: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() }) // after the memory and the library
+	return c
+}
+
+// newLibOn is newLib on the connector c.
+func newLibOn(t testing.TB, c connector.Connector, s setup, devices int, tweak ...func(*Config)) *Lib {
 	cfg := Config{Connector: c, Engine: s.engine, Workers: 3, QueueDepth: 64, BounceSize: 256 << 10, SplitSize: 512 << 10}
 	if s.transport == Kmod {
 		cfg.Transport = Kmod
@@ -80,7 +96,7 @@ func newLib(t testing.TB, s setup, devices int, tweak ...func(*Config)) (*Lib, c
 			t.Fatal(err)
 		}
 	}
-	return l, c
+	return l
 }
 
 func alloc(t testing.TB, c connector.Connector, dev int, size int64) connector.Memory {

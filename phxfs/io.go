@@ -118,21 +118,7 @@ func (l *Lib) finish(p *plan) {
 			failed++
 			continue
 		}
-		var total int64
-		for _, s := range p.segs[i] {
-			r := p.xfers[s.x].result
-			if r < 0 {
-				if total == 0 {
-					total = r
-				}
-				break
-			}
-			got := min(max(r-s.at, 0), s.n)
-			total += got
-			if got < s.n {
-				break
-			}
-		}
+		total := p.requestResult(i)
 		rq.Result = total
 		if total != rq.Len {
 			failed++
@@ -156,6 +142,35 @@ func (l *Lib) finish(p *plan) {
 	}
 	l.mu.Unlock()
 	p.held = nil
+}
+
+// requestResult is request i's result from its xfers': the bytes up to
+// the first short segment (end of file), or the errno of a segment that
+// failed before any byte moved, as pread(2) reports. A segment that never
+// ran fails the whole request with EIO: its bytes are missing, not past
+// the end of the file.
+func (p *plan) requestResult(i int) int64 {
+	for _, s := range p.segs[i] {
+		if p.xfers[s.x].result == notRun {
+			return -int64(unix.EIO)
+		}
+	}
+	var total int64
+	for _, s := range p.segs[i] {
+		r := p.xfers[s.x].result
+		if r < 0 {
+			if total == 0 {
+				total = r
+			}
+			break
+		}
+		got := min(max(r-s.at, 0), s.n)
+		total += got
+		if got < s.n {
+			break
+		}
+	}
+	return total
 }
 
 // failures counts the requests that did not transfer exactly Len bytes.

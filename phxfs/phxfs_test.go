@@ -308,6 +308,44 @@ func TestChunking(t *testing.T) {
 	}
 }
 
+// TestUnrunTransferIsAnError: a transfer that no path ran fails its
+// request with EIO; it never reads as a short count, which the ABI
+// promises only at end of file (issue 18, item 2). Requests whose
+// transfers all ran keep their counts.
+func TestUnrunTransferIsAnError(t *testing.T) {
+	l, _ := newLib(t, setup{"sync", Host}, 0) // planning only: host buffers
+	reqs := []Request{
+		{Fd: 7, Device: -1, HostAddr: 1 << 40, Len: 3 * mib, FileOffset: 0},
+		{Fd: 8, Device: -1, HostAddr: 1 << 41, Len: 4096, FileOffset: 0},
+		{Fd: 9, Device: -1, HostAddr: 1 << 42, Len: 4096, FileOffset: 0},
+	}
+	p, err := l.prepare(false, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.segs[0]) < 2 {
+		t.Fatalf("the first request is %d transfers, want several", len(p.segs[0]))
+	}
+	// Every transfer of the first request ran but its second; the second
+	// request's ran short (end of file); the third's never ran.
+	for k, s := range p.segs[0] {
+		if k != 1 {
+			p.xfers[s.x].result = s.n
+		}
+	}
+	p.xfers[p.segs[1][0].x].result = 100
+	l.finish(p)
+	if reqs[0].Result != errnoResult(unix.EIO) {
+		t.Fatalf("a request with an unrun transfer after its first: result %d, want -EIO", reqs[0].Result)
+	}
+	if reqs[1].Result != 100 {
+		t.Fatalf("a request that ran short: result %d, want 100", reqs[1].Result)
+	}
+	if reqs[2].Result != errnoResult(unix.EIO) {
+		t.Fatalf("a request whose transfer never ran: result %d, want -EIO", reqs[2].Result)
+	}
+}
+
 func TestBatchMixedDevicesAndHostBuffers(t *testing.T) {
 	forEach(t, func(t *testing.T, s setup) {
 		l, c := newLib(t, s, 2)

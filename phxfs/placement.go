@@ -85,8 +85,11 @@ func (l *Lib) part(rank, k int) (base, size int) {
 }
 
 // mayLeave says whether worker w, one of the plan's n workers from start,
-// may leave its plan of dev: the placement now gives w to another device,
-// and a worker of the plan remains inside dev's part to finish it.
+// would leave its plan of dev: the placement now gives w to another
+// device, and a worker of the plan is inside dev's part to go on with it.
+// Ranks shift while other loads start and finish, so every worker of a
+// plan can see this at one time or another: the claimer keeps the last
+// one (leaves).
 func (l *Lib) mayLeave(dev, w, start, n int) bool {
 	rank, k := l.loading.rankOf(dev)
 	if k <= 1 {
@@ -106,22 +109,48 @@ func (l *Lib) mayLeave(dev, w, start, n int) bool {
 	return false
 }
 
+// leaves says whether worker w leaves its plan (of dev, n workers from
+// start) now: the placement wants it elsewhere (mayLeave) and it is not
+// the plan's last worker, which claims what is left whatever the
+// placement says.
+func (l *Lib) leaves(c *claimer, dev, w, start, n int) bool {
+	return l.mayLeave(dev, w, start, n) && c.leave()
+}
+
 // claimer hands a plan's xfers out in order, a chunk at a time, to the
-// workers running it: a worker that leaves the plan (mayLeave) leaves the
+// workers running it: a worker that leaves the plan (leaves) leaves the
 // rest to the others. A chunk is about one slot's worth, and no more than
 // an even share of the plan, so small plans still spread.
 type claimer struct {
-	next  atomic.Int64
-	xfers []xfer
-	chunk int64
+	next    atomic.Int64
+	staying atomic.Int64 // the plan's workers that have not left
+	xfers   []xfer
+	chunk   int64
 }
 
+// newClaimer hands xs out to workers workers.
 func newClaimer(xs []xfer, workers int, slot int64) *claimer {
 	var total int64
 	for i := range xs {
 		total += xs[i].len
 	}
-	return &claimer{xfers: xs, chunk: max(min(slot, total/int64(max(workers, 1))), 1)}
+	c := &claimer{xfers: xs, chunk: max(min(slot, total/int64(max(workers, 1))), 1)}
+	c.staying.Store(int64(max(workers, 1)))
+	return c
+}
+
+// leave takes a worker off the plan, unless it is the last one staying:
+// the last worker claims every xfer left, so none is left unrun.
+func (c *claimer) leave() bool {
+	for {
+		s := c.staying.Load()
+		if s <= 1 {
+			return false
+		}
+		if c.staying.CompareAndSwap(s, s-1) {
+			return true
+		}
+	}
 }
 
 // claim returns the next chunk of xfer indices, nil when none is left.

@@ -1,6 +1,14 @@
 package phxfs
 
-import "testing"
+import (
+	"bytes"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/phxmount/phxmount/connector"
+)
 
 // TestPlacementSplitsThePool: one device loading gets every worker; two
 // devices loading at once get disjoint halves, whatever the rotation.
@@ -71,4 +79,118 @@ func TestClaimerAndLeaving(t *testing.T) {
 	if l.mayLeave(1, 2, 0, 3) {
 		t.Error("a plan with no worker left in its part must keep its workers")
 	}
+}
+
+// TestLastWorkerNeverLeaves: ranks shift while loads start and finish, so
+// that every worker of a plan sees the placement give it to another device
+// at the moment it asks; the plan's last worker stays anyway, or its
+// unclaimed xfers would never run (issue 18, item 2).
+func TestLastWorkerNeverLeaves(t *testing.T) {
+	// Placement is arithmetic on device numbers: no device is opened.
+	l, _ := newLib(t, setup{"sync", Staged}, 0, func(c *Config) { c.Workers = 8 })
+	const dev = 1
+	rank, k := l.loading.enter(dev) // device 1 alone: its plan takes every worker
+	start, n := l.place(rank, k, 8)
+	if start != 0 || n != 8 {
+		t.Fatalf("alone: workers %d+%d, want 0+8", start, n)
+	}
+	xs := make([]xfer, 64)
+	for i := range xs {
+		xs[i].len = 4096
+	}
+	c := newClaimer(xs, n, 4096)
+	var stayed []int
+	ask := func(workers ...int) {
+		for _, w := range workers {
+			if !l.mayLeave(dev, w, start, n) {
+				t.Fatalf("worker %d: the placement keeps it; the test wants every worker asked to leave", w)
+			}
+			if !l.leaves(c, dev, w, start, n) {
+				stayed = append(stayed, w)
+			}
+		}
+	}
+	// Devices 0 and 2 start loading: device 1 (rank 1 of 3) gets workers
+	// 2-3, and the plan's others are asked to leave.
+	l.loading.enter(0)
+	l.loading.enter(2)
+	ask(0, 1, 4, 5, 6, 7)
+	// Device 2 finishes: device 1 (rank 1 of 2) gets workers 4-7, and 2-3
+	// are asked to leave too.
+	l.loading.leave(2)
+	ask(2, 3)
+	if len(stayed) != 1 || stayed[0] != 3 {
+		t.Fatalf("workers %v stayed, want the last one asked (3) alone", stayed)
+	}
+	// The one staying claims every xfer.
+	claimed := 0
+	for idx := c.claim(); idx != nil; idx = c.claim() {
+		claimed += len(idx)
+	}
+	if claimed != len(xs) {
+		t.Fatalf("%d of %d xfers claimed", claimed, len(xs))
+	}
+	l.loading.leave(0)
+	l.loading.leave(dev)
+}
+
+// TestManyDevicesLoadingAtOnce: four staged devices load at once, each
+// its own batches of its own size, so that loads start and finish at
+// different times and ranks shift under running plans. Every request
+// moves exactly its length and every byte lands (issue 18, item 2: with
+// three or more devices, every worker of a plan could leave it and its
+// unclaimed transfers came back as short successes).
+func TestManyDevicesLoadingAtOnce(t *testing.T) {
+	const devices, blocks, block = 4, 64, 64 << 10
+	c := emuStaged(t, devices)
+	l := newLibOn(t, c, setup{"sync", Staged}, devices, func(c *Config) {
+		c.Workers, c.BounceSize, c.StagedShare = 8, block, block
+	})
+	name := patternFile(t, blocks*block)
+	fd := openFile(t, name, unix.O_RDONLY)
+	mems := make([]connector.Memory, devices)
+	for d := range mems {
+		mems[d] = alloc(t, c, d, blocks*block)
+		register(t, l, mems[d])
+	}
+	var wg sync.WaitGroup
+	for d := range devices {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 8 << (d % 3) // 8, 16, 32 or 8 blocks a batch
+			for it := range 24 + 8*d {
+				if !loadAndCheck(t, l, c, mems[d], fd, n, it*5+d*3) {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// loadAndCheck reads n blocks of the pattern file into m in one batch,
+// from offsets that differ with seed (so bytes left by an earlier batch do
+// not pass), and checks every result and every byte.
+func loadAndCheck(t *testing.T, l *Lib, c connector.Connector, m connector.Memory, fd, n, seed int) bool {
+	const blocks, block = 64, 64 << 10
+	reqs := make([]Request, n)
+	for k := range reqs {
+		off := int64((seed+k*7)%blocks) * block
+		reqs[k] = Request{Fd: fd, Device: m.Device(), DevAddr: m.Addr(), BufOffset: int64(k) * block, Len: block, FileOffset: off}
+	}
+	if failed, err := l.ReadBatch(reqs); failed != 0 || err != nil {
+		t.Errorf("device %d: %d failed, %v: %s", m.Device(), failed, err, describe(reqs))
+		return false
+	}
+	got := deviceBytes(t, c, m, 0, int64(n)*block)
+	for k, rq := range reqs {
+		want := make([]byte, block)
+		fillPattern(want, rq.FileOffset)
+		if !bytes.Equal(got[int64(k)*block:int64(k+1)*block], want) {
+			t.Errorf("device %d: block %d (file offset %d) differs", m.Device(), k, rq.FileOffset)
+			return false
+		}
+	}
+	return true
 }

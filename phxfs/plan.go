@@ -2,6 +2,7 @@ package phxfs
 
 import (
 	"cmp"
+	"math"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -25,8 +26,13 @@ type xfer struct {
 	dev     int     // staged: the device and the device address
 	devAddr uint64
 	staged  bool
-	result  int64
+	result  int64 // bytes moved or a negative errno; notRun until it ran
 }
+
+// notRun is the result of an xfer that no path has run yet. Every path
+// that runs an xfer sets its result; one still notRun when the plan ends
+// is an error for its request (finish), never a short count.
+const notRun int64 = math.MinInt64
 
 // segment maps part of a request onto part of an xfer.
 type segment struct {
@@ -192,7 +198,7 @@ func (l *Lib) cut(p *plan, targets []target) {
 			if t.staged {
 				n = min(n, lim-(rq.FileOffset+done)%lim)
 			}
-			x := xfer{fd: rq.Fd, off: rq.FileOffset + done, len: n, staged: t.staged}
+			x := xfer{fd: rq.Fd, off: rq.FileOffset + done, len: n, staged: t.staged, result: notRun}
 			if t.staged {
 				x.dev, x.devAddr = rq.Device, t.devAddr+uint64(done)
 				p.staged = true

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // countingConn counts the scatters and gathers its streams are asked for,
@@ -167,4 +168,94 @@ func TestConcurrentSmallBatches(t *testing.T) {
 			t.Errorf("3 empty xfers get %d workers, want 1", got)
 		}
 	})
+}
+
+// refusingConn's streams refuse to enqueue any scatter or gather with a
+// piece over device address bad, as a driver refuses a bad argument.
+type refusingConn struct {
+	connector.Connector
+	bad uint64
+}
+
+type refusingStream struct {
+	connector.Stream
+	bad uint64
+}
+
+func (c refusingConn) NewStream(dev int) (connector.Stream, error) {
+	s, err := c.Connector.NewStream(dev)
+	if err != nil {
+		return nil, err
+	}
+	return refusingStream{s, c.bad}, nil
+}
+
+func (s refusingStream) refuses(ps []connector.Piece) error {
+	for _, p := range ps {
+		if s.bad >= p.Dev && s.bad < p.Dev+uint64(p.Len) {
+			return errs.New(unix.EINVAL, "refusingStream: piece over %#x", s.bad)
+		}
+	}
+	return nil
+}
+
+func (s refusingStream) ScatterToDevice(src []byte, ps []connector.Piece) error {
+	if err := s.refuses(ps); err != nil {
+		return err
+	}
+	return s.Stream.ScatterToDevice(src, ps)
+}
+
+func (s refusingStream) GatherFromDevice(dst []byte, ps []connector.Piece) error {
+	if err := s.refuses(ps); err != nil {
+		return err
+	}
+	return s.Stream.GatherFromDevice(dst, ps)
+}
+
+// TestEnqueueErrorFailsItsOwnTransfer: blocks packed in one slot go to the
+// device in one scatter; when the connector refuses that scatter because
+// of one block, that block's request fails and the others still land, and
+// the next batch on the same worker's stream moves every byte (issue 18,
+// item 6: an error belongs to the transfer that caused it).
+func TestEnqueueErrorFailsItsOwnTransfer(t *testing.T) {
+	const block, n = 16 << 10, 8
+	c := emuStaged(t, 1)
+	m := alloc(t, c, 0, 2*n*block)
+	bad := m.Addr() + 3*block + 100
+	l := newLibOn(t, refusingConn{c, bad}, setup{"sync", Staged}, 1, func(cfg *Config) { cfg.Workers = 1 })
+	register(t, l, m)
+	fd := openFile(t, patternFile(t, 4*n*block), unix.O_RDONLY)
+	// n blocks into consecutive slots from base, from the file in reverse
+	// (so that none follows on from another: one piece each).
+	batch := func(base int64, fileOff int64) []Request {
+		reqs := make([]Request, n)
+		for k := range reqs {
+			reqs[k] = Request{Fd: fd, Device: 0, DevAddr: m.Addr(), BufOffset: base + int64(k)*block, Len: block,
+				FileOffset: fileOff + int64(n-1-k)*block}
+		}
+		return reqs
+	}
+	check := func(reqs []Request, skip int) {
+		t.Helper()
+		got := deviceBytes(t, c, m, reqs[0].BufOffset, n*block)
+		for k, rq := range reqs {
+			if k != skip {
+				checkPattern(t, got[k*block:(k+1)*block], rq.FileOffset)
+			}
+		}
+	}
+	first := batch(0, 0)
+	if failed, err := l.ReadBatch(first); failed != 1 || err != nil {
+		t.Fatalf("%d failed, %v, want the refused block alone: %s", failed, err, describe(first))
+	}
+	if first[3].Result != errnoResult(unix.EINVAL) {
+		t.Fatalf("the refused block: result %d, want -EINVAL", first[3].Result)
+	}
+	check(first, 3)
+	second := batch(n*block, 2*n*block)
+	if failed, err := l.ReadBatch(second); failed != 0 || err != nil {
+		t.Fatalf("the next batch: %d failed, %v: %s", failed, err, describe(second))
+	}
+	check(second, -1)
 }

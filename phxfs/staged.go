@@ -148,21 +148,22 @@ type slotFlight struct {
 type slotFences []slotFlight
 
 // start queues the move of pieces (one per xfer of idx) between slot's
-// buffer buf and the device on s, and the fence that ends it. On failure
-// the xfers get the error.
+// buffer buf and the device on s, and the fence that ends it. A move that
+// fails to enqueue leaves nothing in flight (connector.Stream): its pieces
+// are moved again one by one, so that only the xfers whose own bytes
+// cannot move fail.
 func (sf slotFences) start(slot int, s connector.Stream, buf []byte, pieces []connector.Piece, idx []int, gather bool, xfers []xfer) {
-	var err error
-	if gather {
-		err = s.GatherFromDevice(buf, pieces)
-	} else {
-		err = s.ScatterToDevice(buf, pieces)
+	if err := move(s, buf, pieces, gather); err != nil {
+		oneByOne(s, buf, pieces, idx, gather, xfers, err)
+		return
 	}
-	var f connector.Fence
-	if err == nil {
-		f, err = s.Fence()
-	}
+	f, err := s.Fence()
 	if err != nil {
-		fail(xfers, idx, err)
+		// Queued with no fence: wait for the whole stream, so that nothing
+		// of the slot is in flight when it is refilled.
+		if err := s.Synchronize(); err != nil {
+			fail(xfers, idx, err)
+		}
 		return
 	}
 	fl := &sf[slot]
@@ -171,42 +172,55 @@ func (sf slotFences) start(slot int, s connector.Stream, buf []byte, pieces []co
 	fl.xfers = append(fl.xfers[:0], idx...)
 }
 
-// settle waits for slot's copies. When they failed, it moves the pieces
-// again one by one, so that only the xfers whose own bytes cannot move
-// fail (emu and pcibar fault page by page; after a GPU error every retry
-// fails too).
-func (sf slotFences) settle(slot int, buf []byte, xfers []xfer) {
+// await waits for slot's copies. When they failed, it moves the pieces
+// again one by one.
+func (sf slotFences) await(slot int, buf []byte, xfers []xfer) {
 	fl := &sf[slot]
 	if fl.fence == nil {
 		return
 	}
 	err := fl.fence.Wait()
 	fl.fence = nil
-	if err == nil {
+	if err != nil {
+		oneByOne(fl.stream, buf, fl.pieces, fl.xfers, fl.gather, xfers, err)
+	}
+}
+
+// oneByOne moves pieces (one per xfer of idx) again, one at a time, after
+// their move together failed with err, and fails each xfer whose own move
+// fails: emu and pcibar fault page by page, an enqueue refuses one bad
+// piece; after a GPU error every retry fails too. A lone piece is not
+// tried again.
+func oneByOne(s connector.Stream, buf []byte, pieces []connector.Piece, idx []int, gather bool, xfers []xfer, err error) {
+	if len(pieces) == 1 {
+		fail(xfers, idx, err)
 		return
 	}
-	if len(fl.pieces) == 1 {
-		fail(xfers, fl.xfers, err)
-		return
-	}
-	for j, p := range fl.pieces {
-		one := []connector.Piece{p}
-		if fl.gather {
-			err = fl.stream.GatherFromDevice(buf, one)
-		} else {
-			err = fl.stream.ScatterToDevice(buf, one)
-		}
-		var f connector.Fence
-		if err == nil {
-			f, err = fl.stream.Fence()
-		}
-		if err == nil {
-			err = f.Wait()
-		}
-		if err != nil {
-			fail(xfers, fl.xfers[j:j+1], err)
+	for j := range pieces {
+		if err := moveAndWait(s, buf, pieces[j:j+1], gather); err != nil {
+			fail(xfers, idx[j:j+1], err)
 		}
 	}
+}
+
+// move queues a gather of pieces into buf, or their scatter from it.
+func move(s connector.Stream, buf []byte, pieces []connector.Piece, gather bool) error {
+	if gather {
+		return s.GatherFromDevice(buf, pieces)
+	}
+	return s.ScatterToDevice(buf, pieces)
+}
+
+// moveAndWait moves pieces and waits until they have moved.
+func moveAndWait(s connector.Stream, buf []byte, pieces []connector.Piece, gather bool) error {
+	if err := move(s, buf, pieces, gather); err != nil {
+		return err
+	}
+	f, err := s.Fence()
+	if err != nil {
+		return s.Synchronize()
+	}
+	return f.Wait()
 }
 
 // fail gives every xfer of idx err's errno.

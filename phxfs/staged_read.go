@@ -34,7 +34,8 @@ func (l *Lib) stagedWorkers(xs []xfer) int {
 // runStriped runs a plan that has staged transfers on its share of the
 // workers (placement.go). Reads are handed out in order, a chunk at a time
 // (claimer), so that a worker which the placement has since given to
-// another device can leave the plan to its other workers; writes are
+// another device can leave the plan to its other workers (the last one
+// stays); writes are
 // striped round-robin. Host transfers of the plan run through the
 // worker's engine as they come.
 func (l *Lib) runStriped(p *plan) {
@@ -50,7 +51,7 @@ func (l *Lib) runStriped(p *plan) {
 	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
 		if !p.write {
 			src := func() []int {
-				if l.mayLeave(dev, w, start, n) {
+				if l.leaves(c, dev, w, start, n) {
 					return nil
 				}
 				return l.hostFirst(eng, p, c.claim())
@@ -117,9 +118,9 @@ func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, src func() []
 			k = r.group(idx, k)
 		}
 	}
-	trace.WithRegion(bg, "phxfs.settle", func() {
+	trace.WithRegion(bg, "phxfs.await", func() {
 		for slot := range slots {
-			r.sf.settle(slot, slots[slot], xfers)
+			r.sf.await(slot, slots[slot], xfers)
 		}
 	})
 }
@@ -136,14 +137,14 @@ type stagedReader struct {
 	sf    slotFences
 	next  int // the slot to fill next
 
-	reads  []stagedRead // this group's reads, slot by slot
+	reads  []slotRead // this group's reads, slot by slot
 	ops    []ioengine.Op
 	filled []int // this group's slots, in order
 }
 
-// stagedRead is one read of a group: the xfer, and where and how it is
+// slotRead is one read of a group: the xfer, and where and how it is
 // read into its slot.
-type stagedRead struct {
+type slotRead struct {
 	i      int // the xfer
 	slot   int
 	at     int64        // where its bytes go in the slot (O_DIRECT: the span's start)
@@ -167,7 +168,7 @@ func (r *stagedReader) group(idx []int, k int) int {
 	for g := max(len(r.slots)/2, 1); g > 0 && k < len(idx) && r.xfers[idx[k]].dev == dev; g-- {
 		slot := r.next
 		r.next = (r.next + 1) % len(r.slots)
-		trace.WithRegion(bg, "phxfs.settle", func() { r.sf.settle(slot, r.slots[slot], r.xfers) })
+		trace.WithRegion(bg, "phxfs.await", func() { r.sf.await(slot, r.slots[slot], r.xfers) })
 		k = r.pack(slot, idx, k, dev)
 		r.filled = append(r.filled, slot)
 	}
@@ -194,7 +195,7 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 	var pos int64
 	for first := true; k < len(idx) && r.xfers[idx[k]].dev == dev; first = false {
 		x := &r.xfers[idx[k]]
-		rd := stagedRead{i: idx[k], slot: slot}
+		rd := slotRead{i: idx[k], slot: slot}
 		// Whether x is read around the page cache is decided for a whole
 		// slot: a cold range that does not fit what is left of this slot
 		// goes to the next one, never through the page cache.
@@ -241,7 +242,7 @@ func (r *stagedReader) scatter(s connector.Stream, slot, n, m int, runErr error)
 // land takes a read's result (got bytes, or the run's error), redoes a
 // failed or short O_DIRECT read through the page cache, sets the xfer's
 // result and returns where its bytes are in the slot and how many.
-func (r *stagedReader) land(rd *stagedRead, got int64, runErr error) (int64, int64) {
+func (r *stagedReader) land(rd *slotRead, got int64, runErr error) (int64, int64) {
 	l, x := r.l, &r.xfers[rd.i]
 	off := rd.at
 	switch {

@@ -79,15 +79,15 @@ func (wr *stagedWriter) gather(slot int, idx []int, k int) int {
 }
 
 // flush waits for slot's gather and writes, in one engine run, the xfers
-// whose bytes arrived.
+// whose bytes arrived (a failed gather gave the others their result).
 func (wr *stagedWriter) flush(slot int) {
 	buf := wr.slots[slot]
-	wr.sf.settle(slot, buf, wr.xfers)
+	wr.sf.await(slot, buf, wr.xfers)
 	var ops []ioengine.Op
 	var idx []int
 	for _, sw := range wr.fill[slot] {
 		x := &wr.xfers[sw.i]
-		if x.result < 0 {
+		if x.result != notRun {
 			continue
 		}
 		ops = append(ops, ioengine.Op{Fd: x.fd, Write: true, Addr: addrOf(buf[sw.at:]), Len: x.len, Off: x.off})

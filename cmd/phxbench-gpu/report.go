@@ -15,12 +15,15 @@ import (
 // for the JSON file (-out) that python/tools/gpu_report.py turns into the
 // ratio table. The row names and the JSON's fields are what it reads.
 
+// result is one row. A row that could not be measured honestly has no
+// seconds and no rate, and says why in error.
 type result struct {
 	Name    string  `json:"name"`
 	Bytes   int64   `json:"bytes"`
-	Seconds float64 `json:"seconds"`
-	GBps    float64 `json:"gbps"`
+	Seconds float64 `json:"seconds,omitempty"`
+	GBps    float64 `json:"gbps,omitempty"`
 	Note    string  `json:"note,omitempty"`
+	Error   string  `json:"error,omitempty"`
 }
 
 type report struct {
@@ -57,6 +60,12 @@ func (r *report) add(name string, bytes int64, d time.Duration, note string) {
 	x := newResult(name, bytes, d, note)
 	r.Results = append(r.Results, x)
 	fmt.Printf("%-40s %8.2f GB/s  %7.3fs  %s\n", name, x.GBps, x.Seconds, note)
+}
+
+// notRun records and prints a row that was not measured, and why.
+func (r *report) notRun(name, why string) {
+	r.Results = append(r.Results, result{Name: name, Note: "not run: " + why, Error: why})
+	fmt.Printf("%-40s not run: %s\n", name, why)
 }
 
 // addSweep records and prints one point of the sweep.

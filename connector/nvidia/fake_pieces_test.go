@@ -26,7 +26,46 @@ type fakePieces struct {
 	modules  int
 	launches int
 	batches  int
-	badPTX   bool // cuModuleLoadData fails, as for a PTX the driver rejects
+	badPTX   bool    // cuModuleLoadData fails, as for a PTX the driver rejects
+	failCall string  // a call of this name fails with failCode
+	failSkip int     // after this many of them have succeeded,
+	failCode uintptr // once (an enqueue error)
+	sticky   uintptr // every later wait fails with it: a broken context
+	record   bool    // launches record their pieces (decoded) and move nothing
+	decoded  []decodedPiece
+}
+
+// decodedPiece is one piece of a launch's parameter block, read at the
+// offsets copy_pieces.ptx documents.
+type decodedPiece struct {
+	dev, off, len uint64
+}
+
+// injected is the error the named call returns now: failCode once, if it
+// is the call to fail.
+func (f *fakeGPU) injected(name string) uintptr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pieces.failCall != name {
+		return 0
+	}
+	if f.pieces.failSkip > 0 {
+		f.pieces.failSkip--
+		return 0
+	}
+	f.pieces.failCall = ""
+	return f.pieces.failCode
+}
+
+// waited is what a stream or event wait returns: the sticky error, if the
+// context is broken, or r.
+func (f *fakeGPU) waited(r uintptr) uintptr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pieces.sticky != 0 {
+		return f.pieces.sticky
+	}
+	return r
 }
 
 func addFakePieceSyms(syms map[string]uintptr) {
@@ -45,7 +84,7 @@ func addFakePieceSyms(syms map[string]uintptr) {
 		return 0
 	})
 	syms["cuEventRecord"] = cb(func(ev, s uintptr) uintptr { return fake.onEvent(ev, fake.onStream(s, 0)) })
-	syms["cuEventSynchronize"] = cb(func(ev uintptr) uintptr { return fake.onEvent(ev, 0) })
+	syms["cuEventSynchronize"] = cb(func(ev uintptr) uintptr { return fake.waited(fake.onEvent(ev, 0)) })
 	syms["cuEventDestroy_v2"] = cb(func(ev uintptr) uintptr {
 		f := fake
 		f.mu.Lock()
@@ -96,22 +135,34 @@ func fakeModuleLoad(mod *uintptr, image *byte) uintptr {
 }
 
 func fakeLaunch(fn uintptr, gx, gy, gz, bx, by, bz, shmem uint32, s uintptr, params *unsafe.Pointer, extra uintptr) uintptr {
-	if r := fake.onStream(s, 0); r != 0 {
+	if r := fake.onStream(s, fake.injected("cuLaunchKernel")); r != 0 {
 		return r
 	}
-	blk := unsafe.Slice((*byte)(*params), 4080)
+	// The block is 4072 bytes: 16 of header, then 169 pieces of 24.
+	blk := unsafe.Slice((*byte)(*params), 4072)
 	le := binary.LittleEndian
 	stage, n, gather := le.Uint64(blk), le.Uint32(blk[8:]), le.Uint32(blk[12:])
-	if fn != fakeFunction || gx != n || n == 0 || n > kernelMaxPieces || gy != 1 || gz != 1 || bx != kernelThreads || extra != 0 {
+	if fn != fakeFunction || gx != n || n == 0 || n > 169 || gy != 1 || gz != 1 || bx != kernelThreads || extra != 0 {
 		return 1
+	}
+	ps := make([]decodedPiece, n)
+	for i := range ps {
+		e := blk[16+24*i:]
+		ps[i] = decodedPiece{dev: le.Uint64(e), off: le.Uint64(e[8:]), len: le.Uint64(e[16:])}
 	}
 	fake.mu.Lock()
 	fake.pieces.launches++
+	record := fake.pieces.record
+	if record {
+		fake.pieces.decoded = append(fake.pieces.decoded, ps...)
+	}
 	fake.mu.Unlock()
-	for i := range int(n) {
-		e := blk[16+16*i:]
-		dev, off, ln := le.Uint64(e), uint64(le.Uint32(e[8:])), uintptr(le.Uint32(e[12:]))
-		src, dst := stage+off, dev
+	if record {
+		return 0
+	}
+	for _, p := range ps {
+		ln := uintptr(p.len)
+		src, dst := stage+p.off, p.dev
 		if gather == 1 {
 			src, dst = dst, src
 		}
@@ -126,7 +177,7 @@ func fakeLaunch(fn uintptr, gx, gy, gz, bx, by, bz, shmem uint32, s uintptr, par
 // fakeBatch takes the arrays as pointers: a host entry is one, a device
 // entry a fake address outside Go's heap.
 func fakeBatch(dsts, srcs *unsafe.Pointer, sizes *uintptr, count uintptr, attrs *memcpyAttributes, idxs *uintptr, nattrs uintptr, s uintptr) uintptr {
-	if r := fake.onStream(s, 0); r != 0 {
+	if r := fake.onStream(s, fake.injected("cuMemcpyBatchAsync_v2")); r != 0 {
 		return r
 	}
 	if nattrs != 1 || *idxs != 0 || attrs.srcAccessOrder != cuMemcpySrcAccessOrderStream || count == 0 {

@@ -233,6 +233,9 @@ func makeFakeSyms() {
 		"cuMemcpyHtoD_v2": cb(func(dst uint64, src *byte, n uintptr) uintptr { return fake.copyIn(dst, src, n) }),
 		"cuMemcpyDtoH_v2": cb(func(dst *byte, src uint64, n uintptr) uintptr { return fake.copyOut(dst, src, n) }),
 		"cuMemcpyHtoDAsync_v2": cb(func(dst uint64, src *byte, n uintptr, s uintptr) uintptr {
+			if r := fake.injected("cuMemcpyHtoDAsync_v2"); r != 0 {
+				return fake.onStream(s, r)
+			}
 			return fake.onStream(s, fake.copyIn(dst, src, n))
 		}),
 		"cuMemcpyDtoHAsync_v2": cb(func(dst *byte, src uint64, n uintptr, s uintptr) uintptr {
@@ -254,7 +257,7 @@ func makeFakeSyms() {
 				return 0
 			})
 		}),
-		"cuStreamSynchronize": cb(func(s uintptr) uintptr { return fake.onStream(s, 0) }),
+		"cuStreamSynchronize": cb(func(s uintptr) uintptr { return fake.waited(fake.onStream(s, 0)) }),
 		"cuStreamDestroy_v2": cb(func(s uintptr) uintptr {
 			f := lock()
 			defer f.mu.Unlock()

@@ -16,7 +16,6 @@ type fence struct {
 	s      *Stream
 	ev     uintptr
 	seq    uint64 // the last copy before the fence
-	err    error  // the first enqueue error of the copies it covers
 	waited atomic.Bool
 }
 
@@ -44,13 +43,11 @@ func (s *Stream) Fence() (connector.Fence, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &fence{s: s, ev: ev, seq: s.seq, err: s.err}
-	s.err = nil
-	return f, nil
+	return &fence{s: s, ev: ev, seq: s.seq}, nil
 }
 
 // Wait blocks until the fenced copies have completed (as PHX_CUDA_SYNC
-// says threads wait) and returns their first error.
+// says threads wait) and returns the driver's error, if any.
 func (f *fence) Wait() error {
 	if f.waited.Swap(true) {
 		return errs.New(unix.EINVAL, "nvidia: fence waited for twice")
@@ -66,8 +63,5 @@ func (f *fence) Wait() error {
 		s.drop(f.seq)
 	}
 	s.mu.Unlock()
-	if f.err != nil {
-		return f.err
-	}
 	return err
 }

@@ -382,3 +382,42 @@ func TestGPUIPCChild(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestGPUKernelPast4GiB is TestFakeKernelPiecesPast4GiB on the real
+// kernel: a scatter and a gather whose span, one piece's offset and one
+// piece's length pass 4 GiB land every byte (PHX_SCATTER=kernel).
+func TestGPUKernelPast4GiB(t *testing.T) {
+	c := gpu(t)
+	if err := c.SetScatter("kernel"); err != nil {
+		t.Fatal(err)
+	}
+	const big = 4<<30 + 4096 // the long piece: past 4 GiB, a multiple of 16
+	const odd = 4096 + 3     // the far piece: the kernel's byte path
+	host := pinned(t, c, big+8192+odd)
+	m := devMem(t, c, big+(1<<20))
+	ps := []connector.Piece{
+		{Off: 0, Len: big, Dev: m.Addr() + 65536},
+		{Off: big + 8192, Len: odd, Dev: m.Addr()},
+	}
+	b := host.Bytes()
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = byte(i>>12) ^ 0x5a
+	}
+	b[big+8192+odd-1] = 0xee
+	s := stream(t, c)
+	waitFence(t, s, s.ScatterToDevice(b, ps))
+	clear(b)
+	waitFence(t, s, s.GatherFromDevice(b, ps))
+	for i := 0; i < len(b); i += 4096 {
+		if i >= big && i < big+8192 {
+			continue // between the pieces
+		}
+		if b[i] != byte(i>>12)^0x5a {
+			t.Fatalf("byte %d: %#x after the round trip, want %#x", i, b[i], byte(i>>12)^0x5a)
+		}
+	}
+	if b[big+8192+odd-1] != 0xee {
+		t.Fatal("the far piece's last byte did not come back")
+	}
+	t.Log(c.ScatterReport())
+}

@@ -79,7 +79,7 @@ func (s *Stream) launch(fn uintptr, ps []connector.Piece, lo int64, gather bool)
 		a.gather = 1
 	}
 	for i, p := range ps {
-		a.p[i] = kernelPiece{dev: p.Dev, off: uint32(p.Off - lo), len: uint32(p.Len)}
+		a.p[i] = kernelPiece{dev: p.Dev, off: uint64(p.Off - lo), len: uint64(p.Len)}
 	}
 	st.params[0] = uintptr(unsafe.Pointer(a))
 	return d.call(d.cuLaunchKernel, fn, uintptr(len(ps)), 1, 1, kernelThreads, 1, 1, 0, s.h,

@@ -3,8 +3,11 @@ package nvidia
 import (
 	"bytes"
 	"errors"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -56,17 +59,7 @@ func TestFakeScatterGather(t *testing.T) {
 			}
 			t.Cleanup(func() { closeT(t, s) })
 			waitFence(t, s, s.ScatterToDevice(src, ps))
-
-			dev := make([]byte, devLen)
-			if err := c.CopyToHost(dev, m.Addr(), 0); err != nil {
-				t.Fatal(err)
-			}
-			for i, p := range ps {
-				at := p.Dev - m.Addr()
-				if !bytes.Equal(dev[at:at+uint64(p.Len)], src[p.Off:p.Off+p.Len]) {
-					t.Fatalf("piece %d (%d bytes) differs on the device", i, p.Len)
-				}
-			}
+			checkLanded(t, c, m, ps, src, devLen)
 			back := make([]byte, hostLen)
 			waitFence(t, s, s.GatherFromDevice(back, ps))
 			for i, p := range ps {
@@ -77,6 +70,39 @@ func TestFakeScatterGather(t *testing.T) {
 			checkMethod(t, c, f, mode)
 		})
 	}
+}
+
+// checkLanded checks that every piece's bytes of src are at its device
+// address in m, whose first devLen bytes it reads back.
+func checkLanded(t *testing.T, c *Connector, m connector.Memory, ps []connector.Piece, src []byte, devLen int64) {
+	t.Helper()
+	dev := make([]byte, devLen)
+	if err := c.CopyToHost(dev, m.Addr(), 0); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range ps {
+		at := p.Dev - m.Addr()
+		if !bytes.Equal(dev[at:at+uint64(p.Len)], src[p.Off:p.Off+p.Len]) {
+			t.Fatalf("piece %d (%d bytes) differs on the device", i, p.Len)
+		}
+	}
+}
+
+// fakeMemAndStream makes size bytes of device 0's memory and a stream on
+// device 0, both closed, checked, when the test ends.
+func fakeMemAndStream(t *testing.T, c *Connector, size int64) (connector.Memory, connector.Stream) {
+	t.Helper()
+	m, err := c.Alloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, m) })
+	s, err := c.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeT(t, s) })
+	return m, s
 }
 
 func waitFence(t *testing.T, s connector.Stream, enqueueErr error) {
@@ -120,8 +146,8 @@ func checkMethod(t *testing.T, c *Connector, f *fakeGPU, mode string) {
 }
 
 // TestFakeScatterChecks covers the errors: pieces outside the host buffer,
-// a kernel the driver would not load, and a fence's error reaching the
-// fence that covers the failed move only.
+// a kernel the driver would not load, returned by the enqueue and by no
+// fence after it.
 func TestFakeScatterChecks(t *testing.T) {
 	c, f := withFake(t)
 	f.mu.Lock()
@@ -130,16 +156,7 @@ func TestFakeScatterChecks(t *testing.T) {
 	if err := c.SetScatter("kernel"); err != nil {
 		t.Fatal(err)
 	}
-	m, err := c.Alloc(0, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeT(t, m) })
-	s, err := c.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeT(t, s) })
+	m, s := fakeMemAndStream(t, c, 1<<20)
 	buf := make([]byte, 4096)
 	for _, p := range []connector.Piece{{Off: 4000, Len: 100, Dev: m.Addr()}, {Off: -1, Len: 1, Dev: m.Addr()}, {Len: 0, Dev: m.Addr()}} {
 		if err := s.ScatterToDevice(buf, []connector.Piece{p}); !errors.Is(err, unix.EINVAL) {
@@ -147,7 +164,7 @@ func TestFakeScatterChecks(t *testing.T) {
 		}
 	}
 	two := []connector.Piece{{Len: 16, Dev: m.Addr()}, {Off: 16, Len: 16, Dev: m.Addr() + 64}}
-	err = s.ScatterToDevice(buf, two)
+	err := s.ScatterToDevice(buf, two)
 	if err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_218") {
 		t.Fatalf("kernel forced but not loadable: %v", err)
 	}
@@ -171,8 +188,10 @@ func TestFakeScatterChecks(t *testing.T) {
 	if err := good.Wait(); err != nil {
 		t.Errorf("the later fence reports %v", err)
 	}
-	if err := bad.Wait(); err == nil {
-		t.Error("the failed move's fence reports nothing")
+	// The failed move's error was its enqueue's, returned to it: no fence
+	// reports it again.
+	if err := bad.Wait(); err != nil {
+		t.Errorf("the fence after a failed enqueue reports %v", err)
 	}
 }
 
@@ -230,5 +249,129 @@ func TestScatterModeChecked(t *testing.T) {
 	}
 	if _, err := Open(); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("Open with %s=Kernel: %v, want EINVAL", EnvScatter, err)
+	}
+}
+
+// TestFakeEnqueueErrorStaysWithItsTransfer: a scatter whose enqueue fails
+// part way (its first copy queued, then a call refused) returns the error
+// to its caller alone; the next transfer on the same stream, which may be
+// another client's, gets a clean fence and every byte (issue 18, item 6).
+func TestFakeEnqueueErrorStaysWithItsTransfer(t *testing.T) {
+	// The kernel's copy into staging is queued before its launch fails;
+	// so is the first piece's copy before the second's.
+	fails := map[string]struct {
+		call string
+		skip int
+	}{"kernel": {"cuLaunchKernel", 0}, "batch": {"cuMemcpyBatchAsync_v2", 0}, "copies": {"cuMemcpyHtoDAsync_v2", 1}}
+	for mode, fail := range fails {
+		t.Run(mode, func(t *testing.T) {
+			c, f := withFake(t)
+			if err := c.SetScatter(mode); err != nil {
+				t.Fatal(err)
+			}
+			const n = 40
+			m, s := fakeMemAndStream(t, c, n*8192)
+			ps, hostLen, devLen := scatterPieces(n, m.Addr())
+			f.mu.Lock()
+			f.pieces.failCall, f.pieces.failSkip, f.pieces.failCode = fail.call, fail.skip, cudaErrorInvalidValue
+			f.mu.Unlock()
+			if err := s.ScatterToDevice(pattern(int(hostLen), 0x11), ps); !errors.Is(err, unix.EINVAL) {
+				t.Fatalf("the failing scatter: %v, want EINVAL", err)
+			}
+			src := pattern(int(hostLen), 0x22)
+			waitFence(t, s, s.ScatterToDevice(src, ps))
+			if err := s.Synchronize(); err != nil {
+				t.Fatalf("Synchronize after the failed enqueue: %v", err)
+			}
+			checkLanded(t, c, m, ps, src, devLen)
+		})
+	}
+}
+
+// TestFakeStickyErrorReachesEveryone: a broken context (a sticky error)
+// fails every wait after it, whoever queued the copies.
+func TestFakeStickyErrorReachesEveryone(t *testing.T) {
+	c, f := withFake(t)
+	m, s := fakeMemAndStream(t, c, 1<<20)
+	src := pattern(4096, 0x33)
+	var fences []connector.Fence
+	for range 2 {
+		if err := s.CopyToDevice(m.Addr(), src); err != nil {
+			t.Fatal(err)
+		}
+		fe, err := s.Fence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fences = append(fences, fe)
+	}
+	f.mu.Lock()
+	f.pieces.sticky = 700 // CUDA_ERROR_ILLEGAL_ADDRESS
+	f.mu.Unlock()
+	for i, fe := range fences {
+		if err := fe.Wait(); err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_700") {
+			t.Errorf("fence %d after the context broke: %v", i, err)
+		}
+	}
+	if err := s.Synchronize(); err == nil {
+		t.Error("Synchronize after the context broke reports nothing")
+	}
+	f.mu.Lock()
+	f.pieces.sticky = 0 // so that the stream closes
+	f.mu.Unlock()
+}
+
+// TestFakeKernelPiecesPast4GiB: the kernel's parameter block carries
+// offsets and lengths of 4 GiB and more whole (issue 18, item 11:
+// PHX_SCATTER=kernel truncated them to 32 bits). The fake decodes the
+// block at the offsets copy_pieces.ptx documents and moves nothing.
+func TestFakeKernelPiecesPast4GiB(t *testing.T) {
+	c, f := withFake(t)
+	_, s := fakeMemAndStream(t, c, 1<<20)
+	fn, err := c.kernel(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.pieces.record = true
+	f.mu.Unlock()
+	const lo = 4096
+	ps := []connector.Piece{
+		{Off: lo, Len: 16, Dev: 0x7f0000000000},
+		{Off: lo + 5<<30 + 48, Len: 4<<30 + 32, Dev: 0x7f0100000000},
+		{Off: lo + 9<<30 + 4096, Len: 8<<30 + 7, Dev: 0x7f0200000000},
+	}
+	st := s.(*Stream)
+	st.mu.Lock()
+	err = st.c.onDev(0, func() error { return st.launch(fn, ps, lo, false) })
+	st.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	got := f.pieces.decoded
+	f.mu.Unlock()
+	if len(got) != len(ps) {
+		t.Fatalf("%d pieces decoded, want %d", len(got), len(ps))
+	}
+	for i, p := range ps {
+		want := decodedPiece{dev: p.Dev, off: uint64(p.Off - lo), len: uint64(p.Len)}
+		if got[i] != want {
+			t.Errorf("piece %d: the kernel reads %+v, want %+v", i, got[i], want)
+		}
+	}
+}
+
+// TestKernelParamBlockMatchesPTX: the Go parameter block is as large as
+// the kernel's declared parameter, which stays within the 4 KiB every
+// driver takes.
+func TestKernelParamBlockMatchesPTX(t *testing.T) {
+	m := regexp.MustCompile(`phx_copy_pieces_param_0\[(\d+)\]`).FindStringSubmatch(copyPiecesPTX)
+	if m == nil {
+		t.Fatal("no parameter declaration in copy_pieces.ptx")
+	}
+	declared, _ := strconv.Atoi(m[1])
+	if size := int(unsafe.Sizeof(kernelArgs{})); size != declared || size > 4096 {
+		t.Fatalf("kernelArgs is %d bytes, the PTX declares %d (limit 4096)", size, declared)
 	}
 }

@@ -43,6 +43,11 @@ const (
 
 var methodNames = [methodCount]string{"copies", "batch", "kernel"}
 
+// autoStageMax is the widest span auto moves through the kernel: the
+// staging buffer is as large as the span, and a few small pieces far
+// apart are not worth that much device memory.
+const autoStageMax = 1 << 32
+
 // batchMinPiece is auto's threshold: pieces of at least this average size
 // go as one batched copy, smaller ones through the kernel (kv_blocks.cu's
 // crossover on an H200).
@@ -75,16 +80,17 @@ var copyPiecesPTX string
 
 const (
 	kernelName      = "phx_copy_pieces"
-	kernelMaxPieces = 254 // the parameter block stays under 4 KiB
+	kernelMaxPieces = 169 // the parameter block stays under 4 KiB
 	kernelThreads   = 256
 )
 
 // kernelPiece and kernelArgs are the kernel's parameter block; the layout
-// is documented in copy_pieces.ptx.
+// is documented in copy_pieces.ptx. Offsets and lengths are 64-bit, so
+// that a span of 4 GiB or more is not truncated.
 type kernelPiece struct {
 	dev uint64
-	off uint32
-	len uint32
+	off uint64
+	len uint64
 }
 
 type kernelArgs struct {
@@ -189,7 +195,7 @@ func (c *Connector) method(dev int, ps []connector.Piece, span int64) pieceMetho
 	hasBatch := c.d.cuMemcpyBatchAsync.addr != 0
 	small := total/int64(len(ps)) < batchMinPiece
 	switch {
-	case small && c.kern[dev].fn != 0 && span < 1<<32:
+	case small && c.kern[dev].fn != 0 && span <= autoStageMax:
 		return methodKernel
 	case hasBatch:
 		return methodBatch

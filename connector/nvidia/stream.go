@@ -19,7 +19,6 @@ type Stream struct {
 	mu     sync.Mutex
 	seq    uint64     // copies enqueued so far
 	held   []heldHost // host buffers of queued copies: reachable until waited for
-	err    error      // first enqueue error since the last Fence or Synchronize
 	events []uintptr  // idle events for Fence
 	pieces pieceState // scatter and gather state (scatter.go)
 	closed bool
@@ -51,17 +50,27 @@ func (c *Connector) NewStream(dev int) (connector.Stream, error) {
 	return &Stream{c: c, dev: dev, h: h}, nil
 }
 
+// enqueue runs f, which queues work on the stream that reads or writes
+// buf. An enqueue error belongs to its caller alone: it is returned, not
+// kept for the stream's next Fence, which may be another transfer's. f may
+// have queued part of its work (a scatter's copy before its kernel), so
+// the stream is drained first: nothing of a failed enqueue is left in
+// flight, and the caller may reuse buf at once. A sticky context error
+// still reaches every later wait through the driver.
 func (s *Stream) enqueue(buf []byte, f func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return errs.New(unix.EBADF, "nvidia: stream closed")
 	}
-	err := s.c.onDev(s.dev, f)
-	if err != nil {
-		if s.err == nil {
-			s.err = err
+	err := s.c.onDev(s.dev, func() error {
+		err := f()
+		if err != nil {
+			s.c.d.call(s.c.d.cuStreamSynchronize, s.h)
 		}
+		return err
+	})
+	if err != nil {
 		return err
 	}
 	s.seq++
@@ -103,8 +112,8 @@ func (s *Stream) CopyFromDevice(dst []byte, src uint64) error {
 	})
 }
 
-// Synchronize waits for every queued copy and returns the first error of
-// an enqueue or of the copies since the last Synchronize.
+// Synchronize waits for every queued copy and returns the driver's error,
+// if any (enqueue errors were returned by the enqueue).
 func (s *Stream) Synchronize() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -118,10 +127,6 @@ func (s *Stream) syncLocked() error {
 	err := s.c.onDev(s.dev, func() error {
 		return s.c.d.call(s.c.d.cuStreamSynchronize, s.h)
 	})
-	if s.err != nil {
-		err = s.err
-	}
-	s.err = nil
 	s.drop(s.seq)
 	return err
 }

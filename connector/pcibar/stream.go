@@ -99,7 +99,6 @@ type Stream struct {
 	view *barView
 
 	mu     sync.Mutex
-	err    error
 	closed bool
 }
 
@@ -124,16 +123,14 @@ func (c *Connector) NewStream(dev int) (connector.Stream, error) {
 	return &Stream{c: c, dev: d, view: v}, nil
 }
 
-func (s *Stream) record(err error) error {
+// open fails once the stream is closed.
+func (s *Stream) open() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return errs.New(unix.EINVAL, "pcibar: stream closed")
 	}
-	if err != nil && s.err == nil {
-		s.err = err
-	}
-	return err
+	return nil
 }
 
 // CopyToDevice implements connector.Stream.
@@ -147,17 +144,21 @@ func (s *Stream) CopyFromDevice(dst []byte, src uint64) error {
 }
 
 // ScatterToDevice implements connector.Stream: the CPU copies each piece
-// through the BAR mapping, now.
+// through the BAR mapping, now. A failure is the caller's alone: it is
+// returned, and no Fence reports it again.
 func (s *Stream) ScatterToDevice(src []byte, ps []connector.Piece) error {
-	return s.record(s.pieces(src, ps, false))
+	return s.pieces(src, ps, false)
 }
 
 // GatherFromDevice implements connector.Stream.
 func (s *Stream) GatherFromDevice(dst []byte, ps []connector.Piece) error {
-	return s.record(s.pieces(dst, ps, true))
+	return s.pieces(dst, ps, true)
 }
 
 func (s *Stream) pieces(host []byte, ps []connector.Piece, gather bool) error {
+	if err := s.open(); err != nil {
+		return err
+	}
 	for _, p := range ps {
 		if p.Off < 0 || p.Len < 0 || p.Off > int64(len(host))-p.Len {
 			return errs.New(unix.EINVAL, "pcibar: piece of %d bytes at %d outside a %d-byte host buffer", p.Len, p.Off, len(host))
@@ -179,36 +180,22 @@ func (s *Stream) pieces(host []byte, ps []connector.Piece, gather bool) error {
 	return nil
 }
 
-// Fence implements connector.Stream: copies are done when enqueued, so the
-// fence only carries the first failure since the previous one.
+// Fence implements connector.Stream: copies are done, and their errors
+// returned, when enqueued, so a fence has nothing to wait for or report.
 func (s *Stream) Fence() (connector.Fence, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, errs.New(unix.EINVAL, "pcibar: stream closed")
+	if err := s.open(); err != nil {
+		return nil, err
 	}
-	f := doneFence{err: s.err}
-	s.err = nil
-	return f, nil
+	return doneFence{}, nil
 }
 
 // doneFence is a fence over copies that have completed.
-type doneFence struct{ err error }
+type doneFence struct{}
 
-func (f doneFence) Wait() error { return f.err }
+func (doneFence) Wait() error { return nil }
 
-// Synchronize implements connector.Stream: copies are done when enqueued;
-// it reports (and clears) the first error since the last Synchronize.
-func (s *Stream) Synchronize() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errs.New(unix.EINVAL, "pcibar: stream closed")
-	}
-	err := s.err
-	s.err = nil
-	return err
-}
+// Synchronize implements connector.Stream: copies are done when enqueued.
+func (s *Stream) Synchronize() error { return s.open() }
 
 // Close implements connector.Stream.
 func (s *Stream) Close() error {

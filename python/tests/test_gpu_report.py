@@ -206,6 +206,31 @@ class DetailTableTest(unittest.TestCase):
         self.assertEqual(rows[gpu_report.CUFILE_LABEL + ": e cuFile read"][1], "3.00")
         self.assertIn("- hot >= 0.9x pinned-copy ceiling (phxfs, Go): MET (0.90)", text)
 
+    def test_one_target_per_measure(self):
+        """The detail's target lines and the rows read one table: 6x safetensors
+        misses the 9x target in both (issue 18, item 10)."""
+        g = {"results": [result("ceiling pinned H2D 4MiB copies", 50.0)]}
+        p = {"results": [result("a phxmount ioctl (python client) hot", 30.0), result("c safetensors load_file cuda hot", 5.0)]}
+        text = gpu_report.render(g, p)
+        rows = {r["name"]: r for r in gpu_rows.build({"go": g, "py": p})}
+        want = gpu_rows.TARGETS["hot_vs_safetensors"]
+        self.assertEqual((rows["hot_vs_safetensors"]["target"], rows["hot_vs_safetensors"]["met"]), (want, False))
+        self.assertIn(f"- >= {want:g}x safetensors when hot (phxmount, Python): NOT MET (6.0x)", text)
+        self.assertEqual(rows["hot_end_to_end"]["target"], gpu_rows.TARGETS["hot_end_to_end"])
+        self.assertIn(f"- hot >= {gpu_rows.TARGETS['hot_end_to_end']:g}x pinned-copy ceiling (phxmount, Python): NOT MET (0.60)",
+                      text)
+
+    def test_a_row_not_run_has_no_figure(self):
+        """A Go row that could not be measured honestly (caches not dropped)
+        shows "not run" and counts in no ceiling."""
+        why = "caches not dropped: permission denied"
+        g = {"results": [{"name": "ceiling cold O_DIRECT read 16x4MiB", "bytes": 1 << 30, "note": "not run: " + why,
+                          "error": why}, result("ceiling cold buffered read 16x4MiB", 1.5)]}
+        rows = table_rows(gpu_report.render(g, {}))
+        self.assertEqual(rows["ceiling cold O_DIRECT read 16x4MiB"][1], "not run")
+        self.assertEqual(gpu_report.ceilings(gpu_report.index(g, {}))[1], 1.5)
+        self.assertEqual(gpu_rows.baselines({"go": g})["cold"], 1.5)
+
     def test_cufile_failure_reported_from_results(self):
         g = {"results": [{"name": "e cuFile read", "error": "cuFileHandleRegister 5027"}]}
         row = table_rows(gpu_report.render(g, {}))[gpu_report.CUFILE_LABEL + ": e cuFile read"]

@@ -16,6 +16,14 @@ absent is "not run", never a number."""
 import re
 
 NOT_RUN = "not run"
+
+# Every target, defined once: the rows below and gpu_report.py's target
+# lines read them here (docs/python.md lists them).
+TARGETS = {
+    "hot_registered": 0.95, "hot_registered_vs_pinned": 0.9, "hot_end_to_end": 0.8, "hot_vs_safetensors": 9,
+    "cold": 0.95, "kv": 0.9, "save_nofsync": 3, "save_fsync": 3, "disk write ceiling": 0.9,
+    "shard_row_vs_full": 5, "shard_col_vs_full": 2, "shard_vs_safetensors": 5,
+}
 KV_SIZES = ((16 << 10, "kv_16k"), (64 << 10, "kv_64k"), (256 << 10, "kv_256k"), (1 << 20, "kv_1m"))
 
 _STAGED_PINNED = re.compile(r"^C ceiling pinned H2D .*?([\d.]+) GB/s", re.M)
@@ -101,11 +109,11 @@ def hot_rows(inp: dict, b: dict) -> list:
     e2e_note = "best of N; registrations reused, as in a process that loads again" + \
         (f"; its first load in a fresh state: {first:.2f} GB/s" if first else "")
     return [
-        row("hot_registered", reg, b["staged_best"], 0.95, b["staged_best_name"] or "staged_ceiling.cu best"),
-        row("hot_registered_vs_pinned", reg, b["pinned"], 0.9, "pinned H2D ceiling (best measured)"),
-        row("hot_end_to_end", e2e, b["pinned"], 0.8, "pinned H2D ceiling (best measured)", note=e2e_note),
-        row("hot_vs_safetensors", e2e, st, 9, "safetensors.torch.load_file(device=cuda), hot"),
-        row("cold", cold, b["cold"], 0.95, "best cold read ceiling (Go bench: O_DIRECT / buffered)"),
+        row("hot_registered", reg, b["staged_best"], TARGETS["hot_registered"], b["staged_best_name"] or "staged_ceiling.cu best"),
+        row("hot_registered_vs_pinned", reg, b["pinned"], TARGETS["hot_registered_vs_pinned"], "pinned H2D ceiling (best measured)"),
+        row("hot_end_to_end", e2e, b["pinned"], TARGETS["hot_end_to_end"], "pinned H2D ceiling (best measured)", note=e2e_note),
+        row("hot_vs_safetensors", e2e, st, TARGETS["hot_vs_safetensors"], "safetensors.torch.load_file(device=cuda), hot"),
+        row("cold", cold, b["cold"], TARGETS["cold"], "best cold read ceiling (Go bench: O_DIRECT / buffered)"),
     ]
 
 
@@ -122,7 +130,7 @@ def kv_rows(inp: dict, b: dict) -> list:
         vals = [gbps(r) for r in mine]
         value = min(vals) if len(vals) >= 2 and all(vals) and not bad else None
         depth = {x.get("inflight") for x in mine} - {None}
-        r = row(name, value, base, 0.9, bname, note="the worse of 1 and 4 client threads" +
+        r = row(name, value, base, TARGETS["kv"], bname, note="the worse of 1 and 4 client threads" +
                 (f", each keeping {depth.pop()} BATCH ioctls in flight" if len(depth) == 1 else ""))
         if bad:
             r.update(status="failed", missing=[f"{n}: error or blocks that differ" for n in bad])
@@ -132,12 +140,12 @@ def kv_rows(inp: dict, b: dict) -> list:
 
 def save_rows(inp: dict, b: dict) -> list:
     s = by_name(inp.get("save"))
-    nofs = row("save_nofsync", gbps(s.get("phxmount save_safetensors")), gbps(s.get("safetensors save_file")), 3,
+    nofs = row("save_nofsync", gbps(s.get("phxmount save_safetensors")), gbps(s.get("safetensors save_file")), TARGETS["save_nofsync"],
                "safetensors.torch.save_file, same tensors, same file system")
     fs = row("save_fsync", gbps(s.get("phxmount save_safetensors fsync")), gbps(s.get("safetensors save_file fsync")),
-             3, "safetensors.torch.save_file + os.fsync")
+             TARGETS["save_fsync"], "safetensors.torch.save_file + os.fsync")
     disk = best_prefix(s, "disk write ceiling")
-    c = row("disk write ceiling", gbps(s.get("phxmount save_safetensors fsync")), disk, 0.9,
+    c = row("disk write ceiling", gbps(s.get("phxmount save_safetensors fsync")), disk, TARGETS["disk write ceiling"],
             "sequential write + fsync of the same bytes (best of buffered and O_DIRECT)")
     fs["ceiling"] = {k: c[k] for k in ("baseline", "ratio", "target", "met", "baseline_name", "status")}
     fs["met"] = bool(fs["met"] and c["met"])
@@ -148,11 +156,13 @@ def shard_rows(inp: dict, b: dict) -> list:
     s = by_name(inp.get("shard"))
     full = seconds(s.get("phxmount full load_safetensors"))
     out = []
-    for kind, tgt_full in (("row", 5), ("col", 2)):
+    for kind in ("row", "col"):
         mine = seconds(s.get(f"phxmount shard {kind}s"))
         st = seconds(s.get(f"safetensors get_slice {kind}s"))
-        out.append(row(f"shard_{kind}_vs_full", mine, full, tgt_full, "full load_safetensors of the file", unit="s"))
-        out.append(row(f"shard_{kind}_vs_safetensors", mine, st, 5, f"safetensors get_slice, the same {kind} shards",
+        out.append(row(f"shard_{kind}_vs_full", mine, full, TARGETS[f"shard_{kind}_vs_full"], "full load_safetensors of the file",
+                       unit="s"))
+        out.append(row(f"shard_{kind}_vs_safetensors", mine, st, TARGETS["shard_vs_safetensors"],
+                       f"safetensors get_slice, the same {kind} shards",
                        unit="s"))
     return [out[0], out[2], out[1], out[3]]
 
