@@ -48,6 +48,23 @@ func (l *Lib) stagedStreams(dev int) ([]connector.Stream, error) {
 	return l.warm(dev)
 }
 
+// Warm makes, ahead of any transfer, what the staged transport needs on
+// device dev: every worker's bounce buffers (once per library) and copy
+// stream on dev, which also makes the device's context. Registering staged
+// memory does it too; a daemon calls Warm when it starts, so that no
+// client's first load pays for it.
+func (l *Lib) Warm(dev int) error {
+	_, err := l.warm(dev)
+	return err
+}
+
+// Warmed reports whether the staged transport is ready on dev (Warm, or a
+// staged registration, made its streams).
+func (l *Lib) Warmed(dev int) bool {
+	m := l.staged.streams.Load()
+	return m != nil && (*m)[dev] != nil
+}
+
 // warm allocates the slots (once) and creates one stream per worker on
 // dev (once per device).
 func (l *Lib) warm(dev int) ([]connector.Stream, error) {

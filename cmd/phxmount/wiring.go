@@ -63,6 +63,12 @@ func newControl(c *config, log *logrus.Entry, observe func(string, time.Duration
 		return nil, err
 	}
 	logControl(log, conn, lib)
+	// Before the mount answers: a client's first load finds the GPU state
+	// (context, streams, bounce buffers) made. A device that cannot be
+	// prepared is tried again, and explained, at its first registration.
+	if err := s.PrepareDevices(); err != nil {
+		log.Warnf("%v", err)
+	}
 	return &controlStack{ctl: s, lib: lib, close: func() {
 		if err := s.Close(); err != nil {
 			log.Warnf("control: %v", err)

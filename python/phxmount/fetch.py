@@ -17,7 +17,8 @@ A backend provides:
     locate(mem) -> (id, off)  the registered buffer holding mem
     finish(mem, plan)         the result the caller gets
     release(mem)              scratch memory is no longer needed
-    prepare()                 before a group of requests (sync, prune)
+    prepare(plans)            before a group of requests (sync, prune, and
+                              room for their memory)
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class Fetcher:
     def start(self, plans: Iterable[Plan], timeout: Optional[float] = None) -> List[Pending]:
         """Starts every plan; the reads of the first overlap the allocation
         and registration of the next."""
-        self.backend.prepare()
+        plans = list(plans)
+        self.backend.prepare(plans)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         b, out = _Batch(), []
         for p in plans:
@@ -151,7 +153,7 @@ class Fetcher:
         the first pieces of plan's exact extents, then the one extent that
         covers them (a few MiB at most), each the best of two."""
         self._probes += 1
-        self.backend.prepare()
+        self.backend.prepare(())
         es = DTYPE_SIZES[plan.dtype]
         pieces = _first_pieces(level_runs(plan.sel, es, plan.exact), MAX_EXTENTS)
         while len(pieces) > 2 and pieces[-1][0] + pieces[-1][1] - pieces[0][0] > PROBE_MAX:

@@ -48,6 +48,7 @@ import os
 import re
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -89,8 +90,9 @@ class Report:
         self.out = out
         self.lock = threading.Lock()
         self.said = set()
-        self.files = self.tensors = self.bytes = self.fallbacks = 0
+        self.files = self.tensors = self.bytes = self.fallbacks = self.starts = 0
         self.devices = set()
+        self.first = self.last = None  # perf_counter of the first read asked for, and the last landed
 
     def say(self, key: str, msg: str) -> None:
         with self.lock:
@@ -99,11 +101,21 @@ class Report:
             self.said.add(key)
         print(f"phxmount hook: {msg}", file=self.out or sys.stderr, flush=True)
 
+    def asked(self) -> None:
+        with self.lock:
+            if self.first is None:
+                self.first = time.perf_counter()
+
+    def started(self) -> None:
+        with self.lock:
+            self.starts += 1
+
     def landed(self, dev: int, nbytes: int) -> None:
         with self.lock:
             self.tensors += 1
             self.bytes += nbytes
             self.devices.add(dev)
+            self.last = time.perf_counter()
 
     def fell_back(self, path: str, why: BaseException) -> None:
         with self.lock:
@@ -114,8 +126,14 @@ class Report:
     def summary(self) -> str:
         with self.lock:
             devs = ", ".join(f"cuda:{d}" for d in sorted(self.devices)) or "no GPU"
+            span = ""
+            if self.first is not None and self.last is not None and self.last > self.first:
+                secs = self.last - self.first
+                span = (f" in {secs:.3f} s from the first read asked for to the last landed "
+                        f"({self.bytes / secs / 1e9:.1f} GB/s)")
             return (f"{self.files} file(s) through phxmount, {self.tensors} tensor(s), "
-                    f"{self.bytes / 1e9:.2f} GB onto {devs}; {self.fallbacks} fallback(s) to safetensors")
+                    f"{self.bytes / 1e9:.2f} GB onto {devs}{span}, {self.starts} start(s); "
+                    f"{self.fallbacks} fallback(s) to safetensors")
 
 
 report = Report()
@@ -380,6 +398,7 @@ class HookedFile:
         """info[index] on dev through phxmount; the real safetensors (and a
         copy to dev) where phxmount cannot, and for an index phxmount's
         planner does not take (safetensors' own answer, or its error)."""
+        report.asked()
         try:
             reader = self._reader(dev)
         except Exception as e:  # noqa: BLE001: never fail where safetensors works
@@ -425,6 +444,7 @@ class HookedFile:
             names = list(self._deferred.pop(dev, {}))
             self._started.setdefault(dev, set()).update(names)
         if names:
+            report.started()
             reader.prefetch(names)
 
     def _fall_back(self, e: BaseException) -> None:

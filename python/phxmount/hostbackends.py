@@ -60,7 +60,7 @@ class EmuBackend:
     def __init__(self, cache):
         self.cache = cache
 
-    def prepare(self) -> None:
+    def prepare(self, plans) -> None:
         pass
 
     def alloc(self, plan: Plan) -> EmuBuffer:
@@ -98,7 +98,7 @@ class HostMemory:
         b = bytearray(nbytes)
         return b, memoryview(b)
 
-    def prepare(self) -> None:
+    def prepare(self, plans) -> None:
         pass
 
     def alloc(self, plan: Plan):

@@ -37,6 +37,7 @@ from .safetensors import DEFAULT_CHUNK
 from .slicing import Plan
 
 ALIGN = 256  # sub-allocations of an arena start at multiples of this
+LARGE_BLOCK = 1 << 20  # torch's caching allocator takes larger blocks from its large pool
 
 
 def device_index(tensor) -> int:
@@ -208,12 +209,28 @@ class CudaBackend:
         self.device, self.cache = device, cache
         self.counts0 = (cache.registered, cache.hits)  # for a load's stats
 
-    def prepare(self) -> None:
+    def prepare(self, plans) -> None:
         import torch
         # Memory that torch hands out may have been freed with kernels still
         # queued on it; the daemon's copies do not wait for the stream.
         torch.cuda.synchronize(self.device)
         self.cache.prune()
+        self.make_room(plans)
+
+    def make_room(self, plans) -> None:
+        """One segment of torch's caching allocator for the large tensors of
+        a group of requests, allocated and freed at once (as transformers'
+        caching_allocator_warmup does for from_pretrained): they are cut
+        from it, one cudaMalloc and one registration instead of one of
+        each per tensor. Where it does not fit in one piece, nothing."""
+        import torch
+        big = [p.read_bytes for p in plans if p.read_bytes >= LARGE_BLOCK]
+        if len(big) < 2:
+            return
+        try:
+            torch.empty(sum(-(-n // 512) * 512 for n in big), dtype=torch.uint8, device=f"cuda:{self.device}")
+        except torch.cuda.OutOfMemoryError:
+            pass
 
     def alloc(self, plan: Plan):
         return self.scratch(plan.read_bytes)
@@ -247,6 +264,9 @@ class ArenaBackend(CudaBackend):
         super().__init__(device, cache)
         self.arena, self.pos = None, 0
 
+    def make_room(self, plans) -> None:
+        pass  # the arena is the room
+
     def reserve(self, plans: Iterable[Plan]) -> None:
         total = sum(-(-p.read_bytes // ALIGN) * ALIGN for p in plans)
         self.arena, self.pos = self.scratch(max(total, 1)), 0
@@ -265,6 +285,9 @@ class GivenBackend(CudaBackend):
     def __init__(self, device: int, cache: RegCache, tensors: Dict[str, object]):
         super().__init__(device, cache)
         self.tensors = tensors
+
+    def make_room(self, plans) -> None:
+        pass  # the caller's tensors are the room
 
     def alloc(self, plan: Plan):
         import torch

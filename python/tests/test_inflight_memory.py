@@ -66,7 +66,7 @@ class TrackingBackend:
     def __init__(self):
         self.refs = []
 
-    def prepare(self) -> None:
+    def prepare(self, plans) -> None:
         pass
 
     def alloc(self, plan):

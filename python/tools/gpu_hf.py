@@ -46,10 +46,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import drop_caches, say, warm, write_json  # noqa: E402
-from gpu_rows import row  # noqa: E402
+from gpu_rows import TARGETS as T, row  # noqa: E402
 
 LAYERS = 12
 GB = 1e9
+T_LOAD = 0.0  # when the timed from_pretrained began (the hook's times are given from it)
 
 
 def gen(d: str) -> None:
@@ -64,7 +65,7 @@ def gen(d: str) -> None:
     torch.manual_seed(0)
     with torch.device("cuda:0"):
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    m.save_pretrained(d)
+    m.save_pretrained(d, max_shard_size="5GB")  # 2 files, as the checkpoint
     os.sync()
     say(f"checkpoint {d}: {ckpt_bytes(d) / GB:.2f} GB in {len(ckpt_files(d))} files")
 
@@ -90,7 +91,8 @@ def child(kind: str, args) -> dict:
     torch.empty(1, device="cuda:0")  # the CUDA context, outside the clock (as a serving process has it)
 
     def load(d):
-        t0 = time.perf_counter()
+        global T_LOAD
+        t0 = T_LOAD = time.perf_counter()
         m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, device_map="cuda:0")
         torch.cuda.synchronize()
         return m, time.perf_counter() - t0
@@ -117,7 +119,10 @@ def hook_checks(args, m, load) -> dict:
     import safetensors
     import safetensors.torch
     from phxmount import hook
-    out = {"hook_summary": hook.report.summary(), "hook_files": hook.report.files,
+    r = hook.report
+    out = {"hook_summary": r.summary(), "hook_files": r.files, "hook_starts": r.starts,
+           "hook_first_read_s": r.first - T_LOAD if r.first else None,
+           "hook_last_landed_s": r.last - T_LOAD if r.last else None,
            "hook_fallbacks": hook.report.fallbacks}
     ref, _ = load(args.ref)
     want = dict(ref.named_parameters()) | dict(ref.named_buffers())
@@ -179,9 +184,10 @@ def first_load(args) -> dict:
     files = ckpt_files(args.dir)
     t0 = time.perf_counter()
     res = [None] * len(files)
+    stats = [phxmount.LoadStats() for _ in files]
 
     def one(i):
-        res[i] = phxmount.load_safetensors(files[i], device=0)
+        res[i] = phxmount.load_safetensors(files[i], device=0, stats=stats[i])
     ts = [threading.Thread(target=one, args=(i,)) for i in range(len(files))]
     for t in ts:
         t.start()
@@ -190,7 +196,9 @@ def first_load(args) -> dict:
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     n = sum(t.numel() * t.element_size() for r in res for t in r.values())
-    return {"seconds": secs, "bytes": n, "gbps": n / secs / GB}
+    per = [{k: getattr(st, k) for k in ("seconds", "io_seconds", "ioctls", "extents", "transport")} | st.extra
+           for st in stats]
+    return {"seconds": secs, "bytes": n, "gbps": n / secs / GB, "files": per}
 
 
 def pinned() -> dict:
@@ -356,17 +364,20 @@ def build_rows(r) -> list:
     cold_best = max(cold.values()) if cold else None
     hc_gbps = n / ok(hc, "seconds") / GB if ok(hc, "seconds") else None
     rows = [
-        row("hf_from_pretrained_hot", ok(hk, "seconds"), ok(st, "seconds"), 6, "stock from_pretrained, backing dir",
+        row("hf_from_pretrained_hot", ok(hk, "seconds"), ok(st, "seconds"), T["hf_from_pretrained_hot"],
+            "stock from_pretrained, backing dir",
             unit="s", note="from_pretrained(dtype=bfloat16, device_map='cuda:0'), fresh process each, one run each"),
-        row("hf_from_pretrained_cold", hc_gbps, cold_best, 0.9,
+        row("hf_from_pretrained_cold", hc_gbps, cold_best, T["hf_from_pretrained_cold"],
             "best cold read of the checkpoint (8 threads, O_DIRECT 16 MiB or buffered 1 MiB)",
             note="hooked from_pretrained after dropping caches; GB/s of the checkpoint's bytes"),
-        row("engine_iterator_hot", ok(r.get("engine_hooked"), "seconds"), ok(r.get("engine_stock"), "seconds"), 6,
+        row("engine_iterator_hot", ok(r.get("engine_hooked"), "seconds"), ok(r.get("engine_stock"), "seconds"),
+            T["engine_iterator_hot"],
             "the same loop without the hook, on the mount", unit="s",
             note="safe_open(device='cpu'), get_tensor per key, copy_ into GPU tensors allocated before the clock"),
-        row("first_load_fresh_mount", ok(r.get("first"), "gbps"), ok(r.get("pinned"), "gbps"), 0.85,
+        row("first_load_fresh_mount", ok(r.get("first"), "gbps"), ok(r.get("pinned"), "gbps"),
+            T["first_load_fresh_mount"],
             "pinned H2D copy, 1 GiB, torch", note="load_safetensors of every file at once, fresh process, fresh mount"),
-        row("hook_peak_memory", ok(hk, "peak_reserved"), ok(st, "peak_reserved"), 0.952,
+        row("hook_peak_memory", ok(hk, "peak_reserved"), ok(st, "peak_reserved"), T["hook_peak_memory"],
             "stock from_pretrained's peak reserved", unit="bytes", smaller=True,
             note="torch.cuda.max_memory_reserved after the load, fresh process each; ratio = stock / hooked"),
     ]

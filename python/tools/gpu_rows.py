@@ -23,6 +23,9 @@ TARGETS = {
     "hot_registered": 0.95, "hot_registered_vs_pinned": 0.9, "hot_end_to_end": 0.8, "hot_vs_safetensors": 9,
     "cold": 0.95, "kv": 0.9, "save_nofsync": 3, "save_fsync": 3, "disk write ceiling": 0.9,
     "shard_row_vs_full": 5, "shard_col_vs_full": 2, "shard_vs_safetensors": 5,
+    # the drop-in (gpu_hf.py)
+    "hf_from_pretrained_hot": 6, "hf_from_pretrained_cold": 0.9, "engine_iterator_hot": 6,
+    "first_load_fresh_mount": 0.85, "hook_peak_memory": 0.952,
 }
 KV_SIZES = ((16 << 10, "kv_16k"), (64 << 10, "kv_64k"), (256 << 10, "kv_256k"), (1 << 20, "kv_1m"))
 
