@@ -35,6 +35,11 @@ const (
 	NrBatchRead  = 0x05
 	NrBatchWrite = 0x06
 	NrInfo       = 0x07
+	// NrBatchReadStrided and NrBatchWriteStrided are batches of strided
+	// extents: each moves count pieces at a fixed stride in the file and
+	// in the buffer (a tensor-parallel rank's column slice of every row).
+	NrBatchReadStrided  = 0x08
+	NrBatchWriteStrided = 0x09
 )
 
 // Struct sizes.
@@ -49,6 +54,11 @@ const (
 	MaxIoctlSize = 16383
 	// MaxExtents is the largest batch one ioctl can carry.
 	MaxExtents = (MaxIoctlSize - BatchHeader) / ExtentSize // 409
+	// StridedExtentSize is a strided batch's extent: an extent's four
+	// fields, count, file_stride, buf_stride, then the result.
+	StridedExtentSize = 64
+	// MaxStridedExtents is the largest strided batch one ioctl can carry.
+	MaxStridedExtents = (MaxIoctlSize - BatchHeader) / StridedExtentSize // 255
 	HandleSize = 64
 	TokenSize  = 16
 )
@@ -74,17 +84,69 @@ var (
 	CmdInfo       = ioc(iocRead|iocWrite, NrInfo, InfoSize)         // 0xC200E507
 )
 
+// batchLayout is one of the two batch formats: plain extents, or strided
+// ones. Both share the header; they differ in their command numbers and in
+// the size of an extent, whose result is its last field.
+type batchLayout struct {
+	what            string
+	nrRead, nrWrite uint32
+	extent, max     int
+}
+
+var (
+	plainBatch   = batchLayout{"batch", NrBatchRead, NrBatchWrite, ExtentSize, MaxExtents}
+	stridedBatch = batchLayout{"strided batch", NrBatchReadStrided, NrBatchWriteStrided, StridedExtentSize, MaxStridedExtents}
+)
+
+func (l batchLayout) size(capacity int) int { return BatchHeader + capacity*l.extent }
+
+func (l batchLayout) cmd(write bool, capacity int) uint32 {
+	nr := l.nrRead
+	if write {
+		nr = l.nrWrite
+	}
+	return ioc(iocRead|iocWrite, nr, uint32(l.size(capacity)))
+}
+
+// capacity is the number of extents a payload of size bytes holds.
+func (l batchLayout) capacity(size int) (int, error) {
+	if size < BatchHeader+l.extent || (size-BatchHeader)%l.extent != 0 || size > MaxIoctlSize {
+		return 0, fmt.Errorf("phx: %s payload of %d bytes is not 16 + %d*k (1 <= k <= %d): %w", l.what, size, l.extent, l.max, unix.EINVAL)
+	}
+	return (size - BatchHeader) / l.extent, nil
+}
+
+// layoutOf is the batch layout of a command number (ok false: not a batch).
+func layoutOf(nr uint32) (batchLayout, bool) {
+	switch nr {
+	case NrBatchRead, NrBatchWrite:
+		return plainBatch, true
+	case NrBatchReadStrided, NrBatchWriteStrided:
+		return stridedBatch, true
+	}
+	return batchLayout{}, false
+}
+
 // BatchSize is the payload size of a batch of the given capacity.
-func BatchSize(capacity int) int { return BatchHeader + capacity*ExtentSize }
+func BatchSize(capacity int) int { return plainBatch.size(capacity) }
+
+// StridedBatchSize is the payload size of a strided batch of the given
+// capacity.
+func StridedBatchSize(capacity int) int { return stridedBatch.size(capacity) }
 
 // CmdBatch is the BATCH_READ (write=false) or BATCH_WRITE command of a batch
 // of the given capacity (1 to MaxExtents).
-func CmdBatch(write bool, capacity int) uint32 {
-	nr := uint32(NrBatchRead)
-	if write {
-		nr = NrBatchWrite
-	}
-	return ioc(iocRead|iocWrite, nr, uint32(BatchSize(capacity)))
+func CmdBatch(write bool, capacity int) uint32 { return plainBatch.cmd(write, capacity) }
+
+// CmdStridedBatch is the BATCH_READ_STRIDED or BATCH_WRITE_STRIDED command
+// of a strided batch of the given capacity (1 to MaxStridedExtents).
+func CmdStridedBatch(write bool, capacity int) uint32 { return stridedBatch.cmd(write, capacity) }
+
+// IsBatch reports whether the command number nr is one of the batches,
+// and whether it writes.
+func IsBatch(nr uint32) (batch, write bool) {
+	l, ok := layoutOf(nr)
+	return ok, ok && nr == l.nrWrite
 }
 
 // Cmd is a decoded ioctl command number.
@@ -99,6 +161,7 @@ type Cmd struct {
 var cmdNames = map[uint32]string{
 	NrRegister: "REGISTER", NrDeregister: "DEREGISTER", NrRead: "READ", NrWrite: "WRITE",
 	NrBatchRead: "BATCH_READ", NrBatchWrite: "BATCH_WRITE", NrInfo: "INFO",
+	NrBatchReadStrided: "BATCH_READ_STRIDED", NrBatchWriteStrided: "BATCH_WRITE_STRIDED",
 }
 
 // String names the command ("BATCH_READ"), or says what it is not.
@@ -140,20 +203,14 @@ func Known(cmd uint32) (ours bool, err error) {
 		return want(iocRead|iocWrite, IOSize)
 	case NrInfo:
 		return want(iocRead|iocWrite, InfoSize)
-	case NrBatchRead, NrBatchWrite:
-		if _, err := batchCapacity(c.Size); err != nil {
+	}
+	if l, ok := layoutOf(c.Nr); ok {
+		if _, err := l.capacity(c.Size); err != nil {
 			return true, err
 		}
 		return want(iocRead|iocWrite, c.Size)
 	}
 	return false, nil
-}
-
-func batchCapacity(size int) (int, error) {
-	if size < BatchHeader+ExtentSize || (size-BatchHeader)%ExtentSize != 0 || size > MaxIoctlSize {
-		return 0, fmt.Errorf("phx: batch payload of %d bytes is not 16 + 40*k (1 <= k <= %d): %w", size, MaxExtents, unix.EINVAL)
-	}
-	return (size - BatchHeader) / ExtentSize, nil
 }
 
 // Vendor names the kind of device memory a handle refers to.

@@ -2,26 +2,59 @@ package client
 
 // READ, WRITE and the batches (docs/abi.md).
 
-// IOReq is one extent: a READ or WRITE request, or one entry of a batch.
+// IOReq is one extent: a READ or WRITE request, or one entry of a batch. An
+// entry of a strided batch moves Count pieces of Length bytes: piece j
+// between FileOffset + j*FileStride and BufOffset + j*BufStride. Count is
+// 0 (taken as 1) everywhere else.
 type IOReq struct {
 	ID         uint64
 	BufOffset  uint64
 	Length     uint64
 	FileOffset uint64
+	Count      uint64
+	FileStride uint64
+	BufStride  uint64
 }
 
 // MaxOffset bounds every offset and length: values of 2^63 and more are
 // invalid (EINVAL).
 const MaxOffset = 1<<63 - 1
 
+// Pieces is the number of pieces the extent moves (1 for a plain one).
+func (r IOReq) Pieces() uint64 { return max(r.Count, 1) }
+
+// Bytes is what the extent moves when nothing is short: Length a piece.
+func (r IOReq) Bytes() uint64 { return r.Length * r.Pieces() }
+
+// End is where the last piece ends in the file (FileOffset + Length for a
+// plain extent); BufEnd in the buffer. Valid extents do not overflow.
+func (r IOReq) End() uint64 { return r.FileOffset + (r.Pieces()-1)*r.FileStride + r.Length }
+
+// BufEnd is where the last piece ends in the buffer.
+func (r IOReq) BufEnd() uint64 { return r.BufOffset + (r.Pieces()-1)*r.BufStride + r.Length }
+
 // Valid checks that an extent's numbers are representable (EINVAL
-// otherwise); bounds against the buffer are the daemon's business.
+// otherwise): every offset, length and end below 2^63 and, for a strided
+// extent, strides no shorter than a piece, so that pieces do not overlap.
+// Bounds against the buffer are the daemon's business.
 func (r IOReq) Valid() error {
 	if r.BufOffset > MaxOffset || r.Length > MaxOffset || r.FileOffset > MaxOffset {
 		return einval("extent offsets and lengths must be below 2^63")
 	}
-	if r.FileOffset+r.Length > MaxOffset {
-		return einval("extent [%d, +%d) runs past the largest file offset", r.FileOffset, r.Length)
+	if r.Pieces() > 1 {
+		if r.FileStride < r.Length || r.BufStride < r.Length {
+			return einval("strided extent: strides %d (file) and %d (buffer) shorter than a piece of %d", r.FileStride, r.BufStride, r.Length)
+		}
+		n := r.Pieces() - 1
+		if r.FileStride > (MaxOffset-r.FileOffset)/n || r.BufStride > (MaxOffset-r.BufOffset)/n || r.Length > MaxOffset/r.Pieces() {
+			return einval("strided extent of %d pieces runs past 2^63", r.Pieces())
+		}
+	}
+	if r.End() > MaxOffset || r.End() < r.FileOffset {
+		return einval("extent [%d, +%d) runs past the largest file offset", r.FileOffset, r.End()-r.FileOffset)
+	}
+	if r.BufEnd() > MaxOffset {
+		return einval("extent runs past the largest buffer offset")
 	}
 	return nil
 }
@@ -78,14 +111,30 @@ func DecodeIOResp(b []byte) (int64, error) {
 // EncodeBatch lays out a batch of len(reqs) extents in a payload of the
 // given capacity (len(reqs) <= capacity <= MaxExtents).
 func EncodeBatch(capacity int, reqs []IOReq) ([]byte, error) {
-	if capacity < 1 || capacity > MaxExtents || len(reqs) > capacity {
-		return nil, einval("batch of %d extents in capacity %d (1 to %d)", len(reqs), capacity, MaxExtents)
+	return plainBatch.encode(capacity, reqs)
+}
+
+// EncodeStridedBatch lays out a strided batch (len(reqs) <= capacity <=
+// MaxStridedExtents); an extent's Count must be at least 1.
+func EncodeStridedBatch(capacity int, reqs []IOReq) ([]byte, error) {
+	return stridedBatch.encode(capacity, reqs)
+}
+
+func (l batchLayout) encode(capacity int, reqs []IOReq) ([]byte, error) {
+	if capacity < 1 || capacity > l.max || len(reqs) > capacity {
+		return nil, einval("%s of %d extents in capacity %d (1 to %d)", l.what, len(reqs), capacity, l.max)
 	}
-	b := make([]byte, BatchSize(capacity))
+	b := make([]byte, l.size(capacity))
 	putHeader(b)
 	le.PutUint32(b[8:], uint32(len(reqs)))
 	for i, r := range reqs {
-		putExtent(b[BatchHeader+i*ExtentSize:], r)
+		e := b[BatchHeader+i*l.extent:]
+		putExtent(e, r)
+		if l.extent == StridedExtentSize {
+			le.PutUint64(e[32:], r.Count)
+			le.PutUint64(e[40:], r.FileStride)
+			le.PutUint64(e[48:], r.BufStride)
+		}
 	}
 	return b, nil
 }
@@ -94,46 +143,71 @@ func EncodeBatch(capacity int, reqs []IOReq) ([]byte, error) {
 // are not representable (IOReq.Valid) is returned with its error in bad, so
 // that it gets a per-extent -EINVAL while the rest proceed. Slots past the
 // count must be zero, as must the failed count and every result.
-func DecodeBatch(b []byte) (reqs []IOReq, bad []error, err error) {
-	capacity, err := batchCapacity(len(b))
+func DecodeBatch(b []byte) (reqs []IOReq, bad []error, err error) { return plainBatch.decode(b) }
+
+// DecodeStridedBatch is DecodeBatch for a strided batch; an extent whose
+// count is 0 is bad too.
+func DecodeStridedBatch(b []byte) (reqs []IOReq, bad []error, err error) {
+	return stridedBatch.decode(b)
+}
+
+func (l batchLayout) decode(b []byte) (reqs []IOReq, bad []error, err error) {
+	capacity, err := l.capacity(len(b))
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkHeader(b, len(b), "batch"); err != nil {
+	if err := checkHeader(b, len(b), l.what); err != nil {
 		return nil, nil, err
 	}
 	n := le.Uint32(b[8:])
 	if n > uint32(capacity) {
-		return nil, nil, einval("batch: count %d exceeds the capacity %d", n, capacity)
+		return nil, nil, einval("%s: count %d exceeds the capacity %d", l.what, n, capacity)
 	}
 	if le.Uint32(b[12:]) != 0 {
-		return nil, nil, einval("batch: failed count must be zero on input")
+		return nil, nil, einval("%s: failed count must be zero on input", l.what)
 	}
-	if !zero(b[BatchHeader+int(n)*ExtentSize:]) {
-		return nil, nil, einval("batch: slots past the count must be zero")
+	if !zero(b[BatchHeader+int(n)*l.extent:]) {
+		return nil, nil, einval("%s: slots past the count must be zero", l.what)
 	}
 	reqs = make([]IOReq, n)
 	bad = make([]error, n)
 	for i := range reqs {
-		e := b[BatchHeader+i*ExtentSize:]
-		if le.Uint64(e[32:]) != 0 {
-			return nil, nil, einval("batch: extent %d: result field must be zero on input", i)
+		e := b[BatchHeader+i*l.extent:]
+		if le.Uint64(e[l.extent-8:]) != 0 {
+			return nil, nil, einval("%s: extent %d: result field must be zero on input", l.what, i)
 		}
 		reqs[i] = getExtent(e)
+		if l.extent == StridedExtentSize {
+			reqs[i].Count, reqs[i].FileStride, reqs[i].BufStride = le.Uint64(e[32:]), le.Uint64(e[40:]), le.Uint64(e[48:])
+			if reqs[i].Count == 0 {
+				bad[i] = einval("%s: extent %d: count 0", l.what, i)
+				continue
+			}
+		}
 		bad[i] = reqs[i].Valid()
 	}
 	return reqs, bad, nil
 }
 
 // EncodeBatchResp fills out (the request's size) with the request echoed,
-// the failed count and a result per extent.
-func EncodeBatchResp(out, in []byte, results []int64) {
+// the failed count and a result per extent; a plain or strided batch, as
+// the payload's size says (its command).
+func EncodeBatchResp(out, in []byte, results []int64) { plainBatch.encodeResp(out, in, results) }
+
+// EncodeStridedBatchResp is EncodeBatchResp for a strided batch.
+func EncodeStridedBatchResp(out, in []byte, results []int64) { stridedBatch.encodeResp(out, in, results) }
+
+func (l batchLayout) encodeResp(out, in []byte, results []int64) {
 	copy(out, in)
 	failed := uint32(0)
 	for i, r := range results {
-		e := out[BatchHeader+i*ExtentSize:]
-		le.PutUint64(e[32:], uint64(r))
-		if r < 0 || uint64(r) != le.Uint64(e[16:]) {
+		e := out[BatchHeader+i*l.extent:]
+		le.PutUint64(e[l.extent-8:], uint64(r))
+		want := le.Uint64(e[16:])
+		if l.extent == StridedExtentSize {
+			want *= le.Uint64(e[32:])
+		}
+		if r < 0 || uint64(r) != want {
 			failed++
 		}
 	}
@@ -142,20 +216,27 @@ func EncodeBatchResp(out, in []byte, results []int64) {
 
 // DecodeBatchResp reads a batch's results into results (len = count) and
 // returns the daemon's failed count.
-func DecodeBatchResp(b []byte, results []int64) (int, error) {
-	capacity, err := batchCapacity(len(b))
+func DecodeBatchResp(b []byte, results []int64) (int, error) { return plainBatch.decodeResp(b, results) }
+
+// DecodeStridedBatchResp is DecodeBatchResp for a strided batch.
+func DecodeStridedBatchResp(b []byte, results []int64) (int, error) {
+	return stridedBatch.decodeResp(b, results)
+}
+
+func (l batchLayout) decodeResp(b []byte, results []int64) (int, error) {
+	capacity, err := l.capacity(len(b))
 	if err != nil {
 		return 0, err
 	}
-	if err := checkHeader(b, len(b), "batch reply"); err != nil {
+	if err := checkHeader(b, len(b), l.what+" reply"); err != nil {
 		return 0, err
 	}
 	n := int(le.Uint32(b[8:]))
 	if n > capacity || n != len(results) {
-		return 0, einval("batch reply: count %d, want %d", n, len(results))
+		return 0, einval("%s reply: count %d, want %d", l.what, n, len(results))
 	}
 	for i := range results {
-		results[i] = int64(le.Uint64(b[BatchHeader+i*ExtentSize+32:]))
+		results[i] = int64(le.Uint64(b[BatchHeader+i*l.extent+l.extent-8:]))
 	}
 	return int(le.Uint32(b[12:])), nil
 }

@@ -26,6 +26,9 @@ func TestCommandValues(t *testing.T) {
 		{"BATCH_WRITE/16", CmdBatch(true, 16), 0xC290E506},
 		{"BATCH_WRITE/128", CmdBatch(true, 128), 0xD410E506},
 		{"BATCH_WRITE/400", CmdBatch(true, 400), 0xFE90E506},
+		{"BATCH_READ_STRIDED/1", CmdStridedBatch(false, 1), 0xC050E508},
+		{"BATCH_READ_STRIDED/255", CmdStridedBatch(false, 255), 0xFFD0E508},
+		{"BATCH_WRITE_STRIDED/16", CmdStridedBatch(true, 16), 0xC410E509},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %#x, want %#x", c.name, c.got, c.want)
@@ -36,6 +39,69 @@ func TestCommandValues(t *testing.T) {
 	}
 	if MaxExtents != 409 || BatchSize(MaxExtents) > MaxIoctlSize || BatchSize(MaxExtents+1) <= MaxIoctlSize {
 		t.Errorf("MaxExtents %d does not fill a restricted ioctl", MaxExtents)
+	}
+	if MaxStridedExtents != 255 || StridedBatchSize(255) > MaxIoctlSize || StridedBatchSize(256) <= MaxIoctlSize {
+		t.Errorf("MaxStridedExtents %d does not fill a restricted ioctl", MaxStridedExtents)
+	}
+}
+
+// A strided extent is valid when its pieces do not overlap and its last
+// piece ends below 2^63 in the file and in the buffer.
+func TestStridedValid(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		r    IOReq
+		ok   bool
+	}{
+		{"one piece", IOReq{Length: 100, Count: 1}, true},
+		{"column slice", IOReq{Length: 3584, FileOffset: 25088, Count: 4096, FileStride: 28672, BufStride: 3584}, true},
+		{"zero strides for one piece", IOReq{Length: 10, Count: 1, FileStride: 0, BufStride: 0}, true},
+		{"file stride shorter than a piece", IOReq{Length: 100, Count: 2, FileStride: 99, BufStride: 100}, false},
+		{"buffer stride shorter than a piece", IOReq{Length: 100, Count: 2, FileStride: 100, BufStride: 50}, false},
+		{"last piece past 2^63 in the file", IOReq{Length: 1, FileOffset: 1 << 62, Count: 3, FileStride: 1 << 61, BufStride: 1}, false},
+		{"strides that overflow", IOReq{Length: 1, Count: 1 << 32, FileStride: 1 << 40, BufStride: 1}, false},
+		{"last piece past 2^63 in the buffer", IOReq{Length: 1, BufOffset: 1 << 62, Count: 3, FileStride: 1, BufStride: 1 << 61}, false},
+		{"ends exactly at 2^63-1", IOReq{Length: 1, FileOffset: MaxOffset - 11, Count: 11, FileStride: 1, BufStride: 1}, true},
+	} {
+		if err := c.r.Valid(); (err == nil) != c.ok {
+			t.Errorf("%s: Valid = %v", c.name, err)
+		} else if err != nil && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("%s: %v, want EINVAL", c.name, err)
+		}
+	}
+}
+
+func TestStridedBatchRoundTrip(t *testing.T) {
+	reqs := []IOReq{{ID: 1, Length: 3584, FileOffset: 25088, Count: 4096, FileStride: 28672, BufStride: 3584},
+		{ID: 2, Length: 10, Count: 1}, {ID: 3, Length: 10, Count: 2, FileStride: 5, BufStride: 10}}
+	b, err := EncodeStridedBatch(4, reqs)
+	if err != nil || len(b) != StridedBatchSize(4) {
+		t.Fatalf("EncodeStridedBatch: %d bytes, %v", len(b), err)
+	}
+	got, bad, err := DecodeStridedBatch(b)
+	if err != nil || len(got) != 3 || got[0] != reqs[0] || got[1] != reqs[1] {
+		t.Fatalf("DecodeStridedBatch = %+v, %v", got, err)
+	}
+	if bad[0] != nil || bad[1] != nil || !errors.Is(bad[2], unix.EINVAL) {
+		t.Fatalf("bad = %v: only the overlapping extent is", bad)
+	}
+	zeroCount := append([]byte(nil), b...)
+	le.PutUint64(zeroCount[BatchHeader+StridedExtentSize+32:], 0)
+	if _, bad, err := DecodeStridedBatch(zeroCount); err != nil || !errors.Is(bad[1], unix.EINVAL) {
+		t.Fatalf("count 0: %v %v", bad, err)
+	}
+	out := make([]byte, len(b))
+	EncodeStridedBatchResp(out, b, []int64{3584 * 4096, 7, -int64(unix.EINVAL)})
+	res := make([]int64, 3)
+	failed, err := DecodeStridedBatchResp(out, res)
+	if err != nil || failed != 2 || res[0] != 3584*4096 || res[1] != 7 {
+		t.Fatalf("DecodeStridedBatchResp = %d %v %v", failed, res, err)
+	}
+	if _, _, err := DecodeBatch(b); !errors.Is(err, unix.EINVAL) { // 16 + 64*4 is not 16 + 40*k
+		t.Errorf("a strided payload decoded as a plain batch: %v", err)
+	}
+	if _, err := EncodeStridedBatch(MaxStridedExtents+1, nil); err == nil {
+		t.Errorf("capacity past MaxStridedExtents")
 	}
 }
 
@@ -142,7 +208,7 @@ func TestIORoundTrip(t *testing.T) {
 }
 
 func TestBatchRoundTrip(t *testing.T) {
-	reqs := []IOReq{{1, 0, 10, 0}, {2, 64, 20, 100}, {1, 1 << 63, 1, 0}}
+	reqs := []IOReq{{ID: 1, Length: 10}, {ID: 2, BufOffset: 64, Length: 20, FileOffset: 100}, {ID: 1, BufOffset: 1 << 63, Length: 1}}
 	b, err := EncodeBatch(16, reqs)
 	if err != nil || len(b) != BatchSize(16) {
 		t.Fatalf("EncodeBatch: %d bytes, %v", len(b), err)
@@ -281,8 +347,13 @@ func TestDeregister(t *testing.T) {
 
 func TestClassFor(t *testing.T) {
 	for n, want := range map[int]int{1: 16, 16: 16, 17: 128, 128: 128, 129: 400, 400: 400} {
-		if got := classFor(n); got != want {
+		if got := classFor(plainBatch, n); got != want {
 			t.Errorf("classFor(%d) = %d, want %d", n, got, want)
+		}
+	}
+	for n, want := range map[int]int{1: 16, 129: 255, 255: 255} {
+		if got := classFor(stridedBatch, n); got != want {
+			t.Errorf("strided classFor(%d) = %d, want %d", n, got, want)
 		}
 	}
 }

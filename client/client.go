@@ -156,22 +156,32 @@ func (f *File) Write(buf Buffer, bufOff, n, fileOff int64) (int64, error) {
 }
 
 // Extent is one transfer of a batch. Result is filled in: the bytes moved,
-// or a negative errno.
+// or a negative errno. Count, FileStride and BufStride are a strided
+// extent's (ReadStrided, WriteStrided): Count pieces of Len bytes, piece j
+// at FileOffset + j*FileStride and BufOffset + j*BufStride; leave them zero
+// for a plain batch.
 type Extent struct {
 	Buffer     uint64 // buffer id
 	BufOffset  int64
 	Len        int64
 	FileOffset int64
+	Count      int64
+	FileStride int64
+	BufStride  int64
 	Result     int64
 }
 
-// Err returns the extent's error: nil when it moved exactly Len bytes, its
-// errno when it failed, ErrShort when it stopped at end of file.
+// want is the bytes the extent moves when nothing falls short.
+func (e Extent) want() int64 { return e.Len * max(e.Count, 1) }
+
+// Err returns the extent's error: nil when it moved exactly its bytes (Len
+// a piece), its errno when it failed, ErrShort when it stopped at end of
+// file.
 func (e Extent) Err() error {
 	switch {
 	case e.Result < 0:
 		return unix.Errno(-e.Result)
-	case e.Result != e.Len:
+	case e.Result != e.want():
 		return ErrShort
 	}
 	return nil
@@ -185,29 +195,39 @@ var ErrShort = fmt.Errorf("phx: short transfer (end of file)")
 // holds them). It fills every Result and returns the number of extents that
 // did not move exactly Len bytes; an error only when an ioctl failed as a
 // whole (then the extents it carried have Result -errno).
-func (f *File) ReadBatch(ext []Extent) (int, error) { return f.batch(false, ext) }
+func (f *File) ReadBatch(ext []Extent) (int, error) { return f.batch(plainBatch, false, ext) }
 
 // WriteBatch is ReadBatch for writes.
-func (f *File) WriteBatch(ext []Extent) (int, error) { return f.batch(true, ext) }
+func (f *File) WriteBatch(ext []Extent) (int, error) { return f.batch(plainBatch, true, ext) }
 
-// classFor picks the capacity of the ioctl that carries n (<= 400) extents.
-func classFor(n int) int {
+// ReadStrided is ReadBatch for strided extents (BATCH_READ_STRIDED, at
+// most MaxStridedExtents an ioctl): one extent moves a column slice of
+// every row. A Count of 0 is taken as 1.
+func (f *File) ReadStrided(ext []Extent) (int, error) { return f.batch(stridedBatch, false, ext) }
+
+// WriteStrided is ReadStrided for writes.
+func (f *File) WriteStrided(ext []Extent) (int, error) { return f.batch(stridedBatch, true, ext) }
+
+// classFor picks the capacity of the ioctl that carries n (<= 400) extents
+// of layout l: the smallest class that holds them, within l's maximum.
+func classFor(l batchLayout, n int) int {
 	for _, c := range BatchClasses {
 		if n <= c {
-			return c
+			return min(c, l.max)
 		}
 	}
-	return BatchClasses[len(BatchClasses)-1]
+	return min(BatchClasses[len(BatchClasses)-1], l.max)
 }
 
-func (f *File) batch(write bool, ext []Extent) (int, error) {
-	op := "batch read"
+func (f *File) batch(l batchLayout, write bool, ext []Extent) (int, error) {
+	op := l.what + " read"
 	if write {
-		op = "batch write"
+		op = l.what + " write"
 	}
+	strided := l.extent == StridedExtentSize
 	failed := 0
 	var first error
-	maxc := BatchClasses[len(BatchClasses)-1]
+	maxc := classFor(l, l.max)
 	reqs := make([]IOReq, 0, min(len(ext), maxc))
 	results := make([]int64, 0, min(len(ext), maxc))
 	for start := 0; start < len(ext); start += maxc {
@@ -215,24 +235,28 @@ func (f *File) batch(write bool, ext []Extent) (int, error) {
 		reqs = reqs[:0]
 		bad := false
 		for _, e := range part {
-			if e.BufOffset < 0 || e.Len < 0 || e.FileOffset < 0 {
+			if e.BufOffset < 0 || e.Len < 0 || e.FileOffset < 0 || e.Count < 0 || e.FileStride < 0 || e.BufStride < 0 {
 				bad = true
 			}
-			reqs = append(reqs, IOReq{ID: e.Buffer, BufOffset: uint64(e.BufOffset), Length: uint64(e.Len), FileOffset: uint64(e.FileOffset)})
+			r := IOReq{ID: e.Buffer, BufOffset: uint64(e.BufOffset), Length: uint64(e.Len), FileOffset: uint64(e.FileOffset)}
+			if strided {
+				r.Count, r.FileStride, r.BufStride = uint64(max(e.Count, 1)), uint64(e.FileStride), uint64(e.BufStride)
+			}
+			reqs = append(reqs, r)
 		}
 		var err error
 		if bad {
 			err = &Error{Op: op, Path: f.path, Errno: unix.EINVAL}
 		} else {
-			capacity := classFor(len(part))
+			capacity := classFor(l, len(part))
 			var b []byte
-			b, err = EncodeBatch(capacity, reqs)
+			b, err = l.encode(capacity, reqs)
 			if err == nil {
-				err = f.ioctl(op, CmdBatch(write, capacity), b)
+				err = f.ioctl(op, l.cmd(write, capacity), b)
 			}
 			if err == nil {
 				results = results[:len(part)]
-				_, err = DecodeBatchResp(b, results)
+				_, err = l.decodeResp(b, results)
 			}
 		}
 		if err != nil {
@@ -251,7 +275,7 @@ func (f *File) batch(write bool, ext []Extent) (int, error) {
 		}
 		for i := range part {
 			part[i].Result = results[i]
-			if results[i] != part[i].Len {
+			if results[i] != part[i].want() {
 				failed++
 			}
 		}

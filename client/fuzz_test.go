@@ -124,6 +124,31 @@ func FuzzDecodeBatch(f *testing.F) {
 	})
 }
 
+func FuzzDecodeStridedBatch(f *testing.F) {
+	for _, c := range []int{1, 16, MaxStridedExtents} {
+		b, _ := EncodeStridedBatch(c, []IOReq{{ID: 1, Length: 3584, FileOffset: 25088, Count: 4096, FileStride: 28672, BufStride: 3584}})
+		f.Add(b)
+	}
+	f.Add(make([]byte, StridedBatchSize(2)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		reqs, bad, err := DecodeStridedBatch(b)
+		mustEINVAL(t, err)
+		if err != nil {
+			return
+		}
+		for i, e := range bad {
+			mustEINVAL(t, e)
+			if e == nil && (reqs[i].Count == 0 || reqs[i].End() > MaxOffset || reqs[i].BufEnd() > MaxOffset) {
+				t.Fatalf("extent %d accepted: %+v", i, reqs[i])
+			}
+		}
+		again, err := EncodeStridedBatch((len(b)-BatchHeader)/StridedExtentSize, reqs)
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("round trip differs (%v)", err)
+		}
+	})
+}
+
 func FuzzDecodeInfo(f *testing.F) {
 	f.Add(EncodeInfoReq(0))
 	out := make([]byte, InfoSize)

@@ -48,6 +48,7 @@ func (s *ControlServer) Ioctl(ctx context.Context, c Caller, f *OpenFile, cmd ui
 // ObserveIoctl gets.
 var dataCommands = map[uint32]string{
 	client.NrRead: "read", client.NrWrite: "write", client.NrBatchRead: "batch_read", client.NrBatchWrite: "batch_write",
+	client.NrBatchReadStrided: "batch_read_strided", client.NrBatchWriteStrided: "batch_write_strided",
 }
 
 // request is one decoded ioctl: who sent it, on what, and its payloads.
@@ -67,6 +68,9 @@ var handlers = map[uint32]func(s *ControlServer, r request) unix.Errno{
 	client.NrBatchRead:  (*ControlServer).serveBatch,
 	client.NrBatchWrite: (*ControlServer).serveBatch,
 	client.NrInfo:       (*ControlServer).serveInfo,
+
+	client.NrBatchReadStrided:  (*ControlServer).serveStridedBatch,
+	client.NrBatchWriteStrided: (*ControlServer).serveStridedBatch,
 }
 
 func (s *ControlServer) serve(c Caller, f *OpenFile, cmd uint32, in, out []byte) unix.Errno {
@@ -123,7 +127,7 @@ func (s *ControlServer) serveSingle(r request) unix.Errno {
 
 // serveBatch is BATCH_READ and BATCH_WRITE: a result per extent.
 func (s *ControlServer) serveBatch(r request) unix.Errno {
-	write := r.nr == client.NrBatchWrite
+	_, write := client.IsBatch(r.nr)
 	reqs, bad, err := client.DecodeBatch(r.in)
 	if err != nil {
 		return unix.EINVAL
@@ -131,14 +135,86 @@ func (s *ControlServer) serveBatch(r request) unix.Errno {
 	if e := s.checkMode(r.f, write); e != 0 {
 		return e
 	}
-	refuse := make([]unix.Errno, len(reqs))
+	client.EncodeBatchResp(r.out, r.in, s.move(r.c, r.f, write, reqs, refusals(bad)))
+	return 0
+}
+
+// serveStridedBatch is BATCH_READ_STRIDED and BATCH_WRITE_STRIDED: a
+// result per strided extent. Reads go to the library as they are (one
+// request of many pieces); a write is the caller's write(2) of each piece
+// (the file size limit and set-ID clearing apply piece by piece), and its
+// result sums them.
+func (s *ControlServer) serveStridedBatch(r request) unix.Errno {
+	_, write := client.IsBatch(r.nr)
+	reqs, bad, err := client.DecodeStridedBatch(r.in)
+	if err != nil {
+		return unix.EINVAL
+	}
+	if e := s.checkMode(r.f, write); e != 0 {
+		return e
+	}
+	refuse := refusals(bad)
+	var res []int64
+	if write {
+		pieces, pieceRefuse, of := expandPieces(reqs, refuse)
+		res = s.counted(reqs, foldPieces(len(reqs), of, pieces, s.moveExtents(r.c, r.f, true, pieces, pieceRefuse)))
+	} else {
+		res = s.move(r.c, r.f, false, reqs, refuse)
+	}
+	client.EncodeStridedBatchResp(r.out, r.in, res)
+	return 0
+}
+
+// refusals turns the decoder's per-extent errors into errnos (EINVAL).
+func refusals(bad []error) []unix.Errno {
+	refuse := make([]unix.Errno, len(bad))
 	for i := range bad {
 		if bad[i] != nil {
 			refuse[i] = unix.EINVAL
 		}
 	}
-	client.EncodeBatchResp(r.out, r.in, s.move(r.c, r.f, write, reqs, refuse))
-	return 0
+	return refuse
+}
+
+// expandPieces makes every piece of the strided extents a plain extent;
+// of gives each piece's extent. A refused extent stays one refused piece.
+func expandPieces(reqs []client.IOReq, refuse []unix.Errno) (pieces []client.IOReq, pieceRefuse []unix.Errno, of []int) {
+	for i, r := range reqs {
+		n := r.Pieces()
+		if refuse[i] != 0 {
+			n = 1
+		}
+		for j := uint64(0); j < n; j++ {
+			pieces = append(pieces, client.IOReq{ID: r.ID, BufOffset: r.BufOffset + j*r.BufStride,
+				Length: r.Length, FileOffset: r.FileOffset + j*r.FileStride})
+			pieceRefuse = append(pieceRefuse, refuse[i])
+			of = append(of, i)
+		}
+	}
+	return pieces, pieceRefuse, of
+}
+
+// foldPieces is each extent's result from its pieces', in order: their
+// bytes up to the first that fell short, or the errno of a first piece
+// that failed, as one strided read reports.
+func foldPieces(n int, of []int, pieces []client.IOReq, res []int64) []int64 {
+	out := make([]int64, n)
+	stopped := make([]bool, n)
+	for k, r := range res {
+		i := of[k]
+		switch {
+		case stopped[i]:
+		case r < 0:
+			if out[i] == 0 {
+				out[i] = r
+			}
+			stopped[i] = true
+		default:
+			out[i] += r
+			stopped[i] = uint64(r) < pieces[k].Length
+		}
+	}
+	return out
 }
 
 func (s *ControlServer) serveInfo(r request) unix.Errno {
@@ -175,10 +251,15 @@ func (s *ControlServer) checkMode(f *OpenFile, write bool) unix.Errno {
 // extents already refused (their errno). A write is made to look like the
 // caller's write(2) (control_write.go). Results: bytes or -errno.
 func (s *ControlServer) move(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno) []int64 {
-	res := s.moveExtents(c, f, write, reqs, refuse)
+	return s.counted(reqs, s.moveExtents(c, f, write, reqs, refuse))
+}
+
+// counted adds the extents and those that did not move all their bytes to
+// the counters, and returns res.
+func (s *ControlServer) counted(reqs []client.IOReq, res []int64) []int64 {
 	var failed uint64
 	for i := range res {
-		if res[i] < 0 || uint64(res[i]) != reqs[i].Length {
+		if res[i] < 0 || uint64(res[i]) != reqs[i].Bytes() {
 			failed++
 		}
 	}
@@ -278,7 +359,7 @@ func (s *ControlServer) holdExtents(c Caller, f *OpenFile, reqs []client.IOReq, 
 		case !b.ownedBy(c):
 			res[i] = -int64(unix.EPERM)
 			continue
-		case r.BufOffset > uint64(b.reg.Size()) || r.Length > uint64(b.reg.Size())-r.BufOffset:
+		case r.BufEnd() > uint64(b.reg.Size()):
 			res[i] = -int64(unix.EFAULT)
 			continue
 		}
@@ -293,7 +374,8 @@ func (s *ControlServer) holdExtents(c Caller, f *OpenFile, reqs []client.IOReq, 
 		}
 		*idx = append(*idx, i)
 		*preqs = append(*preqs, phxfs.Request{Fd: f.Fd, Device: b.reg.Device(), DevAddr: b.reg.Addr(),
-			BufOffset: int64(r.BufOffset), Len: int64(r.Length), FileOffset: int64(r.FileOffset)})
+			BufOffset: int64(r.BufOffset), Len: int64(r.Length), FileOffset: int64(r.FileOffset),
+			Count: int64(r.Count), FileStride: int64(r.FileStride), BufStride: int64(r.BufStride)})
 	}
 	return held
 }

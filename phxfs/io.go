@@ -19,9 +19,41 @@ type Request struct {
 	BufOffset  int64
 	Len        int64
 	FileOffset int64
-	// Result is filled in: bytes transferred or a negative errno.
+	// Count > 1 makes the request strided: Count pieces of Len bytes, piece
+	// j at FileOffset + j*FileStride in the file and BufOffset +
+	// j*BufStride in the buffer (strides no shorter than Len). 0 and 1 are
+	// one piece.
+	Count      int64
+	FileStride int64
+	BufStride  int64
+	// Result is filled in: bytes transferred or a negative errno. A strided
+	// request's result counts its pieces' bytes in order, up to the first
+	// one that fell short.
 	Result int64
 }
+
+// pieces is the number of pieces the request moves.
+func (rq *Request) pieces() int64 { return max(rq.Count, 1) }
+
+// Bytes is what the request moves when nothing falls short.
+func (rq *Request) Bytes() int64 { return rq.Len * rq.pieces() }
+
+// span is how many bytes of the buffer, from BufOffset, the request spans.
+func (rq *Request) span() int64 { return (rq.pieces()-1)*rq.BufStride + rq.Len }
+
+// badShape reports a strided request whose numbers do not hold together:
+// a negative count or stride, pieces that overlap, or an end past 2^63.
+func (rq *Request) badShape() bool {
+	if rq.Count < 0 || rq.pieces() == 1 {
+		return rq.Count < 0
+	}
+	n := rq.pieces() - 1
+	return rq.FileStride < rq.Len || rq.BufStride < rq.Len ||
+		rq.FileStride > (maxOffset-rq.FileOffset-rq.Len)/n || rq.BufStride > (maxOffset-rq.BufOffset-rq.Len)/n
+}
+
+// maxOffset is the largest file or buffer offset a request may reach.
+const maxOffset = 1<<63 - 1
 
 // Read transfers up to n bytes at fileOff of fd into buf+bufOff. dev >= 0
 // names a registration holding buf on that device; dev < 0 makes buf a host
@@ -120,7 +152,7 @@ func (l *Lib) finish(p *plan) {
 		}
 		total := p.requestResult(i)
 		rq.Result = total
-		if total != rq.Len {
+		if total != rq.Bytes() {
 			failed++
 		}
 		if total > 0 {
@@ -173,11 +205,11 @@ func (p *plan) requestResult(i int) int64 {
 	return total
 }
 
-// failures counts the requests that did not transfer exactly Len bytes.
+// failures counts the requests that did not transfer exactly their bytes.
 func failures(reqs []Request) int {
 	n := 0
 	for i := range reqs {
-		if reqs[i].Result != reqs[i].Len {
+		if reqs[i].Result != reqs[i].Bytes() {
 			n++
 		}
 	}

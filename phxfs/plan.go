@@ -101,7 +101,7 @@ func (l *Lib) resolve(p *plan) ([]target, error) {
 		rq := &p.reqs[i]
 		rq.Result = 0
 		switch {
-		case rq.Len < 0 || rq.FileOffset < 0 || rq.BufOffset < 0:
+		case rq.Len < 0 || rq.FileOffset < 0 || rq.BufOffset < 0 || rq.badShape():
 			rq.Result = -int64(unix.EINVAL)
 			continue
 		case rq.Fd < 0:
@@ -118,7 +118,7 @@ func (l *Lib) resolve(p *plan) ([]target, error) {
 			targets = append(targets, target{i: i, host: rq.HostAddr + uintptr(rq.BufOffset)})
 			continue
 		}
-		r, err := l.hold(rq.Device, rq.DevAddr, rq.BufOffset, rq.Len)
+		r, err := l.hold(rq.Device, rq.DevAddr, rq.BufOffset, rq.span())
 		if err != nil {
 			rq.Result = -int64(unix.EFAULT)
 			continue
@@ -174,11 +174,36 @@ func (l *Lib) limit(staged bool) int64 {
 	return ChunkSize
 }
 
-// cut makes the xfers: a request that follows on from the previous xfer in
+// piece is one contiguous part of a request: a plain request is one, a
+// strided request Count of them.
+type piece struct {
+	fd      int
+	off     int64 // file offset
+	len     int64
+	host    uintptr // where it lands (not staged)
+	devAddr uint64  // device address (staged)
+	dev     int
+	staged  bool
+}
+
+// pieceOf is piece j of the request of target t.
+func (p *plan) pieceOf(t target, j int64) piece {
+	rq := &p.reqs[t.i]
+	at := j * rq.BufStride
+	pc := piece{fd: rq.Fd, off: rq.FileOffset + j*rq.FileStride, len: rq.Len, dev: rq.Device, staged: t.staged}
+	if t.staged {
+		pc.devAddr = t.devAddr + uint64(at)
+	} else {
+		pc.host = t.host + uintptr(at)
+	}
+	return pc
+}
+
+// cut makes the xfers: a piece that follows on from the previous xfer in
 // both the file and the buffer joins it, others are split at the limit. A
 // staged xfer never crosses a file offset that is a multiple of the bounce
 // size, so its O_DIRECT read, widened to the file's alignment, still fits
-// one bounce buffer.
+// one bounce buffer. A request's segments are its pieces' parts, in order.
 func (l *Lib) cut(p *plan, targets []target) {
 	// One backing array for every request's segments and one for the
 	// xfers: most requests make one of each.
@@ -186,53 +211,59 @@ func (l *Lib) cut(p *plan, targets []target) {
 	p.xfers = make([]xfer, 0, len(targets))
 	for _, t := range targets {
 		start := len(segs)
-		if seg, ok := l.join(p, t); ok {
-			segs = append(segs, seg)
-			p.segs[t.i] = segs[start:len(segs):len(segs)]
-			continue
-		}
-		rq := &p.reqs[t.i]
-		lim := l.limit(t.staged)
-		for done := int64(0); done < rq.Len; {
-			n := min(rq.Len-done, lim)
-			if t.staged {
-				n = min(n, lim-(rq.FileOffset+done)%lim)
-			}
-			x := xfer{fd: rq.Fd, off: rq.FileOffset + done, len: n, staged: t.staged, result: notRun}
-			if t.staged {
-				x.dev, x.devAddr = rq.Device, t.devAddr+uint64(done)
-				p.staged = true
-			} else {
-				x.host = t.host + uintptr(done)
-				p.hasHost = true
-			}
-			segs = append(segs, segment{x: len(p.xfers), at: 0, n: n})
-			p.xfers = append(p.xfers, x)
-			done += n
+		n := p.reqs[t.i].pieces()
+		for j := int64(0); j < n; j++ {
+			segs = l.cutPiece(p, p.pieceOf(t, j), segs)
 		}
 		p.segs[t.i] = segs[start:len(segs):len(segs)]
 	}
 }
 
-// join appends t's request to the last xfer when it follows on from it in
-// the file and the buffer and the sum fits the limit, and returns the
-// request's segment.
-func (l *Lib) join(p *plan, t target) (segment, bool) {
+// cutPiece appends pc's xfers (or joins it to the last one) and its
+// segments.
+func (l *Lib) cutPiece(p *plan, pc piece, segs []segment) []segment {
+	if seg, ok := l.join(p, pc); ok {
+		return append(segs, seg)
+	}
+	lim := l.limit(pc.staged)
+	for done := int64(0); done < pc.len; {
+		n := min(pc.len-done, lim)
+		if pc.staged {
+			n = min(n, lim-(pc.off+done)%lim)
+		}
+		x := xfer{fd: pc.fd, off: pc.off + done, len: n, staged: pc.staged, result: notRun}
+		if pc.staged {
+			x.dev, x.devAddr = pc.dev, pc.devAddr+uint64(done)
+			p.staged = true
+		} else {
+			x.host = pc.host + uintptr(done)
+			p.hasHost = true
+		}
+		segs = append(segs, segment{x: len(p.xfers), at: 0, n: n})
+		p.xfers = append(p.xfers, x)
+		done += n
+	}
+	return segs
+}
+
+// join appends pc to the last xfer when it follows on from it in the file
+// and the buffer and the sum fits the limit, and returns pc's segment.
+func (l *Lib) join(p *plan, pc piece) (segment, bool) {
 	n := len(p.xfers)
-	if n == 0 {
+	if n == 0 || pc.len == 0 {
 		return segment{}, false
 	}
-	rq, x := &p.reqs[t.i], &p.xfers[n-1]
-	lim := l.limit(t.staged)
-	fits := x.len+rq.Len <= lim && (!t.staged || x.off/lim == (rq.FileOffset+rq.Len-1)/lim)
-	follows := fits && x.fd == rq.Fd && x.staged == t.staged && x.off+x.len == rq.FileOffset &&
-		((t.staged && x.dev == rq.Device && x.devAddr+uint64(x.len) == t.devAddr) ||
-			(!t.staged && x.host+uintptr(x.len) == t.host))
+	x := &p.xfers[n-1]
+	lim := l.limit(pc.staged)
+	fits := x.len+pc.len <= lim && (!pc.staged || x.off/lim == (pc.off+pc.len-1)/lim)
+	follows := fits && x.fd == pc.fd && x.staged == pc.staged && x.off+x.len == pc.off &&
+		((pc.staged && x.dev == pc.dev && x.devAddr+uint64(x.len) == pc.devAddr) ||
+			(!pc.staged && x.host+uintptr(x.len) == pc.host))
 	if !follows {
 		return segment{}, false
 	}
-	seg := segment{x: n - 1, at: x.len, n: rq.Len}
-	x.len += rq.Len
+	seg := segment{x: n - 1, at: x.len, n: pc.len}
+	x.len += pc.len
 	l.stats.coalesced.Add(1)
 	return seg, true
 }
