@@ -59,8 +59,8 @@ const (
 	StridedExtentSize = 64
 	// MaxStridedExtents is the largest strided batch one ioctl can carry.
 	MaxStridedExtents = (MaxIoctlSize - BatchHeader) / StridedExtentSize // 255
-	HandleSize = 64
-	TokenSize  = 16
+	HandleSize        = 64
+	TokenSize         = 16
 )
 
 // BatchClasses are the batch capacities the Go client uses: a batch is sent

@@ -34,9 +34,10 @@ func (r IOReq) End() uint64 { return r.FileOffset + (r.Pieces()-1)*r.FileStride 
 func (r IOReq) BufEnd() uint64 { return r.BufOffset + (r.Pieces()-1)*r.BufStride + r.Length }
 
 // Valid checks that an extent's numbers are representable (EINVAL
-// otherwise): every offset, length and end below 2^63 and, for a strided
-// extent, strides no shorter than a piece, so that pieces do not overlap.
-// Bounds against the buffer are the daemon's business.
+// otherwise): every offset and length, and the file end, below 2^63 and,
+// for a strided extent, strides no shorter than a piece, so that pieces do
+// not overlap, and no stride that carries a piece past 2^63. Bounds
+// against the buffer are the daemon's business (EFAULT).
 func (r IOReq) Valid() error {
 	if r.BufOffset > MaxOffset || r.Length > MaxOffset || r.FileOffset > MaxOffset {
 		return einval("extent offsets and lengths must be below 2^63")
@@ -53,10 +54,7 @@ func (r IOReq) Valid() error {
 	if r.End() > MaxOffset || r.End() < r.FileOffset {
 		return einval("extent [%d, +%d) runs past the largest file offset", r.FileOffset, r.End()-r.FileOffset)
 	}
-	if r.BufEnd() > MaxOffset {
-		return einval("extent runs past the largest buffer offset")
-	}
-	return nil
+	return nil // BufEnd does not wrap: the buffer's bounds decide (EFAULT)
 }
 
 // EncodeIO lays out a READ or WRITE request (result zero).
@@ -195,7 +193,9 @@ func (l batchLayout) decode(b []byte) (reqs []IOReq, bad []error, err error) {
 func EncodeBatchResp(out, in []byte, results []int64) { plainBatch.encodeResp(out, in, results) }
 
 // EncodeStridedBatchResp is EncodeBatchResp for a strided batch.
-func EncodeStridedBatchResp(out, in []byte, results []int64) { stridedBatch.encodeResp(out, in, results) }
+func EncodeStridedBatchResp(out, in []byte, results []int64) {
+	stridedBatch.encodeResp(out, in, results)
+}
 
 func (l batchLayout) encodeResp(out, in []byte, results []int64) {
 	copy(out, in)
@@ -216,7 +216,9 @@ func (l batchLayout) encodeResp(out, in []byte, results []int64) {
 
 // DecodeBatchResp reads a batch's results into results (len = count) and
 // returns the daemon's failed count.
-func DecodeBatchResp(b []byte, results []int64) (int, error) { return plainBatch.decodeResp(b, results) }
+func DecodeBatchResp(b []byte, results []int64) (int, error) {
+	return plainBatch.decodeResp(b, results)
+}
 
 // DecodeStridedBatchResp is DecodeBatchResp for a strided batch.
 func DecodeStridedBatchResp(b []byte, results []int64) (int, error) {

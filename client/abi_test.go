@@ -60,7 +60,8 @@ func TestStridedValid(t *testing.T) {
 		{"buffer stride shorter than a piece", IOReq{Length: 100, Count: 2, FileStride: 100, BufStride: 50}, false},
 		{"last piece past 2^63 in the file", IOReq{Length: 1, FileOffset: 1 << 62, Count: 3, FileStride: 1 << 61, BufStride: 1}, false},
 		{"strides that overflow", IOReq{Length: 1, Count: 1 << 32, FileStride: 1 << 40, BufStride: 1}, false},
-		{"last piece past 2^63 in the buffer", IOReq{Length: 1, BufOffset: 1 << 62, Count: 3, FileStride: 1, BufStride: 1 << 61}, false},
+		{"buffer end past 2^63: the buffer's bounds decide", IOReq{Length: 2, BufOffset: 1 << 62, Count: 2, FileStride: 2, BufStride: 1<<62 - 2}, true},
+		{"buffer stride that overflows", IOReq{Length: 1, BufOffset: 1 << 62, Count: 3, FileStride: 1, BufStride: 1 << 62}, false},
 		{"ends exactly at 2^63-1", IOReq{Length: 1, FileOffset: MaxOffset - 11, Count: 11, FileStride: 1, BufStride: 1}, true},
 	} {
 		if err := c.r.Valid(); (err == nil) != c.ok {
