@@ -167,7 +167,10 @@ type Mapping struct {
 // Map maps size bytes of device memory at devAddr: an mmap of the
 // character device followed by the MAP ioctl. size must be a multiple of
 // the page size (and of the backend's alignment: 4 KiB for emu, 64 KiB for
-// nvidia), devAddr aligned likewise.
+// nvidia), devAddr aligned likewise. The mapping belongs to the caller's
+// effective uid; with the emu backend, device memory another uid has
+// mapped is refused with EACCES unless the caller has CAP_SYS_RAWIO
+// (docs/kernel-module.md, "Who may map what").
 func (d *Device) Map(devAddr uint64, size int64) (*Mapping, error) {
 	if size <= 0 || int64(int(size)) != size {
 		return nil, errs.New(unix.EINVAL, "kmod: map size %d", size)

@@ -8,9 +8,12 @@
  * kernel with memmap=SIZE$START to keep it out of the page allocator).
  *
  * Device address of byte OFF of device N: PHXFS_EMU_DEVADDR(N, OFF).
- * Pinning checks bounds only; the memory never goes away under a
- * registration except through the "revoke" test attribute, which runs the
- * same revocation path as a vendor's free callback.
+ * Every process names the same memory with the same address and there is
+ * no allocator, so pinning checks bounds and the core keeps owners apart
+ * (shared_devaddr: a MAP overlapping another user's pinned registration
+ * fails with EACCES).  The memory never goes away under a registration
+ * except through the "revoke" test attribute, which runs the same
+ * revocation path as a vendor's free callback.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -210,6 +213,7 @@ static void emu_exit(void)
 const struct phxfs_backend_ops phxfs_backend = {
 	.name = "emu",
 	.align = PAGE_SIZE,
+	.shared_devaddr = true,
 	.init = emu_init,
 	.exit = emu_exit,
 	.pin = emu_pin,

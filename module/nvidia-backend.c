@@ -14,6 +14,13 @@
  * a state the callback's own reference keeps alive), so it is never freed
  * twice and the loser touches nothing the winner frees.
  *
+ * Ownership is the driver's: with p2p_token and va_space 0,
+ * nvidia_p2p_get_pages() looks the GPU virtual address up among the CUDA
+ * contexts of the calling process only, so a MAP can pin nothing but the
+ * caller's own GPU memory (or memory it imported with CUDA IPC).  Two
+ * processes may use the same address for different memory, so the core
+ * compares no device addresses here (shared_devaddr false).
+ *
  * The nv-p2p functions are looked up at load time (symbol_get), so the
  * module builds without the driver's sources (include/nv-p2p-decl.h).
  * Compiled here; untested on hardware.
@@ -327,6 +334,8 @@ err_symbols:
 const struct phxfs_backend_ops phxfs_backend = {
 	.name = "nvidia",
 	.align = NV_GPU_PAGE_SIZE,
+	/* the driver resolves the address among the caller's own contexts */
+	.shared_devaddr = false,
 	.init = nv_init,
 	.exit = nv_exit,
 	.pin = nv_pin,

@@ -145,6 +145,7 @@ struct phxfs_dev *phxfs_dev_create(struct pci_dev *pdev, int bar,
 	kref_init(&dev->kref);
 	mutex_init(&dev->lock);
 	INIT_LIST_HEAD(&dev->vmas);
+	INIT_LIST_HEAD(&dev->pinned);
 	dev->pdev = pci_dev_get(pdev);
 	dev->bar = bar;
 	dev->start = start;

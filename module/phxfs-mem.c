@@ -25,9 +25,18 @@
  * (unpin under mmap_lock when called from close).  A drain reads page
  * refcounts inside an SRCU read section, so that device removal cannot
  * free the struct pages under it.
+ *
+ * Owners: a registration belongs to the effective uid that MAPped it.
+ * Where a device address names the same memory for every process (emu),
+ * a MAP whose device range overlaps a pinned registration of another
+ * owner fails with EACCES unless the caller has CAP_SYS_RAWIO: opening
+ * the device (group phxfs) lets a process map device memory, not other
+ * users' (see phxfs_reg_add_pinned()).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/capability.h>
+#include <linux/cred.h>
 #include <linux/delay.h>
 #include <linux/file.h>
 #include <linux/mm.h>
@@ -317,6 +326,8 @@ static struct phxfs_reg *phxfs_reg_alloc(struct phxfs_dev *dev,
 	kref_init(&reg->kref);
 	INIT_LIST_HEAD(&reg->node);
 	INIT_LIST_HEAD(&reg->revoke_node);
+	INIT_LIST_HEAD(&reg->pin_node);
+	reg->owner = current_euid();
 	reg->dev = dev;
 	reg->uaddr = req->c_vaddr;
 	reg->size = req->c_size;
@@ -334,6 +345,82 @@ static void phxfs_reg_put(struct phxfs_reg *reg)
 	kref_put(&reg->kref, phxfs_reg_free);
 }
 
+/* owners */
+
+/* Do two registrations of one device share device memory? */
+static bool phxfs_regs_overlap(const struct phxfs_reg *a,
+			       const struct phxfs_reg *b)
+{
+	return a->devaddr < b->devaddr + b->size &&
+	       b->devaddr < a->devaddr + a->size;
+}
+
+/*
+ * Whether @reg would share device memory with a pinned registration of
+ * another owner.  Called with dev->lock held.
+ */
+static bool phxfs_reg_conflicts(struct phxfs_reg *reg)
+{
+	struct phxfs_reg *r;
+
+	if (!phxfs_backend.shared_devaddr)
+		return false;
+	list_for_each_entry(r, &reg->dev->pinned, pin_node) {
+		if (!uid_eq(r->owner, reg->owner) && phxfs_regs_overlap(r, reg))
+			return true;
+	}
+	return false;
+}
+
+/**
+ * phxfs_reg_add_pinned - admit a pinned registration among its device's
+ * @reg: a registration whose device memory the backend has just pinned
+ *
+ * Refuses @reg if it overlaps a registration of another owner that is
+ * still pinned (live, revoked, or unmapped with I/O still holding its
+ * pages), unless the caller has CAP_SYS_RAWIO, the capability for access
+ * to raw device memory (/dev/mem, /proc/bus/pci mmap): a root daemon may
+ * map its clients' memory, group members only their own.  The check and
+ * the insertion into dev->pinned are one step under dev->lock, so two
+ * MAPs of different owners cannot both pass.  capable() runs only on a
+ * conflict, so that only an attempt on another owner's memory is audited.
+ *
+ * Context: process context, no phxfs lock held.
+ * Return: 0, or -EACCES.
+ */
+static int phxfs_reg_add_pinned(struct phxfs_reg *reg)
+{
+	struct phxfs_dev *dev = reg->dev;
+	int ret = 0;
+
+	mutex_lock(&dev->lock);
+	if (phxfs_reg_conflicts(reg) && !capable(CAP_SYS_RAWIO)) {
+		ret = -EACCES;
+		goto out_unlock;
+	}
+	list_add_tail(&reg->pin_node, &dev->pinned);
+out_unlock:
+	mutex_unlock(&dev->lock);
+	return ret;
+}
+
+/* The memory of @reg is given back: other owners may map it. */
+static void phxfs_reg_del_pinned(struct phxfs_reg *reg)
+{
+	struct phxfs_dev *dev = reg->dev;
+
+	mutex_lock(&dev->lock);
+	list_del_init(&reg->pin_node);
+	mutex_unlock(&dev->lock);
+}
+
+/* Decide who gives the pages back: us, or the vendor's revocation. */
+static void phxfs_reg_claim(struct phxfs_reg *reg)
+{
+	reg->owned = !phxfs_backend.claim || phxfs_backend.claim(reg);
+}
+
+/* Pin @reg's device memory and admit it among the device's registrations. */
 static int phxfs_reg_pin(struct phxfs_reg *reg)
 {
 	struct phxfs_dev *dev = reg->dev;
@@ -342,15 +429,19 @@ static int phxfs_reg_pin(struct phxfs_reg *reg)
 	ret = phxfs_backend.pin(dev, reg);
 	if (ret)
 		return ret;
+	ret = phxfs_reg_add_pinned(reg);
+	if (ret)
+		goto err_unpin;
 	atomic_long_inc(&dev->nr_regs);
 	atomic64_add(reg->size, &dev->mapped_bytes);
 	return 0;
-}
 
-/* Decide who gives the pages back: us, or the vendor's revocation. */
-static void phxfs_reg_claim(struct phxfs_reg *reg)
-{
-	reg->owned = !phxfs_backend.claim || phxfs_backend.claim(reg);
+err_unpin:
+	/* no PTE was ever inserted: nothing to drain */
+	phxfs_reg_claim(reg);
+	if (phxfs_backend.unpin)
+		phxfs_backend.unpin(reg, reg->owned);
+	return ret;
 }
 
 /*
@@ -367,6 +458,7 @@ static void phxfs_reg_unpin(struct phxfs_reg *reg)
 		phxfs_reg_drain(reg);
 	if (phxfs_backend.unpin)
 		phxfs_backend.unpin(reg, reg->owned);
+	phxfs_reg_del_pinned(reg);
 	atomic_long_dec(&dev->nr_regs);
 	atomic64_sub(reg->size, &dev->mapped_bytes);
 }
@@ -822,8 +914,10 @@ err_dead:
  *	 device range [n_vaddr, n_vaddr + n_size)
  *
  * Checks @req, finds the phxfs VMA of @dev that holds the host range,
- * pins the device range through the backend with no lock held, then,
- * under mmap_lock and the VMA's lock, checks that the VMA is still there,
+ * pins the device range through the backend with no lock held and
+ * admits it among the device's pinned registrations (refused if it
+ * overlaps another owner's, see phxfs_reg_add_pinned()), then, under
+ * mmap_lock and the VMA's lock, checks that the VMA is still there,
  * that the device is not being removed, that the vendor did not revoke
  * the memory meanwhile and that no registration of the VMA overlaps, and
  * inserts a PTE for every page.  On failure everything is undone in
@@ -831,7 +925,7 @@ err_dead:
  *
  * Context: process context; takes mmap_lock; may sleep.
  * Return: 0 or a negative errno: -EINVAL (bad @req, or no such VMA),
- * -EBUSY (overlap), -ENODEV (device going away), -ENXIO (revoked while
+ * -EACCES (another owner's device memory), -EBUSY (host range overlap), -ENODEV (device going away), -ENXIO (revoked while
  * pinning), -ENOMEM, -EINTR (fatal signal while inserting), -EFAULT (a
  * page outside the device), or the backend's pin error.
  */

@@ -13,6 +13,7 @@
 #include <linux/mutex.h>
 #include <linux/pci.h>
 #include <linux/types.h>
+#include <linux/uidgid.h>
 #include <linux/workqueue.h>
 
 #include "include/uapi/phxfs_ioctl.h"
@@ -37,10 +38,11 @@ struct phxfs_dev {
 	struct dev_pagemap pgmap;	/* pages from memremap_pages() */
 	int ref_base;			/* page refcount with no user pin */
 
-	struct mutex lock;		/* protects dead, vmas */
+	struct mutex lock;		/* protects dead, vmas, pinned */
 	bool dead;			/* device going away: no new maps */
 	bool pages_gone;		/* struct pages released (SRCU) */
 	struct list_head vmas;		/* struct phxfs_vma.node */
+	struct list_head pinned;	/* struct phxfs_reg.pin_node */
 
 	atomic_long_t nr_regs;		/* live registrations */
 	atomic64_t mapped_bytes;	/* bytes of live registrations */
@@ -61,14 +63,18 @@ struct phxfs_vma {
 };
 
 /*
- * One MAP: device memory inserted into a range of a phxfs VMA.  The owner
- * (pv->regs, then whoever unlinked it) holds a reference; a revoker holds
- * one more while it waits for I/O on it with no lock held.
+ * One MAP: device memory inserted into a range of a phxfs VMA.  Whoever
+ * holds it in a list (pv->regs, then whoever unlinked it) holds a
+ * reference; a revoker holds one more while it waits for I/O on it with
+ * no lock held.  From pin to unpin it is on dev->pinned, where MAPs of
+ * other owners find it (phxfs_reg_pin()).
  */
 struct phxfs_reg {
 	struct kref kref;
 	struct list_head node;		/* in pv->regs */
 	struct list_head revoke_node;	/* in a revoker's list */
+	struct list_head pin_node;	/* in dev->pinned while pinned */
+	kuid_t owner;			/* effective uid of the MAP caller */
 	struct phxfs_vma *pv;
 	struct phxfs_dev *dev;
 	unsigned long uaddr;		/* host range */
@@ -95,6 +101,14 @@ struct phxfs_reg {
 struct phxfs_backend_ops {
 	const char *name;
 	u64 align;			/* device address and size alignment */
+	/*
+	 * A device address names the same memory for every process (emu),
+	 * so the core refuses a MAP overlapping another owner's pinned
+	 * range.  False where pin takes only memory the calling process
+	 * owns by the vendor's rules (nvidia: nvidia_p2p_get_pages()
+	 * resolves the address among the caller's own CUDA contexts).
+	 */
+	bool shared_devaddr;
 	int (*init)(void);
 	void (*exit)(void);
 	int (*pin)(struct phxfs_dev *dev, struct phxfs_reg *reg);

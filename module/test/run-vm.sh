@@ -218,6 +218,8 @@ cp "$(command -v busybox)" "$ROOTFS/bin/busybox"
 cp "$BUILD/emu/phxfs.ko" "$KERNEL/fuse.ko" "$ROOTFS/lib/modules/"
 cp -r "$KERNEL/nfs" "$ROOTFS/lib/modules/nfs"
 cp "$TEST"/steps/*.sh "$ROOTFS/steps/"
+mkdir -p "$ROOTFS/etc/udev/rules.d" # steps/65-owner.sh applies the rule's GROUP and MODE
+cp "$ROOT/packaging/udev/70-phxfs.rules" "$ROOTFS/etc/udev/rules.d/"
 cp "$TEST/init" "$ROOTFS/init"
 chmod +x "$ROOTFS/init" "$ROOTFS"/steps/*.sh
 (cd "$ROOTFS" && find . | cpio -o -H newc --quiet) >"$WORK/initramfs.cpio" || fail "cpio"

@@ -6,6 +6,9 @@
 //	                                     check landed bytes in the BAR's
 //	                                     backing file (host, after the VM)
 //	vmcheck run FILE SCRATCHDIR          the in-VM checks
+//	vmcheck owner FILE                   the in-VM owner checks (as root,
+//	                                     with the device node in the group
+//	                                     phxfs; they run owner-* children)
 //
 // The test file's every 8-byte little-endian word is its own offset. "run"
 // prints "check ok: ..." per check and "PHXFS-LANDED BAROFF FILEOFF LEN"
@@ -14,7 +17,8 @@
 // pages (and writes them back), revoke.go takes the memory back under a
 // mapping, lifetime.go removes the module and the device under one, and
 // drain.go checks that phxfs waits for holders of a registration's pages
-// (UNMAP, munmap) without holding its locks.
+// (UNMAP, munmap) without holding its locks, and owner.go that only a
+// registration's owner (or root) may map its device memory.
 package main
 
 import (
@@ -52,8 +56,17 @@ func main() {
 			usage()
 		}
 		err = run(os.Args[2], os.Args[3])
+	case "owner":
+		if len(os.Args) != 3 {
+			usage()
+		}
+		err = ownerChecks(os.Args[2])
 	default:
-		usage()
+		c, found := ownerCommands[os.Args[1]]
+		if !found || len(os.Args) != 2+c.args {
+			usage()
+		}
+		err = c.run(os.Args[2:])
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vmcheck %s: FAIL: %v\n", os.Args[1], err)
@@ -62,7 +75,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: vmcheck pattern FILE SIZE | verify SHMFILE BAROFF FILEOFF LEN | run FILE SCRATCHDIR")
+	fmt.Fprintln(os.Stderr, "usage: vmcheck pattern FILE SIZE | verify SHMFILE BAROFF FILEOFF LEN | run FILE SCRATCHDIR | owner FILE")
 	os.Exit(2)
 }
 
