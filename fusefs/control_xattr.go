@@ -167,7 +167,15 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 		kv("bounce_size", in.BounceSize)
 	}
 	kv("read_policy", s.lib.ODirectPolicy())
-	kv("cachestat", s.lib.StagedStats().Cachestat)
+	ss := s.lib.StagedStats()
+	kv("cachestat", ss.Cachestat)
+	if g := s.lib.GatherMax(); g < 0 {
+		kv("gather", "off: small resident transfers are read with the engine")
+	} else {
+		kv("gather", fmt.Sprintf("transfers of up to %d bytes in the page cache are copied from a mapping of the file", g))
+	}
+	kv("staged_gathered_reads", ss.GatheredReads)
+	kv("staged_gathered_bytes", ss.GatheredBytes)
 	if sr, ok := s.conn.(interface{ ScatterReport() string }); ok {
 		kv("scatter", sr.ScatterReport())
 	}

@@ -72,6 +72,11 @@ type Config struct {
 	Transport Transport
 	// NoKernelModule ignores /dev/phxfs_devN even where it exists.
 	NoKernelModule bool
+	// GatherMax is the largest staged transfer of resident pages that a
+	// worker copies from a mapping of the file rather than reads with the
+	// engine (gather.go; default DefaultGatherMax, 0 keeps it, negative
+	// never gathers; PHX_GATHER=off too).
+	GatherMax int64
 }
 
 // Lib is one instance of the library: its devices, registrations, worker
@@ -93,6 +98,7 @@ type Lib struct {
 	rotor   atomic.Uint64 // where the next staged plan starts on the pool
 	loading loading       // devices with staged plans running (placement.go)
 
+	maps        fileMaps // the files gathers copy from (gather.go)
 	stats       counters
 	stagedStats stagedCounters
 	xportStats  transportCounters // bytes per transport (stats.go)
@@ -129,6 +135,9 @@ func New(cfg Config) (*Lib, error) {
 	}
 	if cfg.SplitSize == 0 {
 		cfg.SplitSize = 8 << 20
+	}
+	if cfg.GatherMax, err = gatherMaxFrom(cfg.GatherMax); err != nil {
+		return nil, err
 	}
 	switch cfg.Transport {
 	case "", Kmod, Host, Staged:
@@ -201,6 +210,7 @@ func (l *Lib) Close() error {
 	if err := l.closeStaged(); err != nil && first == nil {
 		first = err
 	}
+	l.maps.close()
 	if err := l.pool.Close(); err != nil && first == nil {
 		first = err
 	}

@@ -206,9 +206,13 @@ func (p *plan) pieceOf(t target, j int64) piece {
 // one bounce buffer. A request's segments are its pieces' parts, in order.
 func (l *Lib) cut(p *plan, targets []target) {
 	// One backing array for every request's segments and one for the
-	// xfers: most requests make one of each.
-	segs := make([]segment, 0, len(targets))
-	p.xfers = make([]xfer, 0, len(targets))
+	// xfers: most pieces make one of each.
+	var pieces int64
+	for _, t := range targets {
+		pieces += p.reqs[t.i].pieces()
+	}
+	segs := make([]segment, 0, pieces)
+	p.xfers = make([]xfer, 0, pieces)
 	for _, t := range targets {
 		start := len(segs)
 		n := p.reqs[t.i].pieces()

@@ -132,6 +132,8 @@ type StagedStats struct {
 	DirectBytes   int64 // bytes they delivered to the device
 	BufferedReads int64 // reads through the page cache
 	BufferedBytes int64
+	GatheredReads int64 // transfers copied from a mapping of the file (gather.go)
+	GatheredBytes int64
 	Fallbacks     int64 // O_DIRECT reads that failed or came up short and were redone buffered
 	// FallbackWhy describes the first fallback ("" before one happened).
 	FallbackWhy string
@@ -140,6 +142,7 @@ type StagedStats struct {
 
 type stagedCounters struct {
 	directReads, directBytes, bufferedReads, bufferedBytes, fallbacks atomic.Int64
+	gatheredReads, gatheredBytes                                      atomic.Int64
 	fallbackWhy                                                       atomic.Pointer[string]
 }
 
@@ -204,6 +207,7 @@ func (l *Lib) StagedStats() StagedStats {
 	s := StagedStats{
 		DirectReads: c.directReads.Load(), DirectBytes: c.directBytes.Load(),
 		BufferedReads: c.bufferedReads.Load(), BufferedBytes: c.bufferedBytes.Load(),
+		GatheredReads: c.gatheredReads.Load(), GatheredBytes: c.gatheredBytes.Load(),
 		Fallbacks: c.fallbacks.Load(), Cachestat: !noCachestat.Load(),
 	}
 	if why := c.fallbackWhy.Load(); why != nil {
@@ -240,9 +244,11 @@ func resident(fd int, off, n int64) (res, ok bool) {
 	return false, false
 }
 
-// odirectFile is the O_DIRECT descriptor of one file for one batch, opened on
-// first need.
-type odirectFile struct {
+// batchFile is one file of a staged read batch: its O_DIRECT descriptor,
+// opened on first need; its mapping for gathers (gather.go), acquired on
+// first need and released when the batch ends; and a range of it the batch
+// found wholly in the page cache.
+type batchFile struct {
 	src  int // the request's descriptor
 	once sync.Once
 
@@ -251,38 +257,49 @@ type odirectFile struct {
 	memAlign int64
 	offAlign int64
 	broken   atomic.Bool // an O_DIRECT read failed: read buffered from now on
+
+	maps    *fileMaps
+	mapOnce sync.Once
+	mapping *fileMap // nil: none (yet, or the file cannot be mapped)
+
+	hotMu        sync.Mutex
+	hotLo, hotHi int64 // [hotLo, hotHi) is resident, as far as the batch knows
 }
 
-// odirectFiles maps a batch's descriptors to their odirectFiles.
-type odirectFiles map[int]*odirectFile
+// batchFiles maps a batch's descriptors to their batchFiles.
+type batchFiles map[int]*batchFile
 
-// newODirectFiles prepares (without opening anything) an odirectFile for every descriptor
-// of the plan's staged reads; nil when the policy is ODirectNever.
-func newODirectFiles(p *plan, mode ODirect) odirectFiles {
-	if p.write || mode == ODirectNever {
+// newBatchFiles prepares (without opening anything) a batchFile for every
+// descriptor of the plan's staged reads; nil for writes.
+func newBatchFiles(p *plan, maps *fileMaps) batchFiles {
+	if p.write {
 		return nil
 	}
-	t := odirectFiles{}
+	t := batchFiles{}
 	for i := range p.xfers {
 		x := &p.xfers[i]
 		if x.staged && t[x.fd] == nil {
-			t[x.fd] = &odirectFile{src: x.fd, fd: -1}
+			t[x.fd] = &batchFile{src: x.fd, fd: -1, maps: maps}
 		}
 	}
 	return t
 }
 
-func (ts odirectFiles) close() {
+func (ts batchFiles) close() {
 	for _, t := range ts {
 		if t.fd >= 0 {
 			unix.Close(t.fd)
 		}
+		if t.mapping != nil {
+			t.maps.release(t.mapping)
+		}
 	}
 }
 
-// open opens the odirectFile: a regular file, not already O_DIRECT, on a file
-// system that reports its O_DIRECT alignment and accepts O_DIRECT opens.
-func (t *odirectFile) open() {
+// open opens the batchFile's O_DIRECT descriptor: a regular file, not
+// already O_DIRECT, on a file system that reports its O_DIRECT alignment
+// and accepts O_DIRECT opens.
+func (t *batchFile) open() {
 	fl, err := unix.FcntlInt(uintptr(t.src), unix.F_GETFL, 0)
 	if err != nil || fl&unix.O_DIRECT != 0 || fl&unix.O_ACCMODE == unix.O_WRONLY {
 		return
@@ -302,16 +319,57 @@ func (t *odirectFile) open() {
 	t.memAlign, t.offAlign = int64(st.Dio_mem_align), int64(st.Dio_offset_align)
 }
 
+// residentProbe is how far past a transfer the batch asks the page cache
+// at once: when all of it is resident, the transfers that follow (a
+// column slice's rows, neighbouring KV blocks) need no system call.
+const residentProbe = 64 << 20
+
+// resident reports whether any page of x's range is in the page cache,
+// and whether the kernel could tell.
+func (t *batchFile) resident(x *xfer) (res, ok bool) {
+	t.hotMu.Lock()
+	known := x.off >= t.hotLo && x.off+x.len <= t.hotHi
+	t.hotMu.Unlock()
+	if known {
+		return true, true
+	}
+	if lo, hi, ok := wholeResident(x.fd, x.off, max(x.len, residentProbe)); ok && x.off+x.len <= hi {
+		t.hotMu.Lock()
+		t.hotLo, t.hotHi = lo, hi
+		t.hotMu.Unlock()
+		return true, true
+	}
+	return resident(x.fd, x.off, x.len)
+}
+
+// wholeResident reports the part of [off, off+n) that lies in the file,
+// when every page of it is in the page cache.
+func wholeResident(fd int, off, n int64) (lo, hi int64, ok bool) {
+	var st unix.Stat_t
+	if noCachestat.Load() || unix.Fstat(fd, &st) != nil || off >= st.Size {
+		return 0, 0, false
+	}
+	hi = min(off+n, st.Size)
+	ps := int64(os.Getpagesize())
+	pages := (hi+ps-1)/ps - off/ps
+	r := cachestatRange{off: uint64(off), len: uint64(hi - off)}
+	var cs cachestatResult
+	if _, _, e := unix.Syscall6(sysCachestat, uintptr(fd), uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0); e != 0 {
+		return 0, 0, false
+	}
+	return off, hi, int64(cs.nrCache) >= pages
+}
+
 // directSpan decides how xfer x is read. ok: read [start, start+span) from
-// the odirectFile into a bounce buffer of capacity bytes at addr, x's bytes begin at
+// the batchFile into a bounce buffer of capacity bytes at addr, x's bytes begin at
 // head inside it. Otherwise read x buffered.
-func (ts odirectFiles) directSpan(x *xfer, mode ODirect, addr uintptr, capacity int64) (t *odirectFile, start, head, span int64, ok bool) {
+func (ts batchFiles) directSpan(x *xfer, mode ODirect, addr uintptr, capacity int64) (t *batchFile, start, head, span int64, ok bool) {
 	t = ts[x.fd]
-	if t == nil || t.broken.Load() {
+	if t == nil || t.broken.Load() || mode == ODirectNever {
 		return nil, 0, 0, 0, false
 	}
 	if mode == ODirectAuto {
-		res, known := resident(x.fd, x.off, x.len)
+		res, known := t.resident(x)
 		if res || !known {
 			return nil, 0, 0, 0, false
 		}
@@ -328,4 +386,22 @@ func (ts odirectFiles) directSpan(x *xfer, mode ODirect, addr uintptr, capacity 
 		return nil, 0, 0, 0, false
 	}
 	return t, start, x.off - start, end - start, true
+}
+
+// gatherable returns x's batchFile when x is to be copied from the file's
+// mapping: no longer than limit, and its pages known to be in the page
+// cache (a gather of pages that are not would fault them in one by one).
+func (ts batchFiles) gatherable(x *xfer, limit int64) *batchFile {
+	t := ts[x.fd]
+	if t == nil || x.len > limit {
+		return nil
+	}
+	if res, known := t.resident(x); !res || !known {
+		return nil
+	}
+	t.mapOnce.Do(func() { t.mapping, _ = t.maps.acquire(t.src) })
+	if t.mapping == nil {
+		return nil
+	}
+	return t
 }

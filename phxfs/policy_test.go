@@ -176,7 +176,7 @@ func TestStagedDirectIOPolicy(t *testing.T) {
 }
 
 // TestStagedDirectIOWithDirectFd: a descriptor opened O_DIRECT by the caller
-// gets no odirectFile; aligned reads work as before.
+// gets no second O_DIRECT descriptor; aligned reads work as before.
 func TestStagedDirectIOWithDirectFd(t *testing.T) {
 	l, c := newLib(t, setup{"io_uring", Staged}, 1)
 	withDirectIO(t, l, ODirectAlways)
@@ -191,7 +191,7 @@ func TestStagedDirectIOWithDirectFd(t *testing.T) {
 	}
 	checkPattern(t, deviceBytes(t, c, m, 0, mib), 4096)
 	if s1 := l.StagedStats(); s1.DirectReads != s0.DirectReads {
-		t.Fatalf("an O_DIRECT descriptor got a odirectFile: %+v -> %+v", s0, s1)
+		t.Fatalf("an O_DIRECT descriptor got a second one: %+v -> %+v", s0, s1)
 	}
 }
 

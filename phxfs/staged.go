@@ -157,6 +157,7 @@ type slotFlight struct {
 	stream connector.Stream
 	fence  connector.Fence
 	pieces []connector.Piece
+	merged []connector.Piece // pieces, those that follow on joined: what was queued
 	xfers  []int
 	gather bool
 }
@@ -170,7 +171,9 @@ type slotFences []slotFlight
 // are moved again one by one, so that only the xfers whose own bytes
 // cannot move fail.
 func (sf slotFences) start(slot int, s connector.Stream, buf []byte, pieces []connector.Piece, idx []int, gather bool, xfers []xfer) {
-	if err := move(s, buf, pieces, gather); err != nil {
+	fl := &sf[slot]
+	fl.merged = mergePieces(fl.merged[:0], pieces)
+	if err := move(s, buf, fl.merged, gather); err != nil {
 		oneByOne(s, buf, pieces, idx, gather, xfers, err)
 		return
 	}
@@ -183,7 +186,6 @@ func (sf slotFences) start(slot int, s connector.Stream, buf []byte, pieces []co
 		}
 		return
 	}
-	fl := &sf[slot]
 	fl.stream, fl.fence, fl.gather = s, f, gather
 	fl.pieces = append(fl.pieces[:0], pieces...)
 	fl.xfers = append(fl.xfers[:0], idx...)
@@ -238,6 +240,24 @@ func moveAndWait(s connector.Stream, buf []byte, pieces []connector.Piece, gathe
 		return s.Synchronize()
 	}
 	return f.Wait()
+}
+
+// mergePieces appends to out the pieces, each joined to the one before it
+// when they follow on in both the slot and the device (the rows of a
+// column slice, packed one after the other): one copy instead of many. The
+// pieces themselves stay apart for a retry one by one.
+func mergePieces(out, ps []connector.Piece) []connector.Piece {
+	for _, p := range ps {
+		if n := len(out); n > 0 {
+			last := &out[n-1]
+			if last.Off+last.Len == p.Off && last.Dev+uint64(last.Len) == p.Dev {
+				last.Len += p.Len
+				continue
+			}
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // fail gives every xfer of idx err's errno.

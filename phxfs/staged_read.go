@@ -45,8 +45,8 @@ func (l *Lib) runStriped(p *plan) {
 	defer l.loading.leave(dev)
 	start, n := l.place(rank, k, l.stagedWorkers(p.xfers))
 	mode := l.ODirectPolicy()
-	odf := newODirectFiles(p, mode)
-	defer odf.close()
+	bf := newBatchFiles(p, &l.maps)
+	defer bf.close()
 	c := newClaimer(p.xfers, n, l.cfg.BounceSize)
 	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
 		if !p.write {
@@ -56,7 +56,7 @@ func (l *Lib) runStriped(p *plan) {
 				}
 				return l.hostFirst(eng, p, c.claim())
 			}
-			l.stagedRead(w, eng, p.xfers, src, odf, mode)
+			l.stagedRead(w, eng, p.xfers, src, bf, mode)
 			return
 		}
 		var mine []int
@@ -110,9 +110,9 @@ func (l *Lib) runOps(eng ioengine.Engine, xfers []xfer, ops []ioengine.Op, idx [
 // stagedRead reads, through worker w's slots, the xfers that src hands
 // out, a chunk at a time (nil: no more), keeping the slots' copies in
 // flight across chunks.
-func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, src func() []int, odf odirectFiles, mode ODirect) {
+func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, src func() []int, bf batchFiles, mode ODirect) {
 	slots := l.staged.slots[w]
-	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, odf: odf, mode: mode, slots: slots, sf: make(slotFences, len(slots))}
+	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, bf: bf, mode: mode, slots: slots, sf: make(slotFences, len(slots))}
 	for idx := src(); idx != nil; idx = src() {
 		for k := 0; k < len(idx); {
 			k = r.group(idx, k)
@@ -131,27 +131,32 @@ type stagedReader struct {
 	w     int
 	eng   ioengine.Engine
 	xfers []xfer
-	odf   odirectFiles
+	bf    batchFiles
 	mode  ODirect
 	slots [][]byte
 	sf    slotFences
 	next  int // the slot to fill next
 
-	reads  []slotRead // this group's reads, slot by slot
-	ops    []ioengine.Op
-	filled []int // this group's slots, in order
+	reads   []slotRead // this group's reads, slot by slot
+	ops     []ioengine.Op
+	gathers int   // reads of the group gathered from a mapping
+	filled  []int // this group's slots, in order
 }
 
 // slotRead is one read of a group: the xfer, and where and how it is
-// read into its slot.
+// read into its slot: an engine operation (op; O_DIRECT or buffered) or a
+// gather from the file's mapping.
 type slotRead struct {
 	i      int // the xfer
 	slot   int
-	at     int64        // where its bytes go in the slot (O_DIRECT: the span's start)
-	odf    *odirectFile // O_DIRECT: the descriptor; x's bytes begin at head
+	at     int64      // where its bytes go in the slot (O_DIRECT: the span's start)
+	bf     *batchFile // O_DIRECT or gather: the file; O_DIRECT: x's bytes begin at head
 	head   int64
 	span   int64
 	direct bool
+	gather bool
+	op     int   // the engine operation (not gathered)
+	res    int64 // a gather's result
 }
 
 // group fills up to half the slots (at least one) with the next xfers of
@@ -164,7 +169,7 @@ func (r *stagedReader) group(idx []int, k int) int {
 		fail(r.xfers, idx[k:k+1], err)
 		return k + 1
 	}
-	r.reads, r.ops, r.filled = r.reads[:0], r.ops[:0], r.filled[:0]
+	r.reads, r.ops, r.filled, r.gathers = r.reads[:0], r.ops[:0], r.filled[:0], 0
 	for g := max(len(r.slots)/2, 1); g > 0 && k < len(idx) && r.xfers[idx[k]].dev == dev; g-- {
 		slot := r.next
 		r.next = (r.next + 1) % len(r.slots)
@@ -173,7 +178,10 @@ func (r *stagedReader) group(idx []int, k int) int {
 		r.filled = append(r.filled, slot)
 	}
 	var runErr error
-	trace.WithRegion(bg, "phxfs.read", func() { runErr = r.eng.Run(r.ops) })
+	trace.WithRegion(bg, "phxfs.gather", r.gatherGroup)
+	if len(r.ops) > 0 {
+		trace.WithRegion(bg, "phxfs.read", func() { runErr = r.eng.Run(r.ops) })
+	}
 	n := 0
 	for _, slot := range r.filled {
 		m := n
@@ -199,19 +207,25 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 		// Whether x is read around the page cache is decided for a whole
 		// slot: a cold range that does not fit what is left of this slot
 		// goes to the next one, never through the page cache.
-		if t, start, head, span, ok := r.odf.directSpan(x, r.mode, addrOf(buf), size); ok {
+		if t, start, head, span, ok := r.bf.directSpan(x, r.mode, addrOf(buf), size); ok {
 			rd.at = alignUp(pos, 4096)
 			if rd.at+span > size && !first {
 				return k
 			}
-			rd.odf, rd.head, rd.span, rd.direct = t, head, span, true
+			rd.bf, rd.head, rd.span, rd.direct, rd.op = t, head, span, true, len(r.ops)
 			r.ops = append(r.ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf[rd.at:]), Len: span, Off: start})
 		} else {
 			rd.at = alignUp(pos, packAlign)
 			if rd.at+x.len > size && !first {
 				return k
 			}
-			r.ops = append(r.ops, ioengine.Op{Fd: x.fd, Addr: addrOf(buf[rd.at:]), Len: x.len, Off: x.off})
+			if t := r.bf.gatherable(x, r.l.cfg.GatherMax); t != nil {
+				rd.bf, rd.gather = t, true
+				r.gathers++
+			} else {
+				rd.op = len(r.ops)
+				r.ops = append(r.ops, ioengine.Op{Fd: x.fd, Addr: addrOf(buf[rd.at:]), Len: x.len, Off: x.off})
+			}
 		}
 		pos = rd.at + max(rd.span, x.len)
 		r.reads = append(r.reads, rd)
@@ -228,7 +242,13 @@ func (r *stagedReader) scatter(s connector.Stream, slot, n, m int, runErr error)
 	var landing []int
 	for j := n; j < m; j++ {
 		rd := &r.reads[j]
-		off, got := r.land(rd, r.ops[j].Result, runErr)
+		var off, got int64
+		if rd.gather {
+			off, got = rd.at, rd.res
+			r.xfers[rd.i].result = got
+		} else {
+			off, got = r.land(rd, r.ops[rd.op].Result, runErr)
+		}
 		if got > 0 {
 			pieces = append(pieces, connector.Piece{Off: off, Dev: r.xfers[rd.i].devAddr, Len: got})
 			landing = append(landing, rd.i)
@@ -256,7 +276,7 @@ func (r *stagedReader) land(rd *slotRead, got int64, runErr error) (int64, int64
 		// Failed or short (the file shrank, the file system changed its
 		// mind): redo it buffered, and stop trying on an error.
 		if got < 0 {
-			rd.odf.broken.Store(true)
+			rd.bf.broken.Store(true)
 		}
 		l.stagedStats.fallback(x.off, rd.span, got)
 		got = l.readBuffered(r.eng, x, r.slots[rd.slot][rd.at:])

@@ -17,8 +17,16 @@ import (
 // fault. It runs with SetPanicOnFault, and a fault inside mem comes back
 // as an error wrapping EFAULT that names what (for example "emu: device
 // memory"). Any other panic is a bug and is not recovered.
-func Copy(what string, mem, dst, src []byte) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // restored on return
+func Copy(what string, mem, dst, src []byte) error {
+	return Run(what, mem, func() { copy(dst, src) })
+}
+
+// Run runs fn, which reads or writes mem, with SetPanicOnFault: a fault
+// inside mem comes back as an error wrapping EFAULT that names what, and
+// whatever fn had done before it stays done. Any other panic is a bug and
+// is not recovered.
+func Run(what string, mem []byte, fn func()) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		r := recover()
 		if r == nil {
@@ -30,7 +38,7 @@ func Copy(what string, mem, dst, src []byte) (err error) {
 		}
 		panic(r)
 	}()
-	copy(dst, src)
+	fn()
 	return nil
 }
 
