@@ -23,6 +23,8 @@ NR_WRITE = 0x04
 NR_BATCH_READ = 0x05
 NR_BATCH_WRITE = 0x06
 NR_INFO = 0x07
+NR_BATCH_READ_STRIDED = 0x08
+NR_BATCH_WRITE_STRIDED = 0x09
 
 REGISTER_SIZE = 128
 DEREGISTER_SIZE = 32
@@ -32,6 +34,8 @@ EXTENT_SIZE = 40
 INFO_SIZE = 512
 MAX_IOCTL_SIZE = 16383
 MAX_EXTENTS = (MAX_IOCTL_SIZE - BATCH_HEADER) // EXTENT_SIZE  # 409
+STRIDED_EXTENT_SIZE = 64
+MAX_STRIDED_EXTENTS = (MAX_IOCTL_SIZE - BATCH_HEADER) // STRIDED_EXTENT_SIZE  # 255
 HANDLE_SIZE = 64
 TOKEN_SIZE = 16
 MAX_OFFSET = (1 << 63) - 1
@@ -87,6 +91,17 @@ def cmd_batch(write: bool, capacity: int) -> int:
     if not 1 <= capacity <= MAX_EXTENTS:
         raise ValueError(f"batch capacity {capacity} not in 1..{MAX_EXTENTS}")
     return ioc(_IOC_READ | _IOC_WRITE, NR_BATCH_WRITE if write else NR_BATCH_READ, batch_size(capacity))
+
+
+def strided_batch_size(capacity: int) -> int:
+    return BATCH_HEADER + capacity * STRIDED_EXTENT_SIZE
+
+
+def cmd_strided_batch(write: bool, capacity: int) -> int:
+    if not 1 <= capacity <= MAX_STRIDED_EXTENTS:
+        raise ValueError(f"strided batch capacity {capacity} not in 1..{MAX_STRIDED_EXTENTS}")
+    nr = NR_BATCH_WRITE_STRIDED if write else NR_BATCH_READ_STRIDED
+    return ioc(_IOC_READ | _IOC_WRITE, nr, strided_batch_size(capacity))
 
 
 _HEADER = struct.Struct("<IHH")
@@ -245,6 +260,49 @@ def decode_batch_cols(b: bytes, count: int):
     res = array("q")
     res.frombytes(bytes(memoryview(b)[BATCH_HEADER:BATCH_HEADER + count * EXTENT_SIZE]))
     return failed, res[4::5]
+
+
+def encode_strided_batch_cols(capacity: int, cols) -> bytearray:
+    """A BATCH_READ_STRIDED / BATCH_WRITE_STRIDED payload from extent
+    columns (extents.Cols, counts and strides included)."""
+    n = len(cols)
+    if not 1 <= capacity <= MAX_STRIDED_EXTENTS:
+        raise ValueError(f"strided batch capacity {capacity} not in 1..{MAX_STRIDED_EXTENTS}")
+    if n > capacity:
+        raise ValueError(f"{n} extents do not fit a strided batch of {capacity}")
+    b = bytearray(strided_batch_size(capacity))
+    _BATCH_HEAD.pack_into(b, 0, MAGIC, VERSION, 0, n, 0)
+    if n == 0:
+        return b
+    for i in range(n):
+        _check_strided(cols.bufs[i], cols.lens[i], cols.files[i], cols.counts[i], cols.fsteps[i], cols.bsteps[i])
+    body = memoryview(b)[BATCH_HEADER:BATCH_HEADER + n * STRIDED_EXTENT_SIZE].cast("Q")
+    for k, col in enumerate((cols.ids, cols.bufs, cols.lens, cols.files, cols.counts, cols.fsteps, cols.bsteps)):
+        body[k::8] = col
+    return b
+
+
+def _check_strided(buf_offset: int, length: int, file_offset: int, count: int, fstep: int, bstep: int) -> None:
+    _check_extent(buf_offset, length, file_offset)
+    if count < 1:
+        raise ValueError("a strided extent has at least one piece")
+    if count > 1 and (fstep < length or bstep < length):
+        raise ValueError(f"strides {fstep} (file) and {bstep} (buffer) shorter than a piece of {length}")
+    if file_offset + (count - 1) * fstep + length > MAX_OFFSET:
+        raise ValueError("the last piece ends past 2^63 in the file")
+
+
+def decode_strided_batch_cols(b: bytes, count: int):
+    """(failed, results as an array('q')) of a strided batch reply."""
+    if len(b) < BATCH_HEADER + count * STRIDED_EXTENT_SIZE:
+        raise ABIError(f"strided batch reply of {len(b)} bytes for {count} extents")
+    _check_header(bytes(b[:8]), 8, "strided BATCH reply")
+    _, _, _, n, failed = _BATCH_HEAD.unpack_from(b, 0)
+    if n != count:
+        raise ABIError(f"strided batch reply counts {n} extents, {count} sent")
+    res = array("q")
+    res.frombytes(bytes(memoryview(b)[BATCH_HEADER:BATCH_HEADER + count * STRIDED_EXTENT_SIZE]))
+    return failed, res[7::8]
 
 
 def batch_capacity_for(n: int) -> int:

@@ -115,13 +115,17 @@ class _Submitter:
 
 
 class BatchIO(_Submitter):
-    """BATCH_READ (or BATCH_WRITE) ioctls on a file of a mount."""
+    """BATCH_READ (or BATCH_WRITE) ioctls on a file of a mount; strided
+    ones for columns that hold strided extents (a column slice of every
+    row is one extent), plain ones, piece by piece, where the daemon has no
+    strided batches (ENOTTY, remembered)."""
 
     kind = "mount"
 
     def __init__(self, path: Union[str, os.PathLike], threads: int = 4, write: bool = False):
         super().__init__(path, threads)
         self.write = write
+        self.strided = True  # until the daemon says otherwise
 
     def _open(self) -> PhxFile:
         return PhxFile(self.path, os.O_WRONLY if self.write else os.O_RDONLY)
@@ -131,7 +135,17 @@ class BatchIO(_Submitter):
 
     def run(self, cols: Cols) -> None:
         f = self._handle()
-        for part in cols.split(abi.MAX_EXTENTS):
+        if cols.strided and self.strided:
+            try:
+                for part in cols.split(abi.MAX_STRIDED_EXTENTS):
+                    self.calls += 1
+                    f.batch_strided_cols(part, self.write)
+                return
+            except PhxError as e:
+                if e.errno != errno.ENOTTY:
+                    raise
+                self.strided = False  # an older daemon (it refuses the first one): the pieces one by one
+        for part in cols.expanded().split(abi.MAX_EXTENTS):
             self.calls += 1
             f.batch_cols(part, self.write)
 
@@ -154,7 +168,7 @@ class PreadIO(_Submitter):
 
     def run(self, cols: Cols) -> None:
         fd = self._handle()
-        for buf_id, off, length, fo in cols:
+        for buf_id, off, length, fo in cols.pieces():
             mv = self.views[buf_id][off:off + length]
             got = 0
             while got < length:

@@ -128,6 +128,19 @@ class PhxFile:
         if failed:
             raise extent_error(f"phx {what.lower()} {self.path}", cols, res)
 
+    def batch_strided_cols(self, cols, write: bool = False) -> None:
+        """One BATCH_READ_STRIDED (or _WRITE) ioctl of 1..255 extents given
+        as columns, counts and strides included; raises PhxError naming the
+        first extent that did not move all its pieces' bytes (ENOTTY from a
+        daemon that has no strided batches)."""
+        n = len(cols)
+        b = abi.encode_strided_batch_cols(n, cols)
+        what = "BATCH_WRITE_STRIDED" if write else "BATCH_READ_STRIDED"
+        _ioctl(self.fd, abi.cmd_strided_batch(write, n), b, what, self.path)
+        failed, res = abi.decode_strided_batch_cols(b, n)
+        if failed:
+            raise extent_error(f"phx {what.lower()} {self.path}", cols, res)
+
     def batch_read_all(self, extents: Sequence[abi.Extent], timeout: Optional[float] = None,
                        on_abandon=None) -> None:
         """Submits every extent (as many BATCH ioctls as needed, 409 each),
@@ -177,9 +190,12 @@ def extent_error(what: str, cols, results) -> PhxError:
     """The error of the first extent whose result is not its length."""
     for i, r in enumerate(results):
         buf_id, off, length, fo = cols.extent(i)
-        if r == length:
+        want = cols.want(i)
+        if r == want:
             continue
-        where = f"{what}: extent {length} bytes at file offset {fo}, buffer {buf_id} offset {off}"
+        pieces = f" ({cols.counts[i]} pieces of {length} bytes, strides {cols.fsteps[i]} and {cols.bsteps[i]})" \
+            if cols.counts[i] > 1 else ""
+        where = f"{what}: extent {want} bytes{pieces} at file offset {fo}, buffer {buf_id} offset {off}"
         if r < 0:
             return PhxError(-r, f"{where}: {os.strerror(-r)}")
         return PhxError(errno.EIO, f"{where}: only {r} bytes (end of file?)")

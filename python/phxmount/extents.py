@@ -17,51 +17,84 @@ def _q(values=()) -> array:
 
 
 class Cols:
-    """Extents in four parallel columns (array('Q'))."""
+    """Extents in parallel columns (array('Q')): buffer id, buffer offset,
+    length, file offset, and, for a strided extent (count > 1), its count
+    and its file and buffer strides: count pieces of length bytes, piece k
+    at file offset file + k*file_step and buffer offset buf + k*buf_step.
+    A plain extent has count 1."""
 
-    __slots__ = ("ids", "bufs", "lens", "files")
+    __slots__ = ("ids", "bufs", "lens", "files", "counts", "fsteps", "bsteps")
 
-    def __init__(self, ids=None, bufs=None, lens=None, files=None):
+    def __init__(self, ids=None, bufs=None, lens=None, files=None, counts=None, fsteps=None, bsteps=None):
         self.ids = ids if ids is not None else _q()
         self.bufs = bufs if bufs is not None else _q()
         self.lens = lens if lens is not None else _q()
         self.files = files if files is not None else _q()
+        self.counts = counts if counts is not None else _q((1,)) * len(self.ids)
+        self.fsteps = fsteps if fsteps is not None else _q(self.lens)
+        self.bsteps = bsteps if bsteps is not None else _q(self.lens)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     @property
+    def strided(self) -> bool:
+        """Some extent has more than one piece (a strided batch carries it)."""
+        return bool(self.counts) and max(self.counts) > 1
+
+    @property
     def nbytes(self) -> int:
-        return sum(self.lens)
+        if not self.strided:
+            return sum(self.lens)
+        return sum(n * c for n, c in zip(self.lens, self.counts))
+
+    def want(self, i: int) -> int:
+        """The bytes extent i moves when nothing falls short."""
+        return self.lens[i] * self.counts[i]
 
     def add(self, buf_id: int, buf_off: int, length: int, file_off: int) -> None:
         self.ids.append(buf_id)
         self.bufs.append(buf_off)
         self.lens.append(length)
         self.files.append(file_off)
+        self.counts.append(1)
+        self.fsteps.append(length)
+        self.bsteps.append(length)
 
     def add_run(self, buf_id: int, count: int, buf0: int, buf_step: int, length: int,
                 file0: int, file_step: int) -> None:
-        """count extents of length bytes: the k-th at buffer offset
-        buf0 + k*buf_step and file offset file0 + k*file_step."""
+        """count pieces of length bytes: the k-th at buffer offset
+        buf0 + k*buf_step and file offset file0 + k*file_step. Pieces that
+        follow on in both stay separate extents (the daemon spreads them
+        over its workers); others make one strided extent."""
         if count <= 0:
             return
         if count == 1:
             self.add(buf_id, buf0, length, file0)
             return
+        if buf_step != length or file_step != length:
+            self.ids.append(buf_id)
+            self.bufs.append(buf0)
+            self.lens.append(length)
+            self.files.append(file0)
+            self.counts.append(count)
+            self.fsteps.append(file_step)
+            self.bsteps.append(buf_step)
+            return
         self.ids.extend(_q((buf_id,)) * count)
         self.bufs.extend(_q(range(buf0, buf0 + count * buf_step, buf_step)))
         self.lens.extend(_q((length,)) * count)
         self.files.extend(_q(range(file0, file0 + count * file_step, file_step)))
+        self.counts.extend(_q((1,)) * count)
+        self.fsteps.extend(_q((length,)) * count)
+        self.bsteps.extend(_q((length,)) * count)
 
     def extend(self, other: "Cols") -> None:
-        self.ids.extend(other.ids)
-        self.bufs.extend(other.bufs)
-        self.lens.extend(other.lens)
-        self.files.extend(other.files)
+        for name in self.__slots__:
+            getattr(self, name).extend(getattr(other, name))
 
     def part(self, i: int, j: int) -> "Cols":
-        return Cols(self.ids[i:j], self.bufs[i:j], self.lens[i:j], self.files[i:j])
+        return Cols(*(getattr(self, name)[i:j] for name in self.__slots__))
 
     def split(self, n: int) -> Iterator["Cols"]:
         """Consecutive parts of at most n extents."""
@@ -69,10 +102,28 @@ class Cols:
             yield self.part(i, i + n)
 
     def extent(self, i: int) -> Tuple[int, int, int, int]:
+        """Extent i's buffer id, buffer offset, length (of a piece) and file offset."""
         return self.ids[i], self.bufs[i], self.lens[i], self.files[i]
 
     def __iter__(self) -> Iterator[Tuple[int, int, int, int]]:
         return zip(self.ids, self.bufs, self.lens, self.files)
+
+    def pieces(self) -> Iterator[Tuple[int, int, int, int]]:
+        """Every piece as a plain extent (buffer id, buffer offset, length,
+        file offset), extent by extent."""
+        for i in range(len(self)):
+            for k in range(self.counts[i]):
+                yield self.ids[i], self.bufs[i] + k * self.bsteps[i], self.lens[i], self.files[i] + k * self.fsteps[i]
+
+    def expanded(self) -> "Cols":
+        """The same pieces as plain extents (for a daemon without strided
+        batches)."""
+        if not self.strided:
+            return self
+        c = Cols()
+        for buf_id, off, n, fo in self.pieces():
+            c.add(buf_id, off, n, fo)
+        return c
 
 
 @dataclass(frozen=True)

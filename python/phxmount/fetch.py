@@ -140,7 +140,7 @@ class Fetcher:
             fut = self.io.submit(b.cols.part(i, min(i + te, upto)), keep)
             for pend in b.waiting:
                 pend.futures.append(fut)
-        self.read_bytes += b.nbytes if whole else sum(b.cols.lens[:upto])
+        self.read_bytes += b.nbytes if whole else b.cols.part(0, upto).nbytes
         if whole:
             b.cols, b.nbytes, b.waiting = Cols(), 0, []
         else:
@@ -168,8 +168,12 @@ class Fetcher:
         buf_id, off = self.backend.locate(mem)
         base = self.header.data_start + plan.info.begin
         small, big = Cols(), Cols()
-        for k, (src, n) in enumerate(pieces):
-            small.add(buf_id, off + k * n, n, base + src)
+        steps = {pieces[k + 1][0] - pieces[k][0] for k in range(len(pieces) - 1)}
+        if len(steps) == 1:  # one stride: one strided extent, as the plan's own reads go
+            small.add_run(buf_id, len(pieces), off, length, length, base + pieces[0][0], steps.pop())
+        else:
+            for k, (src, n) in enumerate(pieces):
+                small.add(buf_id, off + k * n, n, base + src)
         big.add(buf_id, off, span, base + pieces[0][0])
         t_small = min(_timed(self.io.run, small) for _ in range(2))
         t_big = min(_timed(self.io.run, big) for _ in range(2))

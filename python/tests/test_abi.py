@@ -86,6 +86,27 @@ class GoldenTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             abi.encode_batch(2, [abi.Extent(1, 0, 1, 0)] * 3)
 
+    def test_strided_batches(self):
+        from phxmount.extents import Cols
+        for cap in (3, 255):
+            a = self.v[f"strided_{cap}"]["args"]
+            c = Cols()
+            for e in a["extents"]:
+                c.ids.append(e["id"])
+                c.bufs.append(e["buf_offset"])
+                c.lens.append(e["length"])
+                c.files.append(e["file_offset"])
+                c.counts.append(e["count"])
+                c.fsteps.append(e["file_stride"])
+                c.bsteps.append(e["buf_stride"])
+            self.assertEqual(bytes(abi.encode_strided_batch_cols(cap, c)), self.want(f"strided_{cap}"), f"capacity {cap}")
+            self.assertEqual(abi.cmd_strided_batch(False, cap), a["cmd"])
+            self.assertEqual(abi.cmd_strided_batch(True, cap), a["cmd_write"])
+        failed, res = abi.decode_strided_batch_cols(self.want("strided_resp_3"), 3)
+        ra = self.v["strided_resp_3"]["args"]
+        self.assertEqual((failed, list(res)), (ra["failed"], ra["results"]))
+        self.assertEqual(abi.MAX_STRIDED_EXTENTS, self.g["commands"]["max_strided_extents"])
+
     def test_info(self):
         self.assertEqual(bytes(abi.encode_info_req(2)), self.want("info_req"))
         i = abi.decode_info(self.want("info"))

@@ -80,9 +80,11 @@ class SlicingTest(unittest.TestCase):
         self.assertEqual(rows.runs, [Run(1, 10 * 256, 2560, 0, 2560, 2560)])
         cols = choose(info, (slice(None), slice(8, 16)), CostModel(extent_s=0))
         self.assertEqual((cols.strategy, cols.extents, cols.read_bytes), ("exact", 100, 100 * 8 * 4))
-        c = cols.cols(7, 4096, 64, 1 << 20)
-        self.assertEqual(c.extent(0), (7, 4096, 32, 64 + 1000 + 32))
-        self.assertEqual(c.extent(99), (7, 4096 + 99 * 32, 32, 64 + 1000 + 99 * 256 + 32))
+        c = cols.cols(7, 4096, 64, 1 << 20)  # one strided extent: a column of every row
+        self.assertEqual((len(c), c.counts[0], c.fsteps[0], c.bsteps[0], c.nbytes), (1, 100, 256, 32, 100 * 32))
+        p = c.expanded()
+        self.assertEqual(p.extent(0), (7, 4096, 32, 64 + 1000 + 32))
+        self.assertEqual(p.extent(99), (7, 4096 + 99 * 32, 32, 64 + 1000 + 99 * 256 + 32))
         whole = choose(info, None, CostModel())
         self.assertEqual((whole.strategy, whole.extents, whole.read_bytes, whole.post()), ("exact", 1, 25600, None))
 
@@ -172,10 +174,22 @@ class BatchColsTest(unittest.TestCase):
 
     def test_runs_as_columns(self):
         c = Cols()
-        c.add_run(3, 4, 100, 10, 10, 5000, 4096)
-        self.assertEqual(list(c), [(3, 100 + 10 * k, 10, 5000 + 4096 * k) for k in range(4)])
-        self.assertEqual([len(p) for p in c.split(3)], [3, 1])
-        self.assertEqual(c.nbytes, 40)
+        c.add_run(3, 4, 100, 10, 10, 5000, 4096)  # strided: one extent of 4 pieces
+        self.assertTrue(c.strided)
+        self.assertEqual((len(c), c.nbytes, c.want(0)), (1, 40, 40))
+        self.assertEqual(list(c.pieces()), [(3, 100 + 10 * k, 10, 5000 + 4096 * k) for k in range(4)])
+        self.assertEqual(list(c.expanded()), list(c.pieces()))
+        c.add_run(3, 5, 200, 10, 10, 9000, 10)  # pieces that follow on: five plain extents
+        self.assertEqual((len(c), c.nbytes), (6, 90))
+        self.assertEqual([len(p) for p in c.split(4)], [4, 2])
+        self.assertEqual(list(c.part(1, 3)), [(3, 200, 10, 9000), (3, 210, 10, 9010)])
+        b = abi.encode_strided_batch_cols(6, c)
+        failed, res = abi.decode_strided_batch_cols(b, 6)
+        self.assertEqual((failed, list(res)), (0, [0] * 6))
+        with self.assertRaises(ValueError):  # overlapping pieces
+            bad = Cols()
+            bad.add_run(1, 2, 0, 5, 10, 0, 20)
+            abi.encode_strided_batch_cols(1, bad)
 
 
 if __name__ == "__main__":

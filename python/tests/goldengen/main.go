@@ -81,6 +81,33 @@ func generate() ([]byte, error) {
 		}
 	}
 
+	// A strided batch: a column slice of every row, a plain extent, one of
+	// two pieces.
+	sreqs := []client.IOReq{
+		{ID: 7, BufOffset: 1 << 20, Length: 3584, FileOffset: 25088, Count: 4096, FileStride: 28672, BufStride: 3584},
+		{ID: 8, Length: 100, FileOffset: 5, Count: 1},
+		{ID: 9, BufOffset: 64, Length: 16, FileOffset: 1 << 40, Count: 2, FileStride: 1 << 30, BufStride: 32},
+	}
+	var sexts []any
+	for _, r := range sreqs {
+		sexts = append(sexts, map[string]any{"id": r.ID, "buf_offset": r.BufOffset, "length": r.Length, "file_offset": r.FileOffset,
+			"count": r.Count, "file_stride": r.FileStride, "buf_stride": r.BufStride})
+	}
+	for _, capacity := range []int{3, 255} {
+		b, err := client.EncodeStridedBatch(capacity, sreqs)
+		if err != nil {
+			return nil, err
+		}
+		add(fmt.Sprintf("strided_%d", capacity), map[string]any{"capacity": capacity, "extents": sexts,
+			"cmd": client.CmdStridedBatch(false, capacity), "cmd_write": client.CmdStridedBatch(true, capacity)}, b)
+		if capacity == 3 {
+			bout := make([]byte, len(b))
+			res := []int64{3584 * 4096, 40, -22}
+			client.EncodeStridedBatchResp(bout, b, res)
+			add("strided_resp_3", map[string]any{"results": res, "failed": 2}, bout)
+		}
+	}
+
 	add("info_req", map[string]any{"device": 2}, client.EncodeInfoReq(2))
 	info := client.Info{Device: 2, Transport: client.TransportByName("staged"), Flags: client.InfoPassthrough | client.InfoReadOnly,
 		Workers: 16, PageSize: 65536, BounceSize: 4 << 20, DIOMemAlign: 512, DIOOffsetAlign: 4096, Devices: 8,
@@ -97,7 +124,8 @@ func generate() ([]byte, error) {
 		"counter_names": client.CounterNames()}, iinfo)
 
 	cmds := map[string]any{"register": client.CmdRegister, "deregister": client.CmdDeregister, "read": client.CmdRead,
-		"write": client.CmdWrite, "info": client.CmdInfo, "max_extents": client.MaxExtents}
+		"write": client.CmdWrite, "info": client.CmdInfo, "max_extents": client.MaxExtents,
+		"max_strided_extents": client.MaxStridedExtents}
 	var js bytes.Buffer
 	enc := json.NewEncoder(&js)
 	enc.SetIndent("", " ")

@@ -1,0 +1,78 @@
+"""BatchIO's choice of ioctl: strided batches for columns that hold
+strided extents, plain ones otherwise, and plain ones piece by piece once a
+daemon without strided batches refused one (ENOTTY). No mount: a recording
+stand-in for the file's ioctls."""
+
+import errno
+import unittest
+
+from phxmount.batchio import BatchIO
+from phxmount.client import PhxError
+from phxmount.extents import Cols
+
+
+class Recorder:
+    def __init__(self, strided_ok):
+        self.strided_ok, self.calls = strided_ok, []
+
+    def batch_strided_cols(self, cols, write=False):
+        if not self.strided_ok:
+            raise PhxError(errno.ENOTTY, "no strided batches here")
+        self.calls.append(("strided", len(cols), cols.nbytes))
+
+    def batch_cols(self, cols, write=False):
+        self.calls.append(("plain", len(cols), cols.nbytes))
+
+    def close(self):
+        pass
+
+
+class FakeIO(BatchIO):
+    def __init__(self, strided_ok):
+        super().__init__("/nonexistent", threads=1)
+        self.rec = Recorder(strided_ok)
+
+    def _open(self):
+        return self.rec
+
+
+def column(n=1000):
+    c = Cols()
+    c.add_run(1, n, 0, 512, 512, 4096, 4096)  # a column of n rows
+    return c
+
+
+class BatchIOTest(unittest.TestCase):
+    def test_strided_when_the_daemon_has_them(self):
+        io = FakeIO(True)
+        io.run(column())
+        plain = Cols()
+        plain.add(1, 0, 100, 0)
+        io.run(plain)
+        self.assertEqual(io.rec.calls, [("strided", 1, 512000), ("plain", 1, 100)])
+        io.close()
+
+    def test_plain_pieces_after_enotty(self):
+        io = FakeIO(False)
+        io.run(column())
+        self.assertFalse(io.strided)
+        self.assertEqual(io.rec.calls, [("plain", 409, 409 * 512), ("plain", 409, 409 * 512), ("plain", 182, 182 * 512)])
+        io.rec.calls.clear()
+        io.run(column(10))  # remembered: no strided ioctl tried again
+        self.assertEqual(io.rec.calls, [("plain", 10, 5120)])
+        io.close()
+
+    def test_other_errors_are_errors(self):
+        io = FakeIO(True)
+
+        def eio(cols, write=False):
+            raise PhxError(errno.EIO, "disk")
+        io.rec.batch_strided_cols = eio
+        with self.assertRaises(PhxError):
+            io.run(column())
+        self.assertTrue(io.strided)
+        io.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
