@@ -203,11 +203,13 @@ def _timed(fn, arg) -> float:
     return time.perf_counter() - t0
 
 
-def select(fetcher: Fetcher, names=None, shard: Optional[tuple] = None, strict: bool = True) -> List[Plan]:
+def select(fetcher: Fetcher, names=None, shard=None, strict: bool = True) -> List[Plan]:
     """Plans for the tensors of fetcher's file in data order: those names
     keeps (a collection, or a predicate of the name; None: all), each
-    sharded (dim, rank, world) when shard is given. With strict, a name
-    that the file lacks is a KeyError."""
+    sharded when shard is given: (dim, rank, world) for every tensor, or a
+    tensor-parallel plan, a function of (name, shape) that gives a
+    tensor's (dim, rank, world), or None for the whole tensor. With strict,
+    a name that the file lacks is a KeyError."""
     ts = fetcher.header.tensors
     if names is not None:
         keep = names if callable(names) else set(names).__contains__
@@ -217,7 +219,15 @@ def select(fetcher: Fetcher, names=None, shard: Optional[tuple] = None, strict: 
                 raise KeyError(f"{fetcher.path} has no tensor {missing[0]!r}"
                                + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
         ts = [t for t in ts if keep(t.name)]
-    return [fetcher.plan(t.name, shard_index(t.shape, *shard) if shard else None) for t in ts]
+    return [fetcher.plan(t.name, _shard_of(shard, t)) for t in ts]
+
+
+def _shard_of(shard, t: TensorInfo):
+    """The index of t's shard under shard (see select), None for all of it."""
+    if shard is None:
+        return None
+    s = shard(t.name, tuple(t.shape)) if callable(shard) else shard
+    return shard_index(t.shape, *s) if s is not None else None
 
 
 def stream(fetcher: Fetcher, plans: List[Plan], window: int):

@@ -125,13 +125,15 @@ def _stats(stats: Optional[LoadStats], f: SafeOpen, plans, t0: float, t1: float)
 
 def load_safetensors(path: PathLike, device=0, chunk: int = DEFAULT_CHUNK,
                      timeout: Optional[float] = DEFAULT_TIMEOUT, stats: Optional[LoadStats] = None, *,
-                     names=None, shard: Optional[Tuple[int, int, int]] = None, owned: bool = True,
+                     names=None, shard=None, owned: bool = True,
                      threads: int = 4, strategy: str = "auto", flush_bytes: int = 512 << 20,
                      cover_window: int = 256 << 20, strict: bool = True) -> Dict[str, object]:
     """Loads a safetensors file's tensors (those names keeps: a collection
     or a predicate) onto device; with shard=(dim, rank, world), only rank's
     part of each tensor along dim (tensors with fewer dimensions whole),
-    reading only its bytes. owned=True: each tensor in its own allocation
+    reading only its bytes; shard may also be a tensor-parallel plan, a
+    function of (name, shape) giving each tensor's (dim, rank, world) or
+    None (the whole tensor). owned=True: each tensor in its own allocation
     (freeing one frees its memory); owned=False: views of one allocation.
     Allocation and registration of each tensor overlap the reads of the
     ones before; registrations are cached for later loads. When the planner
@@ -174,7 +176,7 @@ def load_into(path: PathLike, tensors: Dict[str, object], chunk: int = DEFAULT_C
     return tensors
 
 
-def iter_tensors(source: PathLike, device=0, *, names=None, shard: Optional[Tuple[int, int, int]] = None,
+def iter_tensors(source: PathLike, device=0, *, names=None, shard=None,
                  owned: bool = True, window_bytes: int = 1 << 30, threads: int = 4,
                  timeout: Optional[float] = DEFAULT_TIMEOUT) -> Iterator[Tuple[str, object]]:
     """(name, tensor) pairs of a safetensors file or a sharded checkpoint
@@ -197,7 +199,7 @@ def iter_tensors(source: PathLike, device=0, *, names=None, shard: Optional[Tupl
 
 def load_sharded(checkpoint: PathLike, devices: Optional[Sequence[int]] = None, chunk: int = DEFAULT_CHUNK,
                  timeout: Optional[float] = None, stats: Optional[list] = None, *, names=None,
-                 shard: Optional[Tuple[int, int, int]] = None, owned: bool = True) -> Dict[str, "object"]:
+                 shard=None, owned: bool = True) -> Dict[str, "object"]:
     """Loads every shard file of a checkpoint on a phxmount mount, each onto
     its device (default: every visible GPU), in parallel threads (each
     BATCH ioctl lets go of the GIL, so the daemon serves every shard at
