@@ -74,8 +74,8 @@ func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.Ent
 	}
 	// The name is the directory's (its file system's events cover it),
 	// the attributes the child's.
-	out.SetEntryTimeout(n.pol.entry)
-	out.SetAttrTimeout(pol.attr)
+	out.SetEntryTimeout(n.pol.now().entry)
+	out.SetAttrTimeout(pol.now().attr)
 
 	f.nodesMu.Lock()
 	defer f.nodesMu.Unlock()

@@ -93,7 +93,7 @@ func TestParseEvents(t *testing.T) {
 func watchFixture() (*watcher, *node, *node) {
 	f := quietFS(CacheAuto)
 	pol := &fsPolicy{fsid: testFsid}
-	pol.setClass(client.CacheWatch, "")
+	pol.setClass(client.CacheWatch, "", nil)
 	dir := &node{fsys: f, pol: pol, id: inodeID{1, 2}, hkey: handleKey(testFsid, 1, []byte("dir"))}
 	file := &node{fsys: f, pol: pol, id: inodeID{1, 3}, hkey: handleKey(testFsid, 1, []byte("file"))}
 	f.handles[dir.hkey], f.handles[file.hkey] = dir, file

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/phxmount/phxmount/client"
 	"github.com/phxmount/phxmount/fusefs"
 )
 
@@ -27,5 +28,22 @@ func checkCache(mode fusefs.CacheMode, dir string) []finding {
 	}
 	note := finding{What: "cache", Note: true,
 		Detail: fmt.Sprintf("-o cache=%s on %s (%s): %s; %s", mode, what, ci.FsType, ci.Describe, ci.Why)}
-	return []finding{fan, note}
+	return []finding{fan, note, checkPermissionLag(ci)}
+}
+
+// checkPermissionLag says how soon a permission change made on the
+// backing side is enforced through the mount: the kernel checks access
+// against the attributes it cached, so under cache=exclusive a chmod 0600
+// there leaves the file readable through the mount for a day.
+func checkPermissionLag(ci fusefs.CacheInfo) finding {
+	f := finding{What: "permission changes", OK: ci.StaleAccess == ""}
+	switch {
+	case !f.OK:
+		f.Detail = ci.StaleAccess + " (use -o cache=auto where anyone else changes permissions)"
+	case ci.Class == client.CacheWatch:
+		f.Detail = "a chmod, chown or ACL change on the backing side is enforced through the mount as soon as its fanotify event is applied (milliseconds)"
+	default:
+		f.Detail = fmt.Sprintf("a chmod, chown or ACL change on the backing side is enforced through the mount within the %gs attribute timeout", ci.Attr.Seconds())
+	}
+	return f
 }
