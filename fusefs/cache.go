@@ -240,6 +240,23 @@ func (f *FS) newPolicy(fd int, dev uint64) *fsPolicy {
 	return p
 }
 
+// fallBack gives every watched file system the revalidate class, saying
+// why (the watcher failed); it returns how many there were. Replies built
+// from now on carry the short timeouts; what the kernel already keeps is
+// the caller's to invalidate.
+func (f *FS) fallBack(why string) int {
+	f.polMu.Lock()
+	defer f.polMu.Unlock()
+	n := 0
+	for _, p := range f.pols {
+		if p.now().class == client.CacheWatch {
+			p.setClass(client.CacheRevalidate, why, &f.opts)
+			n++
+		}
+	}
+	return n
+}
+
 func (f *FS) logPolicy(p *fsPolicy) {
 	l := f.log.WithField("fs", p.fsType)
 	cp := p.now()

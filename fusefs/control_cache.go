@@ -18,6 +18,9 @@ func cacheKeys(kv func(string, any), ci CacheInfo) {
 	switch {
 	case w.Active:
 		kv("watch", "active")
+	case w.Failed:
+		kv("watch", "failed")
+		kv("watch_why", w.Why)
 	case ci.Mode == CacheAuto:
 		kv("watch", "inactive")
 		kv("watch_why", w.Why)
@@ -28,4 +31,5 @@ func cacheKeys(kv func(string, any), ci CacheInfo) {
 	kv("watch_own", w.Own)
 	kv("watch_invalidations", w.Invalidations)
 	kv("watch_overflows", w.Overflows)
+	kv("watch_malformed", w.Malformed)
 }

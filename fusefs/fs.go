@@ -48,6 +48,8 @@ type FS struct {
 	hmu     sync.RWMutex
 	handles map[string]*node
 	negs    negatives
+	// allEpoch counts the invalidations of everything (watch_apply.go).
+	allEpoch atomic.Uint64
 
 	nextFileID atomic.Uint64
 
