@@ -166,10 +166,11 @@ func TestBackingChmodThroughTheMount(t *testing.T) {
 	}
 }
 
-// TestDoctorSaysExclusiveKeepsPermissions: doctor -o cache=exclusive
-// reports the stale permissions as a failed (not required) check, in
-// text and in --json; cache=auto passes it.
-func TestDoctorSaysExclusiveKeepsPermissions(t *testing.T) {
+// TestDoctorCacheFindings: doctor -o cache=exclusive reports the stale
+// permissions as a failed (not required) check, in text and in --json;
+// cache=auto passes it, and doctor says how mounts below BACKING are
+// noticed and what unmounting one takes.
+func TestDoctorCacheFindings(t *testing.T) {
 	bin := phxmountBin(t)
 	dir := t.TempDir()
 	out, err := exec.Command(bin, "doctor", "-o", "cache=exclusive", dir).Output()
@@ -204,5 +205,8 @@ func TestDoctorSaysExclusiveKeepsPermissions(t *testing.T) {
 	out, _ = exec.Command(bin, "doctor", "-o", "cache=auto", dir).Output()
 	if !regexp.MustCompile(`(?m)^ok +permission changes `).Match(out) {
 		t.Errorf("doctor -o cache=auto:\n%s", out)
+	}
+	if !regexp.MustCompile(`(?m)^-> +mounts below BACKING +noticed by polling /proc/self/mountinfo.*umount -l`).Match(out) {
+		t.Errorf("doctor does not say how mounts below BACKING are noticed:\n%s", out)
 	}
 }

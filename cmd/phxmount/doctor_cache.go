@@ -28,7 +28,11 @@ func checkCache(mode fusefs.CacheMode, dir string) []finding {
 	}
 	note := finding{What: "cache", Note: true,
 		Detail: fmt.Sprintf("-o cache=%s on %s (%s): %s; %s", mode, what, ci.FsType, ci.Describe, ci.Why)}
-	return []finding{fan, note, checkPermissionLag(ci)}
+	below := finding{What: "mounts below BACKING", Note: true,
+		Detail: "noticed by " + fusefs.MountMonitorHow + ": one mounted or unmounted there shows through the mount within moments; " +
+			"umount of it fails with EBUSY while the kernel keeps names below it (the overlay holds a descriptor per name): umount -l, " +
+			"then the names are dropped and the file system freed once no process uses it"}
+	return []finding{fan, note, checkPermissionLag(ci), below}
 }
 
 // checkPermissionLag says how soon a permission change made on the
