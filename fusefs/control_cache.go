@@ -29,6 +29,7 @@ func cacheKeys(kv func(string, any), ci CacheInfo) {
 	}
 	kv("watch_events", w.Events)
 	kv("watch_own", w.Own)
+	kv("watch_outside", w.Outside)
 	kv("watch_invalidations", w.Invalidations)
 	kv("watch_overflows", w.Overflows)
 	kv("watch_malformed", w.Malformed)

@@ -19,7 +19,8 @@ func checkCache(mode fusefs.CacheMode, dir string) []finding {
 		return []finding{{What: "cache", Detail: err.Error()}}
 	}
 	fan := finding{What: "fanotify", OK: ci.Watch.Active,
-		Detail: "FAN_REPORT_DFID_NAME and filesystem marks: cache=auto watches local file systems and caches long"}
+		Detail: "FAN_REPORT_DFID_NAME and filesystem marks: cache=auto watches local file systems and caches long " +
+			"(should reading events fail while mounted, they fall back to revalidate: user.phx.info says watch=failed)"}
 	switch {
 	case mode != fusefs.CacheAuto:
 		fan.OK, fan.Detail = true, fmt.Sprintf("not used with -o cache=%s", mode)
