@@ -31,6 +31,11 @@ import (
 //   - cache=exclusive: the user promises that only this mount changes the
 //     directory: the longest timeouts, nothing watched.
 //
+// A watched file system falls back to revalidation when the watcher fails
+// (watch.go); a file system mounted below the backing directory gets its
+// own policy at its first lookup, forgotten when it is unmounted
+// (mounts.go).
+//
 // -o entry_timeout=, attr_timeout= and negative_timeout= override the
 // timeouts of every class.
 
@@ -202,6 +207,7 @@ func (f *FS) policyOf(fd int, dev uint64) *fsPolicy {
 	if q := f.pols[dev]; q != nil {
 		p = q
 	} else {
+		f.fellBack(p)
 		f.pols[dev] = p
 		f.logPolicy(p)
 	}
@@ -240,21 +246,33 @@ func (f *FS) newPolicy(fd int, dev uint64) *fsPolicy {
 	return p
 }
 
-// fallBack gives every watched file system the revalidate class, saying
-// why (the watcher failed); it returns how many there were. Replies built
-// from now on carry the short timeouts; what the kernel already keeps is
-// the caller's to invalidate.
-func (f *FS) fallBack(why string) int {
+// fallBack gives every watched file system the revalidate class (the
+// watcher failed); it returns how many there were. Replies built from now
+// on carry the short timeouts; what the kernel already keeps is the
+// caller's to invalidate. The caller holds no polMu.
+func (f *FS) fallBack() int {
 	f.polMu.Lock()
 	defer f.polMu.Unlock()
 	n := 0
 	for _, p := range f.pols {
-		if p.now().class == client.CacheWatch {
-			p.setClass(client.CacheRevalidate, why, &f.opts)
+		if f.fellBack(p) {
 			n++
 		}
 	}
 	return n
+}
+
+// fellBack gives p the revalidate class if it is watched and the watcher
+// failed, and says whether it did. The caller holds polMu: a policy made
+// while the watcher failed is caught either here, when policyOf adds it,
+// or by fallBack.
+func (f *FS) fellBack(p *fsPolicy) bool {
+	why := f.watch.fallbackWhy()
+	if why == "" || p.now().class != client.CacheWatch {
+		return false
+	}
+	p.setClass(client.CacheRevalidate, why, &f.opts)
+	return true
 }
 
 func (f *FS) logPolicy(p *fsPolicy) {

@@ -40,9 +40,9 @@ const MountMonitorHow = "polling /proc/self/mountinfo (POLLPRI at every change o
 // mountMonitor notices mounts and unmounts below the backing directory.
 type mountMonitor struct {
 	fsys  *FS
-	root  string // the backing directory as the mount table names it
-	fd    int    // /proc/self/mountinfo, polled for POLLPRI
-	evfd  int    // wakes the poll to stop
+	root  string                    // the backing directory as the mount table names it
+	fd    int                       // /proc/self/mountinfo, polled for POLLPRI
+	evfd  int                       // wakes the poll to stop
 	below map[string][]procfs.Mount // by mount point relative to root
 	done  chan struct{}
 }

@@ -242,7 +242,7 @@ func (w *watcher) consume(b []byte) bool {
 func (w *watcher) fail(why string) {
 	w.failOnce.Do(func() {
 		w.failed.Store(&why)
-		n := w.fsys.fallBack("fanotify failed (" + why + "): short timeouts and revalidation")
+		n := w.fsys.fallBack()
 		w.fsys.log.Errorf("fanotify: %s: changes made behind the mount's back are no longer reported; "+
 			"%d watched file system(s) fall back to revalidation (entry and attribute timeouts %s, no negative entries) "+
 			"and everything the kernel caches is invalidated", why, n, secs(RevalidateTimeout))
@@ -251,6 +251,18 @@ func (w *watcher) fail(why string) {
 		w.mu.Unlock()
 		w.signal()
 	})
+}
+
+// fallbackWhy is why a watched file system revalidates once the watcher
+// failed ("" while it works).
+func (w *watcher) fallbackWhy() string {
+	if w == nil {
+		return ""
+	}
+	if why := w.failed.Load(); why != nil {
+		return "fanotify failed (" + *why + "): short timeouts and revalidation"
+	}
+	return ""
 }
 
 // active says whether events are read (a fanotify group exists and
