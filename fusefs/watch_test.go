@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"golang.org/x/sys/unix"
 
@@ -224,5 +227,29 @@ func TestReadErrorFallsBack(t *testing.T) {
 	}
 	if why := w.mark(-1, &fsPolicy{fsid: testFsid, fsType: "tmpfs"}); !strings.Contains(why, "fanotify failed") {
 		t.Errorf("a file system met after the failure: %q", why)
+	}
+}
+
+// TestLookupRepliedAfterInvalidateAll: a LOOKUP reply keeps its timeouts
+// only when no invalidation of everything ran since the lookup began (it
+// may have gathered the names before this answer joined them).
+func TestLookupRepliedAfterInvalidateAll(t *testing.T) {
+	f := quietFS(CacheAuto)
+	reply := func(bump bool) *fuse.EntryOut {
+		out := &fuse.EntryOut{}
+		out.SetEntryTimeout(time.Hour)
+		out.SetAttrTimeout(time.Hour)
+		epoch := f.lookupEpoch()
+		if bump {
+			f.allEpoch.Add(1) // what invalidateAll does first
+		}
+		f.lookupReplied(epoch, "x", out)
+		return out
+	}
+	if out := reply(false); out.EntryTimeout() != time.Hour || out.AttrTimeout() != time.Hour {
+		t.Errorf("a quiet lookup lost its timeouts: %v %v", out.EntryTimeout(), out.AttrTimeout())
+	}
+	if out := reply(true); out.EntryTimeout() != 0 || out.AttrTimeout() != 0 {
+		t.Errorf("a lookup racing an invalidation of everything kept %v %v", out.EntryTimeout(), out.AttrTimeout())
 	}
 }
