@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/phxmount/phxmount/client"
