@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -29,6 +30,11 @@ import (
 //     unchanged (revalidation).
 //   - cache=exclusive: the user promises that only this mount changes the
 //     directory: the longest timeouts, nothing watched.
+//
+// A watched file system falls back to revalidation when the watcher fails
+// (watch.go); a file system mounted below the backing directory gets its
+// own policy at its first lookup, forgotten when it is unmounted
+// (mounts.go).
 //
 // -o entry_timeout=, attr_timeout= and negative_timeout= override the
 // timeouts of every class.
@@ -80,48 +86,64 @@ const (
 	RevalidateTimeout = time.Second
 )
 
-// fsPolicy is what one backing file system gets.
+// fsPolicy is what one backing file system gets. Its class, and what the
+// class decides, can change while the mount serves (a watched file system
+// falls back to revalidation when the watcher fails, watch.go), so they
+// are read through now(); the rest is fixed when the file system is first
+// met.
 type fsPolicy struct {
 	dev     uint64
 	fsType  string
 	network bool
 	fsid    [8]byte // statfs f_fsid, as fanotify reports it
-	class   client.CacheClass
-	why     string
+	// forceSync: attributes re-read from the server (AT_STATX_FORCE_SYNC):
+	// cache=auto on a network file system, which is never watched.
+	forceSync bool
+	cur       atomic.Pointer[classPolicy]
+}
+
+// classPolicy is what a cache class decides for one file system.
+type classPolicy struct {
+	class client.CacheClass
+	why   string
 
 	entry, attr, negative time.Duration
 	keepData              bool // FOPEN_KEEP_CACHE on classic-path files while their stamp holds
 	cacheDir              bool // FOPEN_CACHE_DIR: the kernel caches listings
 	keepDir               bool // and keeps them across opens
-	forceSync             bool // attributes re-read from the server (AT_STATX_FORCE_SYNC)
 	// exact: every change behind the mount's back is invalidated (watch)
 	// or promised away (exclusive), so the mount's own writes need no
 	// revalidation at the next open.
 	exact bool
 }
 
-// setClass gives p the timeouts and flags of class c.
-func (p *fsPolicy) setClass(c client.CacheClass, why string) {
-	p.class, p.why = c, why
-	p.keepData, p.cacheDir, p.keepDir, p.forceSync, p.exact = false, false, false, false, false
+// now is the class the file system has now.
+func (p *fsPolicy) now() *classPolicy { return p.cur.Load() }
+
+// setClass gives p class c, with o's -o *_timeout overrides (nil: none).
+func (p *fsPolicy) setClass(c client.CacheClass, why string, o *Options) {
+	cp := &classPolicy{class: c, why: why}
 	switch c {
 	case client.CacheWatch:
-		p.entry, p.attr, p.negative = WatchedTimeout, WatchedTimeout, WatchedTimeout
-		p.keepData, p.cacheDir, p.keepDir, p.exact = true, true, true, true
+		cp.entry, cp.attr, cp.negative = WatchedTimeout, WatchedTimeout, WatchedTimeout
+		cp.keepData, cp.cacheDir, cp.keepDir, cp.exact = true, true, true, true
 	case client.CacheExclusive:
-		p.entry, p.attr, p.negative = ExclusiveTimeout, ExclusiveTimeout, ExclusiveTimeout
-		p.keepData, p.cacheDir, p.keepDir, p.exact = true, true, true, true
+		cp.entry, cp.attr, cp.negative = ExclusiveTimeout, ExclusiveTimeout, ExclusiveTimeout
+		cp.keepData, cp.cacheDir, cp.keepDir, cp.exact = true, true, true, true
 	case client.CacheRevalidate:
-		p.entry, p.attr, p.negative = RevalidateTimeout, RevalidateTimeout, 0
-		p.keepData, p.cacheDir = true, true
-		p.forceSync = p.network
+		cp.entry, cp.attr, cp.negative = RevalidateTimeout, RevalidateTimeout, 0
+		cp.keepData, cp.cacheDir = true, true
 	default:
-		p.entry, p.attr, p.negative = DefaultEntryTimeout, DefaultAttrTimeout, DefaultNegativeTimeout
+		cp.entry, cp.attr, cp.negative = DefaultEntryTimeout, DefaultAttrTimeout, DefaultNegativeTimeout
 	}
+	if o != nil {
+		cp.override(o)
+	}
+	p.cur.Store(cp)
 }
 
 // override applies the -o *_timeout options: > 0 sets, < 0 disables.
-func (p *fsPolicy) override(o *Options) {
+func (cp *classPolicy) override(o *Options) {
 	set := func(dst *time.Duration, v time.Duration) {
 		switch {
 		case v > 0:
@@ -130,27 +152,40 @@ func (p *fsPolicy) override(o *Options) {
 			*dst = 0
 		}
 	}
-	set(&p.entry, o.EntryTimeout)
-	set(&p.attr, o.AttrTimeout)
-	set(&p.negative, o.NegativeTimeout)
+	set(&cp.entry, o.EntryTimeout)
+	set(&cp.attr, o.AttrTimeout)
+	set(&cp.negative, o.NegativeTimeout)
 }
 
 // describe is the policy in one line (the log, user.phx.info, doctor).
 func (p *fsPolicy) describe() string {
+	cp := p.now()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: entry %s, attr %s, negative %s", p.class, secs(p.entry), secs(p.attr), secs(p.negative))
-	if p.keepData {
+	fmt.Fprintf(&b, "%s: entry %s, attr %s, negative %s", cp.class, secs(cp.entry), secs(cp.attr), secs(cp.negative))
+	if cp.keepData {
 		b.WriteString(", file data kept across opens while mtime/ctime/size hold")
 	}
-	if p.keepDir {
+	if cp.keepDir {
 		b.WriteString(", listings kept")
-	} else if p.cacheDir {
+	} else if cp.cacheDir {
 		b.WriteString(", listings cached per open")
 	}
 	if p.forceSync {
 		b.WriteString(", attributes re-read from the server")
 	}
 	return b.String()
+}
+
+// staleAccess is what a long attribute timeout means for permissions
+// where no event ends it (cache=exclusive): "" elsewhere.
+func (p *fsPolicy) staleAccess() string {
+	cp := p.now()
+	if cp.class != client.CacheExclusive || cp.attr <= RevalidateTimeout {
+		return ""
+	}
+	return fmt.Sprintf("security: a permission change made on the backing side (chmod, chown, an ACL) is not enforced through the mount "+
+		"for up to %s: the kernel checks access against the attributes it cached, so a file made 0600 there stays readable "+
+		"through the mount by whoever could read it before", secs(cp.attr))
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%gs", d.Seconds()) }
@@ -172,6 +207,7 @@ func (f *FS) policyOf(fd int, dev uint64) *fsPolicy {
 	if q := f.pols[dev]; q != nil {
 		p = q
 	} else {
+		f.fellBack(p)
 		f.pols[dev] = p
 		f.logPolicy(p)
 	}
@@ -191,31 +227,65 @@ func (f *FS) newPolicy(fd int, dev uint64) *fsPolicy {
 			nativeEndian.PutUint32(p.fsid[4*i:], uint32(v))
 		}
 	}
+	o := &f.opts
 	switch {
-	case f.opts.Cache == CacheOff:
-		p.setClass(client.CacheOff, "-o cache=off")
-	case f.opts.Cache == CacheExclusive:
-		p.setClass(client.CacheExclusive, "-o cache=exclusive: only this mount changes the directory")
+	case o.Cache == CacheOff:
+		p.setClass(client.CacheOff, "-o cache=off", o)
+	case o.Cache == CacheExclusive:
+		p.setClass(client.CacheExclusive, "-o cache=exclusive: only this mount changes the directory", o)
 	case p.network:
-		p.setClass(client.CacheRevalidate, p.fsType+" is shared with other machines, whose changes reach no local event: short timeouts and revalidation")
+		p.forceSync = true
+		p.setClass(client.CacheRevalidate, p.fsType+" is shared with other machines, whose changes reach no local event: short timeouts and revalidation", o)
 	default:
 		if why := f.watch.mark(fd, p); why != "" {
-			p.setClass(client.CacheRevalidate, why+": short timeouts and revalidation")
+			p.setClass(client.CacheRevalidate, why+": short timeouts and revalidation", o)
 		} else {
-			p.setClass(client.CacheWatch, "fanotify watches every change of the "+p.fsType+" file system")
+			p.setClass(client.CacheWatch, "fanotify watches every change of the "+p.fsType+" file system", o)
 		}
 	}
-	p.override(&f.opts)
 	return p
+}
+
+// fallBack gives every watched file system the revalidate class (the
+// watcher failed); it returns how many there were. Replies built from now
+// on carry the short timeouts; what the kernel already keeps is the
+// caller's to invalidate. The caller holds no polMu.
+func (f *FS) fallBack() int {
+	f.polMu.Lock()
+	defer f.polMu.Unlock()
+	n := 0
+	for _, p := range f.pols {
+		if f.fellBack(p) {
+			n++
+		}
+	}
+	return n
+}
+
+// fellBack gives p the revalidate class if it is watched and the watcher
+// failed, and says whether it did. The caller holds polMu: a policy made
+// while the watcher failed is caught either here, when policyOf adds it,
+// or by fallBack.
+func (f *FS) fellBack(p *fsPolicy) bool {
+	why := f.watch.fallbackWhy()
+	if why == "" || p.now().class != client.CacheWatch {
+		return false
+	}
+	p.setClass(client.CacheRevalidate, why, &f.opts)
+	return true
 }
 
 func (f *FS) logPolicy(p *fsPolicy) {
 	l := f.log.WithField("fs", p.fsType)
-	if p.class == client.CacheRevalidate {
-		l.Warnf("cache=%s on %s: %s; %s", f.opts.Cache, p.fsType, p.why, p.describe())
+	cp := p.now()
+	if cp.class == client.CacheRevalidate {
+		l.Warnf("cache=%s on %s: %s; %s", f.opts.Cache, p.fsType, cp.why, p.describe())
 		return
 	}
-	l.Infof("cache=%s on %s: %s; %s", f.opts.Cache, p.fsType, p.why, p.describe())
+	l.Infof("cache=%s on %s: %s; %s", f.opts.Cache, p.fsType, cp.why, p.describe())
+	if risk := p.staleAccess(); risk != "" {
+		l.Warnf("cache=%s on %s: %s", f.opts.Cache, p.fsType, risk)
+	}
 }
 
 // CacheInfo is how the kernel caches one backing file system, and what
@@ -228,7 +298,10 @@ type CacheInfo struct {
 	Why                   string
 	Describe              string
 	Entry, Attr, Negative time.Duration
-	Watch                 WatchStats
+	// StaleAccess: what the timeouts mean for permissions changed on the
+	// backing side ("" where events or short timeouts bound it).
+	StaleAccess string
+	Watch       WatchStats
 }
 
 // cacheInfo reports the caching of n's file system.
@@ -236,8 +309,10 @@ func (n *node) cacheInfo() CacheInfo { return n.fsys.cacheInfo(n.pol) }
 
 // cacheInfo reports the caching of a file system.
 func (f *FS) cacheInfo(p *fsPolicy) CacheInfo {
-	return CacheInfo{Mode: f.opts.Cache, Class: p.class, FsType: p.fsType, Network: p.network, Why: p.why,
-		Describe: p.describe(), Entry: p.entry, Attr: p.attr, Negative: p.negative, Watch: f.watch.stats()}
+	cp := p.now()
+	return CacheInfo{Mode: f.opts.Cache, Class: cp.class, FsType: p.fsType, Network: p.network, Why: cp.why,
+		Describe: p.describe(), Entry: cp.entry, Attr: cp.attr, Negative: cp.negative, StaleAccess: p.staleAccess(),
+		Watch: f.watch.stats()}
 }
 
 // RootCache reports how the kernel caches the backing root's file system.

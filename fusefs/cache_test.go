@@ -50,32 +50,48 @@ func TestPolicyClasses(t *testing.T) {
 	h := time.Hour
 	for _, tc := range []struct {
 		class                 client.CacheClass
-		network               bool
 		entry, attr, negative time.Duration
 		keep, dir, keepDir    bool
-		force, exact          bool
+		exact                 bool
 	}{
-		{client.CacheOff, false, time.Second, time.Second, 0, false, false, false, false, false},
-		{client.CacheWatch, false, h, h, h, true, true, true, false, true},
-		{client.CacheExclusive, false, 24 * h, 24 * h, 24 * h, true, true, true, false, true},
-		{client.CacheRevalidate, true, time.Second, time.Second, 0, true, true, false, true, false},
-		{client.CacheRevalidate, false, time.Second, time.Second, 0, true, true, false, false, false},
+		{client.CacheOff, time.Second, time.Second, 0, false, false, false, false},
+		{client.CacheWatch, h, h, h, true, true, true, true},
+		{client.CacheExclusive, 24 * h, 24 * h, 24 * h, true, true, true, true},
+		{client.CacheRevalidate, time.Second, time.Second, 0, true, true, false, false},
 	} {
-		p := &fsPolicy{network: tc.network}
-		p.setClass(tc.class, "why")
-		got := []any{p.entry, p.attr, p.negative, p.keepData, p.cacheDir, p.keepDir, p.forceSync, p.exact}
-		want := []any{tc.entry, tc.attr, tc.negative, tc.keep, tc.dir, tc.keepDir, tc.force, tc.exact}
+		p := &fsPolicy{}
+		p.setClass(tc.class, "why", nil)
+		cp := p.now()
+		got := []any{cp.entry, cp.attr, cp.negative, cp.keepData, cp.cacheDir, cp.keepDir, cp.exact}
+		want := []any{tc.entry, tc.attr, tc.negative, tc.keep, tc.dir, tc.keepDir, tc.exact}
 		for i := range got {
 			if got[i] != want[i] {
-				t.Errorf("%s (network %v): field %d is %v, want %v", tc.class, tc.network, i, got[i], want[i])
+				t.Errorf("%s: field %d is %v, want %v", tc.class, i, got[i], want[i])
 			}
 		}
 		if !strings.HasPrefix(p.describe(), tc.class.String()+": entry ") {
 			t.Errorf("describe: %q", p.describe())
 		}
-		p.override(&Options{EntryTimeout: 5 * time.Second, NegativeTimeout: -1})
-		if p.entry != 5*time.Second || p.attr != tc.attr || p.negative != 0 {
-			t.Errorf("%s overridden: entry %v attr %v negative %v", tc.class, p.entry, p.attr, p.negative)
+		p.setClass(tc.class, "why", &Options{EntryTimeout: 5 * time.Second, NegativeTimeout: -1})
+		if cp := p.now(); cp.entry != 5*time.Second || cp.attr != tc.attr || cp.negative != 0 {
+			t.Errorf("%s overridden: entry %v attr %v negative %v", tc.class, cp.entry, cp.attr, cp.negative)
+		}
+	}
+}
+
+// TestExclusiveStaleAccess: cache=exclusive says that a permission change
+// on the backing side is not enforced for its attribute timeout; the
+// other classes, bounded by events or 1 s timeouts, say nothing.
+func TestExclusiveStaleAccess(t *testing.T) {
+	for _, c := range []client.CacheClass{client.CacheOff, client.CacheWatch, client.CacheRevalidate, client.CacheExclusive} {
+		p := &fsPolicy{}
+		p.setClass(c, "why", nil)
+		risk := p.staleAccess()
+		if (c == client.CacheExclusive) != (risk != "") {
+			t.Errorf("%s: staleAccess %q", c, risk)
+		}
+		if c == client.CacheExclusive && (!strings.HasPrefix(risk, "security: ") || !strings.Contains(risk, "86400s") || !strings.Contains(risk, "chmod")) {
+			t.Errorf("exclusive: %q", risk)
 		}
 	}
 }
@@ -99,21 +115,22 @@ func TestNewPolicyByMode(t *testing.T) {
 	var st unix.Stat_t
 	unix.Fstat(fd, &st)
 	for mode, want := range map[CacheMode]client.CacheClass{CacheOff: client.CacheOff, CacheExclusive: client.CacheExclusive} {
-		if p := quietFS(mode).newPolicy(fd, st.Dev); p.class != want || p.dev != st.Dev {
-			t.Errorf("cache=%s: class %s, dev %d", mode, p.class, p.dev)
+		if p := quietFS(mode).newPolicy(fd, st.Dev); p.now().class != want || p.dev != st.Dev {
+			t.Errorf("cache=%s: class %s, dev %d", mode, p.now().class, p.dev)
 		}
 	}
 	f := quietFS(CacheAuto)
 	f.watch = newWatcher(f)
 	defer f.watch.stop()
 	p := f.newPolicy(fd, st.Dev)
+	cp := p.now()
 	switch {
-	case f.watch.active() && p.class != client.CacheWatch && !strings.Contains(p.why, "cannot mark"):
-		t.Errorf("cache=auto with a fanotify group on %s: %s (%s)", p.fsType, p.class, p.why)
-	case !f.watch.active() && (p.class != client.CacheRevalidate || !strings.Contains(p.why, "fanotify_init")):
-		t.Errorf("cache=auto without a fanotify group: %s (%s)", p.class, p.why)
+	case f.watch.active() && cp.class != client.CacheWatch && !strings.Contains(cp.why, "cannot mark"):
+		t.Errorf("cache=auto with a fanotify group on %s: %s (%s)", p.fsType, cp.class, cp.why)
+	case !f.watch.active() && (cp.class != client.CacheRevalidate || !strings.Contains(cp.why, "fanotify_init")):
+		t.Errorf("cache=auto without a fanotify group: %s (%s)", cp.class, cp.why)
 	}
-	if ci := f.cacheInfo(p); ci.Class != p.class || ci.Describe != p.describe() || ci.Mode != CacheAuto {
+	if ci := f.cacheInfo(p); ci.Class != cp.class || ci.Describe != p.describe() || ci.Mode != CacheAuto {
 		t.Errorf("cacheInfo: %+v", ci)
 	}
 }
@@ -136,7 +153,7 @@ func TestStampKeepsData(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "f")
 	os.WriteFile(p, []byte("one"), 0644)
 	n := &node{pol: &fsPolicy{}}
-	n.pol.setClass(client.CacheExclusive, "")
+	n.pol.setClass(client.CacheExclusive, "", nil)
 	open := func() uint32 {
 		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -159,7 +176,7 @@ func TestStampKeepsData(t *testing.T) {
 	if open() != fuse.FOPEN_KEEP_CACHE {
 		t.Errorf("unchanged since: no FOPEN_KEEP_CACHE")
 	}
-	n.pol.setClass(client.CacheOff, "")
+	n.pol.setClass(client.CacheOff, "", nil)
 	if open() != 0 {
 		t.Errorf("cache=off kept data")
 	}

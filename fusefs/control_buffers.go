@@ -28,7 +28,7 @@ type buffer struct {
 
 func (b *buffer) ownedBy(c Caller) bool { return b.tgid == c.Tgid && b.uid == c.UID }
 
-// proc is a process owning buffers, watched through its pidfd.
+// proc is a process owning buffers, followed by the reaper through its pidfd.
 type proc struct {
 	tgid  int
 	pidfd int
@@ -145,7 +145,7 @@ func (s *ControlServer) importBuffer(c Caller, f *OpenFile, dev int, size int64,
 }
 
 // publish makes b findable by id, token, owner and file, turning its
-// reservation into a live buffer, and watches its owner's death.
+// reservation into a live buffer, and has the reaper follow its owner.
 func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.Entry) unix.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -157,13 +157,13 @@ func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.En
 	if p == nil {
 		pidfd, err := unix.PidfdOpen(c.Tgid, 0)
 		if err == nil {
-			if err = s.watch.add(pidfd, c.Tgid); err != nil {
+			if err = s.reaper.add(pidfd, c.Tgid); err != nil {
 				unix.Close(pidfd)
 			}
 		}
 		if err != nil {
 			b.reg.Close()
-			log.Warnf("register refused: cannot watch the registering process: %v", err)
+			log.Warnf("register refused: cannot follow the registering process: %v", err)
 			if errors.Is(err, unix.ESRCH) {
 				return unix.ESRCH
 			}
@@ -228,18 +228,18 @@ func (s *ControlServer) release(b *buffer, why releaseReason) error {
 			delete(s.byFile, b.fileID)
 		}
 	}
-	var unwatch *proc
+	var unfollow *proc
 	if p := s.procs[b.tgid]; p != nil {
 		delete(p.bufs, b)
 		if len(p.bufs) == 0 && why != releaseDeath {
 			delete(s.procs, b.tgid)
-			unwatch = p
+			unfollow = p
 		}
 	}
 	s.mu.Unlock()
 
-	if unwatch != nil {
-		s.watch.remove(unwatch.pidfd)
+	if unfollow != nil {
+		s.reaper.remove(unfollow.pidfd)
 	}
 	first := b.reg.Close()
 	switch why {
@@ -274,8 +274,8 @@ func (s *ControlServer) Released(f *OpenFile) {
 	}
 }
 
-// ownerDied releases every buffer of a process that exited.
-func (s *ControlServer) ownerDied(tgid, pidfd int) {
+// ownerExited releases every buffer of a process that exited.
+func (s *ControlServer) ownerExited(tgid, pidfd int) {
 	s.mu.Lock()
 	p := s.procs[tgid]
 	if p == nil || p.pidfd != pidfd || !exited(pidfd) {
@@ -291,5 +291,5 @@ func (s *ControlServer) ownerDied(tgid, pidfd int) {
 	for _, b := range bs {
 		s.release(b, releaseDeath)
 	}
-	s.watch.remove(pidfd)
+	s.reaper.remove(pidfd)
 }

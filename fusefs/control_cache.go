@@ -18,6 +18,9 @@ func cacheKeys(kv func(string, any), ci CacheInfo) {
 	switch {
 	case w.Active:
 		kv("watch", "active")
+	case w.Failed:
+		kv("watch", "failed")
+		kv("watch_why", w.Why)
 	case ci.Mode == CacheAuto:
 		kv("watch", "inactive")
 		kv("watch_why", w.Why)
@@ -26,6 +29,8 @@ func cacheKeys(kv func(string, any), ci CacheInfo) {
 	}
 	kv("watch_events", w.Events)
 	kv("watch_own", w.Own)
+	kv("watch_outside", w.Outside)
 	kv("watch_invalidations", w.Invalidations)
 	kv("watch_overflows", w.Overflows)
+	kv("watch_malformed", w.Malformed)
 }

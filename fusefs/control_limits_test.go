@@ -127,16 +127,16 @@ func TestMountLimits(t *testing.T) {
 	}
 }
 
-// TestDeathWatchIgnoresStaleEvents: an event for a pidfd that was removed,
-// whose number now watches a live process, must not report that process
+// TestReaperIgnoresStaleEvents: an event for a pidfd that was removed,
+// whose number now follows a live process, must not report that process
 // dead; the live one's own death is reported.
-func TestDeathWatchIgnoresStaleEvents(t *testing.T) {
+func TestReaperIgnoresStaleEvents(t *testing.T) {
 	died := make(chan int, 4)
-	w, err := newDeathWatch(func(tgid, pidfd int) { died <- tgid })
+	r, err := newReaper(func(tgid, pidfd int) { died <- tgid })
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.close()
+	defer r.close()
 	start := func() (*exec.Cmd, int) {
 		cmd := exec.Command("sleep", "30")
 		if err := cmd.Start(); err != nil {
@@ -150,24 +150,24 @@ func TestDeathWatchIgnoresStaleEvents(t *testing.T) {
 		return cmd, pidfd
 	}
 	_, fd1 := start()
-	if err := w.add(fd1, 1); err != nil {
+	if err := r.add(fd1, 1); err != nil {
 		t.Fatal(err)
 	}
-	stale := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd1), Pad: int32(w.gen)}
-	w.remove(fd1)
+	stale := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd1), Pad: int32(r.gen)}
+	r.remove(fd1)
 	live, fd2 := start()
 	if fd2 != fd1 {
 		t.Logf("the pidfd number was not reused (%d, %d): the generation still decides", fd1, fd2)
 	}
-	if err := w.add(fd2, live.Process.Pid); err != nil {
+	if err := r.add(fd2, live.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
 	stale.Fd = int32(fd2)
-	if _, ok := w.take(stale); ok {
-		t.Fatalf("an event of the removed watch was taken for the live process on the same number")
+	if _, ok := r.take(stale); ok {
+		t.Fatalf("an event of the removed pidfd was taken for the live process on the same number")
 	}
-	current := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd2), Pad: int32(w.gen)}
-	if _, ok := w.take(current); ok {
+	current := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd2), Pad: int32(r.gen)}
+	if _, ok := r.take(current); ok {
 		t.Fatalf("a live process was taken for dead")
 	}
 	live.Process.Kill()

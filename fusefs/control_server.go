@@ -75,8 +75,8 @@ type ControlServer struct {
 	devMu   sync.Mutex
 	devOpen map[int]bool
 
-	watch *deathWatch
-	stats ctlCounters
+	reaper *reaper // releases the registrations of processes that exit
+	stats  ctlCounters
 
 	fallbackLogged atomic.Bool
 }
@@ -118,11 +118,11 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 	if cfg.Passthrough != nil {
 		s.SetPassthrough(cfg.Passthrough)
 	}
-	w, err := newDeathWatch(s.ownerDied)
+	r, err := newReaper(s.ownerExited)
 	if err != nil {
 		return nil, err
 	}
-	s.watch = w
+	s.reaper = r
 	return s, nil
 }
 
@@ -139,7 +139,7 @@ func (s *ControlServer) passthrough() (known, active bool, why string) {
 	return true, active, why
 }
 
-// Close releases every buffer and stops watching their owners. The library
+// Close releases every buffer and stops the reaper. The library
 // is the caller's to close afterwards.
 func (s *ControlServer) Close() error {
 	s.mu.Lock()
@@ -159,7 +159,7 @@ func (s *ControlServer) Close() error {
 			first = err
 		}
 	}
-	s.watch.close()
+	s.reaper.close()
 	return first
 }
 

@@ -397,11 +397,11 @@ func TestControlOwnerDeath(t *testing.T) {
 	if _, errno := e.read(c, f, client.IOReq{ID: r.ID, Length: 1}); errno != unix.ENOENT {
 		t.Errorf("buffer of a dead process: %v", errno)
 	}
-	e.s.watch.mu.Lock()
-	n := len(e.s.watch.watched)
-	e.s.watch.mu.Unlock()
+	e.s.reaper.mu.Lock()
+	n := len(e.s.reaper.followed)
+	e.s.reaper.mu.Unlock()
 	if n != 0 {
-		t.Errorf("%d pidfds still watched", n)
+		t.Errorf("%d pidfds still followed by the reaper", n)
 	}
 }
 

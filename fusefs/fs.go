@@ -48,6 +48,9 @@ type FS struct {
 	hmu     sync.RWMutex
 	handles map[string]*node
 	negs    negatives
+	// allEpoch counts the invalidations of everything (watch_apply.go).
+	allEpoch atomic.Uint64
+	mounts   *mountMonitor // mounts below the backing directory (mounts.go)
 
 	nextFileID atomic.Uint64
 
@@ -100,9 +103,11 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		return nil, errs.Wrapf(err, "mount %s on %s", f.backing, mountpoint)
 	}
 	f.watch.start()
+	f.mounts = startMountMonitor(f)
 	go func() {
 		server.Wait()
 		f.watch.stop()
+		f.mounts.stop()
 	}()
 	f.tuneReadahead()
 	f.probePassthrough()

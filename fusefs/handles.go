@@ -38,7 +38,7 @@ func inodeHandle(fd int) (unix.FileHandle, error) {
 // indexHandle records n under its handle, where its file system is
 // watched. The caller holds f.nodesMu.
 func (f *FS) indexHandle(n *node) {
-	if n.pol.class != client.CacheWatch {
+	if n.pol.now().class != client.CacheWatch {
 		return
 	}
 	h, err := inodeHandle(n.fd)

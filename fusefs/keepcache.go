@@ -31,7 +31,7 @@ func stampOf(st *unix.Stat_t) fileStamp {
 // attributes at the open). When the file changed since the last open, the
 // kernel's attributes of it go too (its cached size may be the old one).
 func (n *node) keepData(fd int) uint32 {
-	if !n.pol.keepData {
+	if !n.pol.now().keepData {
 		return 0
 	}
 	var st unix.Stat_t
@@ -65,7 +65,7 @@ func (n *node) dropAttrs() {
 // exclusive file systems, where a change by anyone else is an event or
 // breaks the user's promise).
 func (n *node) restamp(fd int) {
-	if !n.pol.exact {
+	if !n.pol.now().exact {
 		return
 	}
 	var st unix.Stat_t
@@ -81,10 +81,10 @@ func (n *node) restamp(fd int) {
 // dirFlags is the FOPEN_* flags of an opened directory.
 func (n *node) dirFlags() uint32 {
 	var ff uint32
-	if n.pol.cacheDir {
+	if n.pol.now().cacheDir {
 		ff |= fuse.FOPEN_CACHE_DIR
 	}
-	if n.pol.keepDir {
+	if n.pol.now().keepDir {
 		ff |= fuse.FOPEN_KEEP_CACHE
 	}
 	return ff
@@ -99,7 +99,7 @@ func (n *node) syncDir() {
 	}
 	now := time.Now().UnixNano()
 	last := n.lastSync.Load()
-	if now-last < int64(n.pol.entry) || !n.lastSync.CompareAndSwap(last, now) {
+	if now-last < int64(n.pol.now().entry) || !n.lastSync.CompareAndSwap(last, now) {
 		return
 	}
 	var st unix.Stat_t

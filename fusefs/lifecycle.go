@@ -74,8 +74,8 @@ func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.Ent
 	}
 	// The name is the directory's (its file system's events cover it),
 	// the attributes the child's.
-	out.SetEntryTimeout(n.pol.entry)
-	out.SetAttrTimeout(pol.attr)
+	out.SetEntryTimeout(n.pol.now().entry)
+	out.SetAttrTimeout(pol.now().attr)
 
 	f.nodesMu.Lock()
 	defer f.nodesMu.Unlock()
@@ -178,6 +178,7 @@ func (r *rawFS) settled(cancel <-chan struct{}, st fuse.Status) fuse.Status {
 }
 
 func (r *rawFS) Lookup(c <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	epoch := r.fsys.lookupEpoch()
 	st := r.RawFileSystem.Lookup(c, h, name, out)
 	if st == fuse.ENOENT && out.EntryTimeout() > 0 {
 		// The node asked the kernel to keep the name's absence: a reply
@@ -186,7 +187,9 @@ func (r *rawFS) Lookup(c <-chan struct{}, h *fuse.InHeader, name string, out *fu
 		st = fuse.OK
 		r.fsys.negativeEntry(h.NodeId, name, out)
 	}
-	return r.settled(c, st)
+	st = r.settled(c, st)
+	r.fsys.lookupReplied(epoch, name, out)
+	return st
 }
 
 func (r *rawFS) Mkdir(c <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
@@ -210,6 +213,7 @@ func (r *rawFS) Link(c <-chan struct{}, in *fuse.LinkIn, name string, out *fuse.
 }
 
 func (r *rawFS) ReadDirPlus(c <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	defer r.fsys.listingReplied(r.fsys.lookupEpoch(), in.NodeId)
 	return r.settled(c, r.RawFileSystem.ReadDirPlus(c, in, out))
 }
 

@@ -42,8 +42,8 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	var st unix.Stat_t
 	fd, e := n.lookupFd(name, &st)
 	if e != 0 {
-		if e == unix.ENOENT && n.pol.negative > 0 && n.gen.Load() == gen {
-			out.SetEntryTimeout(n.pol.negative)
+		if e == unix.ENOENT && n.pol.now().negative > 0 && n.gen.Load() == gen {
+			out.SetEntryTimeout(n.pol.now().negative)
 		}
 		return nil, e
 	}
@@ -163,8 +163,8 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	}
 	attrFromStat(&out.Attr, &st)
 	out.Attr.Ino = n.fsys.inoKey(&st)
-	out.SetEntryTimeout(n.pol.entry)
-	out.SetAttrTimeout(t.pol.attr)
+	out.SetEntryTimeout(n.pol.now().entry)
+	out.SetAttrTimeout(t.pol.now().attr)
 	n.fsys.nodesMu.Lock()
 	n.fsys.handOut(ctx, t, out)
 	n.fsys.nodesMu.Unlock()

@@ -149,7 +149,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	}
 	attrFromStat(&out.Attr, &st)
 	out.Attr.Ino = n.fsys.inoKey(&st)
-	out.SetTimeout(n.pol.attr)
+	out.SetTimeout(n.pol.now().attr)
 	return 0
 }
 
@@ -165,7 +165,7 @@ func (n *node) Statx(ctx context.Context, f fs.FileHandle, flags uint32, mask ui
 	out.FromStatx(&sx)
 	st := unix.Stat_t{Ino: sx.Ino, Dev: unix.Mkdev(sx.Dev_major, sx.Dev_minor)}
 	out.Ino = n.fsys.inoKey(&st)
-	out.SetTimeout(n.pol.attr)
+	out.SetTimeout(n.pol.now().attr)
 	return 0
 }
 

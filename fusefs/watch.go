@@ -28,7 +28,15 @@ import (
 // cause no notification storm. Everything else becomes invalidations,
 // collected in a set and applied by one goroutine, at most once per
 // coalescing interval (watch_apply.go): a burst of events about one file
-// costs one notification. A queue overflow invalidates everything.
+// costs one notification. A queue overflow, or an event that cannot be
+// decoded, invalidates everything.
+//
+// The watcher fails safe: when reading events fails (or the kernel speaks
+// a format it does not know), no change made behind the mount's back
+// would be seen again, so every file system it watched falls back to
+// revalidation (the short timeouts of cache=auto on a network file
+// system), everything the kernel caches is invalidated once, and the log,
+// INFO's cache field and user.phx.info (watch=failed) say so.
 
 // watchMask is what the marks report.
 const watchMask = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO |
@@ -37,22 +45,38 @@ const watchMask = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix
 
 // WatchStats counts what the watcher did since mount.
 type WatchStats struct {
-	Active        bool   // a fanotify group exists
-	Why           string // why not, when not
+	Active        bool   // a fanotify group reads events
+	Failed        bool   // reading failed: the watched file systems revalidate
+	Why           string // why not, or why it failed
 	Events        uint64 // events about inodes the kernel knows
 	Own           uint64 // events the mount's own changes caused, dropped
 	Outside       uint64 // events outside the backing tree or about unknown inodes, dropped
 	Invalidations uint64 // notifications sent to the kernel
 	Flushes       uint64 // times the collected invalidations were applied
 	Overflows     uint64 // queue overflows (each invalidated everything)
+	Malformed     uint64 // events or batches that could not be decoded (each invalidated everything)
 }
+
+// eventSource is what the reader reads events from: the fanotify
+// descriptor (a test wraps it to inject faults).
+type eventSource interface {
+	Read(b []byte) (int, error)
+	Close() error
+}
+
+// wrapEventSource, when set (tests), wraps every new watcher's source.
+var wrapEventSource func(eventSource) eventSource
 
 type watcher struct {
 	fsys    *FS
-	file    *os.File // the fanotify descriptor, non-blocking, in the poller
-	target  bool     // FAN_REPORT_TARGET_FID: dirent events name the child
+	src     eventSource // the fanotify descriptor, non-blocking, in the poller
+	fanFd   int         // its number, for marks
+	target  bool        // FAN_REPORT_TARGET_FID: dirent events name the child
 	self    int32
 	initWhy string // why there is no group ("" when there is)
+	// failed is why reading events failed (nil while it works).
+	failed   atomic.Pointer[string]
+	failOnce sync.Once
 
 	mu      sync.Mutex
 	pend    pending
@@ -61,7 +85,7 @@ type watcher struct {
 	stopped sync.WaitGroup
 	once    sync.Once
 
-	events, own, outside, invals, flushes, overflows atomic.Uint64
+	events, own, outside, invals, flushes, overflows, malformed atomic.Uint64
 }
 
 // newWatcher makes the fanotify group; without one (no CAP_SYS_ADMIN, a
@@ -84,7 +108,10 @@ func newWatcher(f *FS) *watcher {
 		}
 		return w
 	}
-	w.file = os.NewFile(uintptr(fd), "fanotify")
+	w.src, w.fanFd = os.NewFile(uintptr(fd), "fanotify"), fd
+	if wrapEventSource != nil {
+		w.src = wrapEventSource(w.src)
+	}
 	w.pend.init()
 	return w
 }
@@ -95,15 +122,18 @@ func (w *watcher) mark(fd int, p *fsPolicy) string {
 	if w == nil {
 		return "not watched"
 	}
-	if w.file == nil {
+	if w.src == nil {
 		return w.initWhy
+	}
+	if why := w.failed.Load(); why != nil {
+		return "fanotify failed (" + *why + ")"
 	}
 	if p.fsid == ([8]byte{}) {
 		return "the " + p.fsType + " file system reports no fsid for fanotify to name it by"
 	}
 	// The mark needs a descriptor that is not O_PATH: name the inode
 	// through /proc, which re-opens nothing.
-	err := unix.FanotifyMark(int(w.file.Fd()), unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, watchMask, unix.AT_FDCWD, procSelfFd(fd))
+	err := unix.FanotifyMark(w.fanFd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, watchMask, unix.AT_FDCWD, procSelfFd(fd))
 	if err != nil {
 		why := fmt.Sprintf("fanotify cannot mark the %s file system: %v", p.fsType, err)
 		if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENODEV) {
@@ -117,7 +147,7 @@ func (w *watcher) mark(fd int, p *fsPolicy) string {
 // start runs the reader and the flusher (after the mount exists: they
 // send notifications to it).
 func (w *watcher) start() {
-	if w == nil || w.file == nil {
+	if w == nil || w.src == nil {
 		return
 	}
 	w.stopped.Add(2)
@@ -127,12 +157,12 @@ func (w *watcher) start() {
 
 // stop ends both goroutines and closes the group.
 func (w *watcher) stop() {
-	if w == nil || w.file == nil {
+	if w == nil || w.src == nil {
 		return
 	}
 	w.once.Do(func() {
 		close(w.done)
-		w.file.Close() // wakes the reader
+		w.src.Close() // wakes the reader
 		w.stopped.Wait()
 	})
 }
@@ -141,36 +171,31 @@ func (w *watcher) stats() WatchStats {
 	if w == nil {
 		return WatchStats{Why: "cache mode does not watch"}
 	}
-	return WatchStats{Active: w.file != nil, Why: w.initWhy, Events: w.events.Load(), Own: w.own.Load(),
-		Outside: w.outside.Load(), Invalidations: w.invals.Load(), Flushes: w.flushes.Load(), Overflows: w.overflows.Load()}
+	st := WatchStats{Active: w.src != nil, Why: w.initWhy, Events: w.events.Load(), Own: w.own.Load(),
+		Outside: w.outside.Load(), Invalidations: w.invals.Load(), Flushes: w.flushes.Load(),
+		Overflows: w.overflows.Load(), Malformed: w.malformed.Load()}
+	if why := w.failed.Load(); why != nil {
+		st.Active, st.Failed, st.Why = false, true, *why
+	}
+	return st
 }
 
-// read turns events into pending invalidations until the group is closed.
+// read turns events into pending invalidations until the group is closed
+// or reading fails.
 func (w *watcher) read() {
 	defer w.stopped.Done()
 	buf := make([]byte, 64<<10)
 	for {
-		n, err := w.file.Read(buf)
+		n, err := w.src.Read(buf)
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) {
-				w.fsys.log.Errorf("fanotify: read: %v; invalidating everything, changes made behind the mount's back are no longer seen", err)
-				w.mu.Lock()
-				w.pend.all = true
-				w.mu.Unlock()
-				w.signal()
+				w.fail(fmt.Sprintf("read: %v", err))
 			}
 			return
 		}
-		evs, perr := parseEvents(buf[:n])
-		if perr != nil {
-			w.fsys.log.Errorf("fanotify: %v", perr)
+		if !w.consume(buf[:n]) {
+			return
 		}
-		w.mu.Lock()
-		for i := range evs {
-			w.collect(&evs[i])
-		}
-		w.mu.Unlock()
-		w.signal()
 		// Let a burst gather in the queue (the kernel merges repeats
 		// there) rather than wake for each event: the mount's own
 		// changes make events too.
@@ -182,19 +207,67 @@ func (w *watcher) read() {
 	}
 }
 
-// active says whether events are read (a fanotify group exists).
-func (w *watcher) active() bool { return w != nil && w.file != nil }
-
-// queue adds an invalidation of n to the next round.
-func (w *watcher) queue(n *node, what uint8) {
-	if !w.active() {
-		return
+// consume collects what one read returned; false when the watcher failed
+// on it.
+func (w *watcher) consume(b []byte) bool {
+	evs, skipped, err := parseEvents(b)
+	if errors.Is(err, errEventFormat) {
+		w.fail(err.Error())
+		return false
+	}
+	everything := ""
+	switch {
+	case err != nil:
+		everything = fmt.Sprintf("a batch of events could not be decoded (%v)", err)
+	case skipped > 0:
+		everything = fmt.Sprintf("%d malformed event(s) skipped", skipped)
 	}
 	w.mu.Lock()
-	w.pend.inode(n.id, what)
+	for i := range evs {
+		w.collect(&evs[i])
+	}
+	if everything != "" {
+		// What the lost events were about is unknown.
+		w.malformed.Add(1)
+		w.pend.everything(everything)
+	}
 	w.mu.Unlock()
 	w.signal()
+	return true
 }
+
+// fail stops trusting events: every file system the watcher watched
+// falls back to revalidation, and everything the kernel caches is
+// invalidated once (by the flusher, which goes on running).
+func (w *watcher) fail(why string) {
+	w.failOnce.Do(func() {
+		w.failed.Store(&why)
+		n := w.fsys.fallBack()
+		w.fsys.log.Errorf("fanotify: %s: changes made behind the mount's back are no longer reported; "+
+			"%d watched file system(s) fall back to revalidation (entry and attribute timeouts %s, no negative entries) "+
+			"and everything the kernel caches is invalidated", why, n, secs(RevalidateTimeout))
+		w.mu.Lock()
+		w.pend.everything("fanotify failed")
+		w.mu.Unlock()
+		w.signal()
+	})
+}
+
+// fallbackWhy is why a watched file system revalidates once the watcher
+// failed ("" while it works).
+func (w *watcher) fallbackWhy() string {
+	if w == nil {
+		return ""
+	}
+	if why := w.failed.Load(); why != nil {
+		return "fanotify failed (" + *why + "): short timeouts and revalidation"
+	}
+	return ""
+}
+
+// active says whether events are read (a fanotify group exists and
+// reading has not failed).
+func (w *watcher) active() bool { return w != nil && w.src != nil && w.failed.Load() == nil }
 
 func (w *watcher) signal() {
 	select {
@@ -208,7 +281,7 @@ func (w *watcher) signal() {
 func (w *watcher) collect(ev *fevent) {
 	if ev.mask&unix.FAN_Q_OVERFLOW != 0 {
 		w.overflows.Add(1)
-		w.pend.all = true
+		w.pend.everything("the event queue overflowed")
 		return
 	}
 	if ev.pid == w.self {

@@ -1,10 +1,11 @@
 package fusefs
 
 import (
-	"maps"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -12,6 +13,21 @@ import (
 // notifications (never while holding a lock a FUSE request may wait on),
 // at most once per coalescing interval, so that a burst of events about
 // one inode costs one notification.
+//
+// How a notification meets a reply the kernel is still waiting for: every
+// reply that tells the kernel of a name (LOOKUP, READDIRPLUS, CREATE,
+// MKDIR, MKNOD, SYMLINK, LINK) is awaited with the directory's inode lock
+// held, and an entry invalidation takes that lock, so it waits in the
+// kernel until the reply is in, then drops what the reply brought
+// (measured on Linux 6.18: NotifyEntry returned after the 300 ms a test
+// held the LOOKUP reply back). An entry invalidation that finds nothing
+// (ENOENT) therefore means the kernel caches nothing under that name. An
+// inode invalidation takes no such lock: it waits while the overlay is
+// still building a reply that names the inode (node.handedOut), and when
+// the kernel does not know an inode the overlay has handed to it
+// (node.lookups > 0: that reply is still on its way), it invalidates the
+// name the inode was handed out under (which waits for the reply, as
+// above) and is sent again.
 
 // coalesce is the least time between two rounds of notifications: the
 // bound a storm of events adds to how late a change shows.
@@ -28,16 +44,12 @@ const (
 // by a new one (the kernel forgot the inode and looked it up again)
 // before the round, which then notifies the node the kernel knows now.
 type pending struct {
-	all     bool                 // the queue overflowed (or reading failed): everything
+	// all: why everything is to be invalidated ("" when not): the queue
+	// overflowed, events could not be decoded, or the watcher failed.
+	all     string
 	entries map[entryKey]inodeID // -> the inode the event removed (zero: not known)
 	inodes  map[inodeID]uint8
-	// tries counts the rounds an invalidation was sent in and found
-	// nothing (ENOENT): a reply that tells the kernel of the inode or
-	// name may be on its way, so it is sent again, up to maxTries.
-	tries map[any]int
 }
-
-const maxTries = 3
 
 // entryKey is a name in a directory.
 type entryKey struct {
@@ -46,9 +58,9 @@ type entryKey struct {
 }
 
 func (p *pending) init() {
+	p.all = ""
 	p.entries = make(map[entryKey]inodeID)
 	p.inodes = make(map[inodeID]uint8)
-	p.tries = make(map[any]int)
 }
 
 // entry drops a name; gone, when known, is the inode the event removed.
@@ -61,25 +73,24 @@ func (p *pending) entry(dir inodeID, name string, gone inodeID) {
 
 func (p *pending) inode(id inodeID, what uint8) { p.inodes[id] |= what }
 
-func (p *pending) empty() bool { return !p.all && len(p.entries) == 0 && len(p.inodes) == 0 }
-
-// again queues into p what round r sent in vain, for the next round.
-func (p *pending) again(r *pending, k any, send func()) {
-	if n := r.tries[k] + 1; n < maxTries {
-		p.tries[k] = n
-		send()
+// everything asks for an invalidation of everything, saying why.
+func (p *pending) everything(why string) {
+	if p.all == "" {
+		p.all = why
 	}
 }
 
+func (p *pending) empty() bool { return p.all == "" && len(p.entries) == 0 && len(p.inodes) == 0 }
+
 // merge adds o's invalidations to p.
 func (p *pending) merge(o *pending) {
+	p.everything(o.all)
 	for k, gone := range o.entries {
 		p.entry(k.dir, k.name, gone)
 	}
 	for id, what := range o.inodes {
 		p.inode(id, what)
 	}
-	maps.Copy(p.tries, o.tries)
 }
 
 // flush applies the pending invalidations as they come.
@@ -96,14 +107,13 @@ func (w *watcher) flush() {
 		w.mu.Lock()
 		p := w.pend
 		w.pend.init()
-		w.pend.all = false
 		w.mu.Unlock()
 		if p.empty() {
 			continue
 		}
 		w.flushes.Add(1)
-		if p.all {
-			w.invalidateAll()
+		if p.all != "" {
+			w.invalidateAll(p.all)
 		} else if again := w.apply(&p); !again.empty() {
 			w.mu.Lock()
 			w.pend.merge(&again)
@@ -120,7 +130,8 @@ func (w *watcher) flush() {
 }
 
 // apply sends one round: names first (the kernel looks them up again),
-// then inodes. It returns what found nothing, to be sent again.
+// then inodes. It returns the inode invalidations that wait for a reply
+// the overlay is still building, for the next round.
 func (w *watcher) apply(p *pending) (again pending) {
 	again.init()
 	f := w.fsys
@@ -132,18 +143,18 @@ func (w *watcher) apply(p *pending) (again pending) {
 		}
 		dir.gen.Add(1)
 		gone, _ := f.nodeByID(goneID)
-		var e syscall.Errno
+		var e syscall.Errno = unix.ENOENT
 		if gone != nil {
 			// The very inode the event removed: the kernel drops the
 			// entry only if it still names it, and marks it unlinked.
 			e = dir.NotifyDelete(k.name, gone.EmbeddedInode())
+			sent++
 		}
-		if gone == nil || (e != 0 && e != unix.ENOENT) {
-			e = dir.NotifyEntry(k.name)
-		}
-		sent++
-		if e == unix.ENOENT {
-			again.again(p, k, func() { again.entry(k.dir, k.name, goneID) })
+		if e != 0 {
+			// Not cached as that inode (or not known): whatever the
+			// name holds, it goes.
+			dir.NotifyEntry(k.name)
+			sent++
 		}
 	}
 	for id, what := range p.inodes {
@@ -156,20 +167,44 @@ func (w *watcher) apply(p *pending) (again pending) {
 			// it with attributes from before the change, and a
 			// notification now would find nothing. After that reply.
 			again.inode(id, what)
-			again.tries[id] = p.tries[id]
 			continue
 		}
-		off := int64(-1) // attributes only
-		if what&invalData != 0 {
-			off = 0
-		}
-		sent++
-		if n.NotifyContent(off, 0) == unix.ENOENT {
-			again.again(p, id, func() { again.inode(id, what) })
-		}
+		sent += w.invalidateInode(n, what)
 	}
 	w.invals.Add(sent)
 	return again
+}
+
+// invalidateInode drops what the kernel caches of n (what: invalAttr or
+// invalData), waiting for a reply that hands n to the kernel and is still
+// on its way. It returns the notifications sent.
+func (w *watcher) invalidateInode(n *node, what uint8) uint64 {
+	off := int64(-1) // attributes only
+	if what&invalData != 0 {
+		off = 0
+	}
+	if n.NotifyContent(off, 0) != unix.ENOENT || !w.fsys.handedToKernel(n) {
+		return 1
+	}
+	// The kernel does not know n yet, though a reply gave it n: the reply
+	// is still being written. Dropping the name it came under waits for
+	// that reply (the directory's lock); the inode exists then, unless
+	// the kernel dropped it with the name.
+	name, parent := n.Parent()
+	if parent == nil {
+		return 1
+	}
+	parent.NotifyEntry(name)
+	n.NotifyContent(off, 0)
+	return 3
+}
+
+// handedToKernel says whether a reply has given the kernel n (a lookup it
+// has not forgotten).
+func (f *FS) handedToKernel(n *node) bool {
+	f.nodesMu.Lock()
+	defer f.nodesMu.Unlock()
+	return n.lookups > 0
 }
 
 // nodeByID is the node the overlay holds for an inode now (nil when
@@ -190,9 +225,14 @@ func (f *FS) nodeByID(id inodeID) (n *node, inFlight bool) {
 // invalidateAll drops everything the kernel caches about the mount: every
 // name it knows (positive entries from the overlay's tree, negative ones
 // remembered), every inode's attributes and pages. After a queue overflow
-// there is no telling what changed.
-func (w *watcher) invalidateAll() {
+// (or an event lost otherwise) there is no telling what changed.
+//
+// A LOOKUP or READDIRPLUS whose answer is not yet in the overlay's tree
+// when the names are gathered is caught by the epoch: bumped first, it
+// makes such a reply drop its own answer (lookupReplied, listingReplied).
+func (w *watcher) invalidateAll(why string) {
 	f := w.fsys
+	f.allEpoch.Add(1)
 	nodes := f.liveNodes()
 	for _, n := range nodes {
 		n.gen.Add(1)
@@ -213,7 +253,53 @@ func (w *watcher) invalidateAll() {
 		sent++
 	}
 	w.invals.Add(sent)
-	f.log.Warnf("fanotify: the event queue overflowed: invalidated all %d inodes the kernel knows", len(nodes))
+	f.log.Warnf("fanotify: %s: invalidated all %d inodes the kernel knows", why, len(nodes))
+}
+
+// lookupEpoch is the epoch a LOOKUP or READDIRPLUS starts in.
+func (f *FS) lookupEpoch() uint64 { return f.allEpoch.Load() }
+
+// lookupReplied lets a LOOKUP reply keep its timeouts only when nothing
+// invalidated everything since the lookup began (epoch): a later
+// invalidation may have gathered the names before this answer joined
+// them.
+func (f *FS) lookupReplied(epoch uint64, name string, out *fuse.EntryOut) {
+	if f.allEpoch.Load() != epoch {
+		out.SetEntryTimeout(0)
+		out.SetAttrTimeout(0)
+	}
+	if hook := lookupRepliedHook.Load(); hook != nil {
+		(*hook)(name)
+	}
+}
+
+// lookupRepliedHook, when set (tests), runs as the reply to a LOOKUP of a
+// name leaves the overlay: holding it back holds the reply back.
+var lookupRepliedHook atomic.Pointer[func(name string)]
+
+// listingReplied queues, when everything was invalidated since a
+// READDIRPLUS of directory dir began, the names the listing holds now: the
+// entry invalidations wait in the kernel until the listing's reply is in.
+func (f *FS) listingReplied(epoch, dir uint64) {
+	w := f.watch
+	if f.allEpoch.Load() == epoch || w == nil {
+		return
+	}
+	d := f.root
+	if dir != fuse.FUSE_ROOT_ID {
+		f.nodesMu.Lock()
+		d = f.byID[dir]
+		f.nodesMu.Unlock()
+	}
+	if d == nil {
+		return
+	}
+	w.mu.Lock()
+	for name := range d.Children() {
+		w.pend.entry(d.id, name, inodeID{})
+	}
+	w.mu.Unlock()
+	w.signal()
 }
 
 // liveNodes is every node the overlay holds, the root first.

@@ -31,33 +31,40 @@ type fevent struct {
 	name string
 }
 
-// parseEvents decodes a read of the fanotify descriptor. A malformed
-// event ends the decoding with an error; the events before it are kept.
-func parseEvents(b []byte) ([]fevent, error) {
-	var evs []fevent
+// errEventFormat: the kernel writes events in a format this code does not
+// know (another metadata version); nothing it reads can be trusted.
+var errEventFormat = errs.New(unix.EPROTO, "an event format this daemon does not know")
+
+// parseEvents decodes a read of the fanotify descriptor. An event whose
+// info records are malformed is skipped (its length leads to the next)
+// and counted; an event length that does not fit ends the decoding with
+// an error, keeping the events before it; an unknown metadata version is
+// errEventFormat.
+func parseEvents(b []byte) (evs []fevent, skipped int, err error) {
 	for len(b) > 0 {
 		if len(b) < metaLen {
-			return evs, errs.New(unix.EIO, "fanotify: %d bytes left, short of an event", len(b))
+			return evs, skipped, errs.New(unix.EIO, "fanotify: %d bytes left, short of an event", len(b))
 		}
 		evLen := int(nativeEndian.Uint32(b[0:]))
 		vers, mlen := b[4], int(nativeEndian.Uint16(b[6:]))
 		if vers != unix.FANOTIFY_METADATA_VERSION {
-			return evs, errs.New(unix.EIO, "fanotify: metadata version %d, want %d", vers, unix.FANOTIFY_METADATA_VERSION)
+			return evs, skipped, errs.Wrapf(errEventFormat, "fanotify: event metadata version %d (this daemon reads %d)", vers, unix.FANOTIFY_METADATA_VERSION)
 		}
-		if evLen < metaLen || evLen > len(b) || mlen < metaLen || mlen > evLen {
-			return evs, errs.New(unix.EIO, "fanotify: event length %d (metadata %d) with %d bytes left", evLen, mlen, len(b))
+		if evLen < metaLen || evLen > len(b) {
+			return evs, skipped, errs.New(unix.EIO, "fanotify: event length %d with %d bytes left", evLen, len(b))
 		}
-		ev := fevent{mask: nativeEndian.Uint64(b[8:]), pid: int32(nativeEndian.Uint32(b[20:]))}
 		if fd := int32(nativeEndian.Uint32(b[16:])); fd >= 0 {
 			unix.Close(int(fd)) // never with FID reporting; do not leak one
 		}
-		if err := ev.parseInfo(b[mlen:evLen]); err != nil {
-			return evs, err
+		ev := fevent{mask: nativeEndian.Uint64(b[8:]), pid: int32(nativeEndian.Uint32(b[20:]))}
+		if mlen < metaLen || mlen > evLen || ev.parseInfo(b[mlen:evLen]) != nil {
+			skipped++
+		} else {
+			evs = append(evs, ev)
 		}
-		evs = append(evs, ev)
 		b = b[evLen:]
 	}
-	return evs, nil
+	return evs, skipped, nil
 }
 
 // parseInfo decodes the info records of one event.

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	"github.com/phxmount/phxmount/client"
@@ -54,17 +58,18 @@ func event(mask uint64, pid int32, recs ...[]byte) []byte {
 var testFsid = [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
 
 // TestParseEvents: metadata, a DFID_NAME and a FID record per event, as
-// the kernel lays them out; an overflow event with no records; garbage
-// stops the decoding with EIO, keeping the events before it.
+// the kernel lays them out; an overflow event with no records; an event
+// length that does not fit stops the decoding with EIO, keeping the
+// events before it; an unknown metadata version is errEventFormat.
 func TestParseEvents(t *testing.T) {
 	dirH, objH := []byte{1, 0, 0, 0, 9, 9, 9, 9}, []byte{7, 0, 0, 0, 1, 1, 1, 1}
 	buf := append(event(unix.FAN_MODIFY, 42,
 		fidRec(unix.FAN_EVENT_INFO_TYPE_DFID_NAME, testFsid, 1, dirH, "file.bin"),
 		fidRec(unix.FAN_EVENT_INFO_TYPE_FID, testFsid, 1, objH, "")),
 		event(unix.FAN_Q_OVERFLOW, 0)...)
-	evs, err := parseEvents(buf)
-	if err != nil || len(evs) != 2 {
-		t.Fatalf("parseEvents: %d events, %v", len(evs), err)
+	evs, skipped, err := parseEvents(buf)
+	if err != nil || len(evs) != 2 || skipped != 0 {
+		t.Fatalf("parseEvents: %d events, %d skipped, %v", len(evs), skipped, err)
 	}
 	e := evs[0]
 	if e.mask != unix.FAN_MODIFY || e.pid != 42 || e.name != "file.bin" ||
@@ -78,13 +83,37 @@ func TestParseEvents(t *testing.T) {
 		t.Errorf("handle keys do not tell type or fsid apart")
 	}
 	bad := append(append([]byte{}, buf[:len(buf)-metaLen]...), 0xff, 0xff)
-	if evs, err := parseEvents(bad); !errors.Is(err, unix.EIO) || len(evs) != 1 {
+	if evs, _, err := parseEvents(bad); !errors.Is(err, unix.EIO) || len(evs) != 1 {
 		t.Errorf("trailing garbage: %d events, %v", len(evs), err)
 	}
-	short := event(unix.FAN_CREATE, 1, fidRec(unix.FAN_EVENT_INFO_TYPE_DFID_NAME, testFsid, 1, dirH, "x"))
-	nativeEndian.PutUint32(short[metaLen+12:], 4096) // a handle longer than its record
-	if _, err := parseEvents(short); !errors.Is(err, unix.EIO) {
-		t.Errorf("an oversized handle: %v", err)
+	other := append([]byte{}, buf...)
+	other[4] = unix.FANOTIFY_METADATA_VERSION + 1
+	if _, _, err := parseEvents(other); !errors.Is(err, errEventFormat) {
+		t.Errorf("another metadata version: %v", err)
+	}
+}
+
+// malformedBatch is three events about dir/a, dir/b and dir/c, the middle
+// one with a handle longer than its record.
+func malformedBatch(dir []byte) []byte {
+	var b []byte
+	for _, name := range []string{"a", "b", "c"} {
+		ev := event(unix.FAN_CREATE, 7, fidRec(unix.FAN_EVENT_INFO_TYPE_DFID_NAME, testFsid, 1, dir, name))
+		if name == "b" {
+			nativeEndian.PutUint32(ev[metaLen+12:], 4096)
+		}
+		b = append(b, ev...)
+	}
+	return b
+}
+
+// TestParseEventsSkipsAMalformedEvent: an event whose record does not
+// decode is skipped and counted; the events after it in the batch are
+// still decoded.
+func TestParseEventsSkipsAMalformedEvent(t *testing.T) {
+	evs, skipped, err := parseEvents(malformedBatch([]byte("dir")))
+	if err != nil || skipped != 1 || len(evs) != 2 || evs[0].name != "a" || evs[1].name != "c" {
+		t.Fatalf("parseEvents: %+v, %d skipped, %v", evs, skipped, err)
 	}
 }
 
@@ -93,11 +122,13 @@ func TestParseEvents(t *testing.T) {
 func watchFixture() (*watcher, *node, *node) {
 	f := quietFS(CacheAuto)
 	pol := &fsPolicy{fsid: testFsid}
-	pol.setClass(client.CacheWatch, "")
+	pol.setClass(client.CacheWatch, "", nil)
 	dir := &node{fsys: f, pol: pol, id: inodeID{1, 2}, hkey: handleKey(testFsid, 1, []byte("dir"))}
 	file := &node{fsys: f, pol: pol, id: inodeID{1, 3}, hkey: handleKey(testFsid, 1, []byte("file"))}
 	f.handles[dir.hkey], f.handles[file.hkey] = dir, file
-	w := &watcher{fsys: f, self: 100, target: true}
+	f.pols[1] = pol
+	w := &watcher{fsys: f, self: 100, target: true, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	f.watch = w
 	w.pend.init()
 	return w, dir, file
 }
@@ -140,7 +171,84 @@ func TestCollectRoutesEvents(t *testing.T) {
 		t.Errorf("a write by the same process after it closed the file through the mount: %v", w.pend.inodes)
 	}
 	w.collect(&fevent{mask: unix.FAN_Q_OVERFLOW})
-	if !w.pend.all || w.overflows.Load() != 1 {
-		t.Errorf("overflow: all %v", w.pend.all)
+	if w.pend.all == "" || w.overflows.Load() != 1 {
+		t.Errorf("overflow: all %q", w.pend.all)
+	}
+}
+
+// TestMalformedEventMidBatch: a malformed event in the middle of a batch
+// does not lose the events after it: they are collected, and since what
+// the skipped one was about is unknown, everything is invalidated too.
+func TestMalformedEventMidBatch(t *testing.T) {
+	w, dir, _ := watchFixture()
+	dirH := []byte("dir")
+	w.consume(malformedBatch(dirH))
+	for _, name := range []string{"a", "c"} {
+		if _, ok := w.pend.entries[entryKey{dir.id, name}]; !ok {
+			t.Errorf("the event about %s was lost: %v", name, w.pend.entries)
+		}
+	}
+	if w.pend.all == "" || w.malformed.Load() != 1 {
+		t.Errorf("a skipped event did not invalidate everything: all %q, malformed %d", w.pend.all, w.malformed.Load())
+	}
+	if w.failed.Load() != nil {
+		t.Errorf("a malformed event failed the watcher")
+	}
+}
+
+// faultySource is an event source whose reads fail.
+type faultySource struct{ err error }
+
+func (s faultySource) Read([]byte) (int, error) { return 0, s.err }
+func (s faultySource) Close() error             { return nil }
+
+// TestReadErrorFallsBack: when reading events fails, the watched file
+// systems fall back to revalidation (short timeouts, no negative
+// entries), everything is to be invalidated once, and the cache report
+// says watch=failed with the reason; a file system met afterwards is not
+// marked.
+func TestReadErrorFallsBack(t *testing.T) {
+	w, dir, _ := watchFixture()
+	w.src = faultySource{unix.EIO}
+	w.stopped.Add(1)
+	w.read() // returns once the read fails
+	cp := dir.pol.now()
+	if cp.class != client.CacheRevalidate || cp.entry != RevalidateTimeout || cp.negative != 0 || cp.exact || !strings.Contains(cp.why, "fanotify failed") {
+		t.Errorf("after a read error: %+v", cp)
+	}
+	if w.pend.all == "" || w.active() {
+		t.Errorf("after a read error: all %q, active %v", w.pend.all, w.active())
+	}
+	keys := map[string]string{}
+	cacheKeys(func(k string, v any) { keys[k] = fmt.Sprint(v) }, w.fsys.cacheInfo(dir.pol))
+	if keys["watch"] != "failed" || !strings.Contains(keys["watch_why"], "read: ") || keys["cache"] != "revalidate" || keys["entry_timeout"] != "1" {
+		t.Errorf("user.phx.info after a read error: %v", keys)
+	}
+	if why := w.mark(-1, &fsPolicy{fsid: testFsid, fsType: "tmpfs"}); !strings.Contains(why, "fanotify failed") {
+		t.Errorf("a file system met after the failure: %q", why)
+	}
+}
+
+// TestLookupRepliedAfterInvalidateAll: a LOOKUP reply keeps its timeouts
+// only when no invalidation of everything ran since the lookup began (it
+// may have gathered the names before this answer joined them).
+func TestLookupRepliedAfterInvalidateAll(t *testing.T) {
+	f := quietFS(CacheAuto)
+	reply := func(bump bool) *fuse.EntryOut {
+		out := &fuse.EntryOut{}
+		out.SetEntryTimeout(time.Hour)
+		out.SetAttrTimeout(time.Hour)
+		epoch := f.lookupEpoch()
+		if bump {
+			f.allEpoch.Add(1) // what invalidateAll does first
+		}
+		f.lookupReplied(epoch, "x", out)
+		return out
+	}
+	if out := reply(false); out.EntryTimeout() != time.Hour || out.AttrTimeout() != time.Hour {
+		t.Errorf("a quiet lookup lost its timeouts: %v %v", out.EntryTimeout(), out.AttrTimeout())
+	}
+	if out := reply(true); out.EntryTimeout() != 0 || out.AttrTimeout() != 0 {
+		t.Errorf("a lookup racing an invalidation of everything kept %v %v", out.EntryTimeout(), out.AttrTimeout())
 	}
 }

@@ -6,12 +6,16 @@ package integration
 // share (here another FUSE mount, which cache=auto treats like NFS).
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -127,5 +131,82 @@ func TestNetworkBackingRevalidates(t *testing.T) {
 				networkEventually(t, c.name+" "+n, func() string { return sameAsBacking(bd, md, n) })
 			}
 		})
+	}
+}
+
+// TestBackingChmodThroughTheMount: a chmod 0600 made on the backing side
+// is enforced through a cache=auto mount within watchBound, and not
+// through a cache=exclusive one, where the kernel checks access against
+// attributes it keeps for 86400 s: the security consequence the README's
+// caching table and doctor state.
+func TestBackingChmodThroughTheMount(t *testing.T) {
+	for _, mode := range []string{"auto", "exclusive"} {
+		t.Run(mode, func(t *testing.T) {
+			d := startDaemon(t, withArgs("-o", "allow_other,cache="+mode))
+			must(t, os.WriteFile(d.Backing+"/secret", []byte("secret"), 0644))
+			read := func() (string, error) { return asNobody("cat " + d.Mnt + "/secret") }
+			if out, err := read(); err != nil || out != "secret" {
+				t.Fatalf("nobody reads a 0644 file: %q, %v", out, err)
+			}
+			must(t, os.Chmod(d.Backing+"/secret", 0600))
+			if mode == "auto" {
+				eventually(t, "chmod 0600 on the backing side", func() string {
+					if out, err := read(); err == nil || !strings.Contains(out, "Permission denied") {
+						return fmt.Sprintf("nobody still reads it: %q, %v", out, err)
+					}
+					return ""
+				})
+				return
+			}
+			time.Sleep(200 * time.Millisecond) // far more than a watched mount takes
+			if out, err := read(); err != nil || out != "secret" {
+				t.Errorf("cache=exclusive enforced the backing-side chmod (%q, %v): the README and doctor say it does not", out, err)
+			}
+		})
+	}
+}
+
+// TestDoctorCacheFindings: doctor -o cache=exclusive reports the stale
+// permissions as a failed (not required) check, in text and in --json;
+// cache=auto passes it, and doctor says how mounts below BACKING are
+// noticed and what unmounting one takes.
+func TestDoctorCacheFindings(t *testing.T) {
+	bin := phxmountBin(t)
+	dir := t.TempDir()
+	out, err := exec.Command(bin, "doctor", "-o", "cache=exclusive", dir).Output()
+	if err != nil && exitCode(err) != 1 {
+		t.Fatalf("doctor: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`(?m)^no +permission changes +security: a permission change made on the backing side .* not enforced through the mount for up to 86400s`).Match(out) {
+		t.Errorf("doctor -o cache=exclusive does not state the security consequence:\n%s", out)
+	}
+	out, _ = exec.Command(bin, "doctor", "--json", "-o", "cache=exclusive", dir).Output()
+	var r struct {
+		Findings []struct {
+			What, Detail string
+			OK, Required bool
+		}
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("doctor --json: %v\n%s", err, out)
+	}
+	found := false
+	for _, f := range r.Findings {
+		if f.What == "permission changes" {
+			found = true
+			if f.OK || f.Required || !strings.HasPrefix(f.Detail, "security: ") {
+				t.Errorf("doctor --json: %+v", f)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("doctor --json has no permission changes finding:\n%s", out)
+	}
+	out, _ = exec.Command(bin, "doctor", "-o", "cache=auto", dir).Output()
+	if !regexp.MustCompile(`(?m)^ok +permission changes `).Match(out) {
+		t.Errorf("doctor -o cache=auto:\n%s", out)
+	}
+	if !regexp.MustCompile(`(?m)^-> +mounts below BACKING +noticed by polling /proc/self/mountinfo.*umount -l`).Match(out) {
+		t.Errorf("doctor does not say how mounts below BACKING are noticed:\n%s", out)
 	}
 }

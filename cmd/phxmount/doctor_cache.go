@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/phxmount/phxmount/client"
 	"github.com/phxmount/phxmount/fusefs"
 )
 
@@ -18,7 +19,8 @@ func checkCache(mode fusefs.CacheMode, dir string) []finding {
 		return []finding{{What: "cache", Detail: err.Error()}}
 	}
 	fan := finding{What: "fanotify", OK: ci.Watch.Active,
-		Detail: "FAN_REPORT_DFID_NAME and filesystem marks: cache=auto watches local file systems and caches long"}
+		Detail: "FAN_REPORT_DFID_NAME and filesystem marks: cache=auto watches local file systems and caches long " +
+			"(should reading events fail while mounted, they fall back to revalidate: user.phx.info says watch=failed)"}
 	switch {
 	case mode != fusefs.CacheAuto:
 		fan.OK, fan.Detail = true, fmt.Sprintf("not used with -o cache=%s", mode)
@@ -27,5 +29,26 @@ func checkCache(mode fusefs.CacheMode, dir string) []finding {
 	}
 	note := finding{What: "cache", Note: true,
 		Detail: fmt.Sprintf("-o cache=%s on %s (%s): %s; %s", mode, what, ci.FsType, ci.Describe, ci.Why)}
-	return []finding{fan, note}
+	below := finding{What: "mounts below BACKING", Note: true,
+		Detail: "noticed by " + fusefs.MountMonitorHow + ": one mounted or unmounted there shows through the mount within moments; " +
+			"umount of it fails with EBUSY while the kernel keeps names below it (the overlay holds a descriptor per name): umount -l, " +
+			"then the names are dropped and the file system freed once no process uses it"}
+	return []finding{fan, note, checkPermissionLag(ci), below}
+}
+
+// checkPermissionLag says how soon a permission change made on the
+// backing side is enforced through the mount: the kernel checks access
+// against the attributes it cached, so under cache=exclusive a chmod 0600
+// there leaves the file readable through the mount for a day.
+func checkPermissionLag(ci fusefs.CacheInfo) finding {
+	f := finding{What: "permission changes", OK: ci.StaleAccess == ""}
+	switch {
+	case !f.OK:
+		f.Detail = ci.StaleAccess + " (use -o cache=auto where anyone else changes permissions)"
+	case ci.Class == client.CacheWatch:
+		f.Detail = "a chmod, chown or ACL change on the backing side is enforced through the mount as soon as its fanotify event is applied (milliseconds)"
+	default:
+		f.Detail = fmt.Sprintf("a chmod, chown or ACL change on the backing side is enforced through the mount within the %gs attribute timeout", ci.Attr.Seconds())
+	}
+	return f
 }

@@ -6,11 +6,15 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/phxmount/phxmount/internal/errs"
 )
 
 // Mount is one line of /proc/self/mountinfo.
 type Mount struct {
+	ID         int    // the mount's id (a mount made again gets a new one)
+	Dev        uint64 // st_dev of the file system mounted
 	MountPoint string // unescaped
 	FSType     string // "fuse.phxmount", "ext4", ...
 	Source     string // unescaped; a FUSE mount's fsname
@@ -53,6 +57,12 @@ func parseMountinfo(line string) (Mount, bool) {
 		return Mount{}, false
 	}
 	m := Mount{MountPoint: unescape(fl[4])}
+	m.ID, _ = strconv.Atoi(fl[0])
+	if maj, min, ok := strings.Cut(fl[2], ":"); ok {
+		ma, _ := strconv.ParseUint(maj, 10, 32)
+		mi, _ := strconv.ParseUint(min, 10, 32)
+		m.Dev = unix.Mkdev(uint32(ma), uint32(mi))
+	}
 	for i := 5; i < len(fl); i++ {
 		if fl[i] == "-" && i+2 < len(fl) {
 			m.FSType, m.Source = fl[i+1], unescape(fl[i+2])

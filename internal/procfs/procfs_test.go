@@ -65,7 +65,7 @@ func TestParseFixtures(t *testing.T) {
 
 func TestParseMountinfo(t *testing.T) {
 	m, ok := parseMountinfo(`36 25 0:32 / /mnt/a\040b rw,nosuid shared:1 master:2 - fuse.phxmount /data/x\134y rw,user_id=0`)
-	if !ok || m.MountPoint != "/mnt/a b" || m.FSType != "fuse.phxmount" || m.Source != `/data/x\y` {
+	if !ok || m.ID != 36 || m.Dev != unix.Mkdev(0, 32) || m.MountPoint != "/mnt/a b" || m.FSType != "fuse.phxmount" || m.Source != `/data/x\y` {
 		t.Errorf("%+v %v", m, ok)
 	}
 	if _, ok := parseMountinfo("36 25 0:32 / /mnt"); ok {
