@@ -18,8 +18,9 @@
 #                                    loads (hot, cold), KV blocks, rank shards,
 #                                    saving; then gpu_report.py: $OUT/bench.md and
 #                                    $OUT/gpu-latest.json (for docs/bench/)
-#   bash scripts/gpu-test.sh hf      the drop-in's checks and rows alone (gpu_hf.py;
-#                                    run does them too)
+#   bash scripts/gpu-test.sh hf      the drop-in's and the tensor-parallel checks
+#                                    and rows alone (gpu_hf.py, gpu_tp.py; run
+#                                    does them too)
 #   bash scripts/gpu-test.sh report  gpu_report.py over the raw files in $RAW
 #                                    (PHX_GPU_RAW; no GPU needed: raw.tgz of
 #                                    several runs unpacked into one folder)
@@ -199,6 +200,25 @@ drop_in() {
 		--phxmount "$CARRY/phxmount" --out "$RAW/run-hf.json"
 }
 
+# tensor_parallel: issue 20's checks and rows on the same checkpoint
+# (python/tools/gpu_tp.py), with col_shard.cu run beside it on the
+# checkpoint's file at both row widths of its dim-1 tensors.
+tensor_parallel() {
+	local f w outs=()
+	f=$(ls "$WORK"/backing/llama/*.safetensors 2>/dev/null | head -1)
+	[ -n "$f" ] || { fail "tensor parallel: no Llama-shaped checkpoint (drop_in writes it)"; return 1; }
+	build_refs col_shard
+	if [ -x "$REF/col_shard" ]; then
+		for w in 8192 28672; do
+			timeout 120 "$REF/col_shard" "$f" 4096 $w >"$RAW/ref-col_shard-$w.txt" 2>&1 || fail "col_shard.cu ($w-byte rows)"
+			tee -a "$LOG" <"$RAW/ref-col_shard-$w.txt"
+			outs+=("$RAW/ref-col_shard-$w.txt")
+		done
+	fi
+	py_tool gpu_tp 600 run --mount-dir "$MNT" --backing-dir "$WORK/backing" --ckpt llama --out "$RAW/run-tp.json" \
+		--ref-col "${outs[@]}"
+}
+
 run() {
 	cd "$ROOT" || exit 1
 	need_binaries
@@ -240,21 +260,24 @@ run() {
 		say "two GPUs: not run (this machine has $(gpus) GPU)"
 	fi
 	drop_in
+	tensor_parallel
 	grep -E "registered .* buffer" "$RAW/phxmount.log" | head -2 | sed -e 's/^time="[^"]*" //' | tee -a "$LOG"
 	unmount
 }
 
-# build_refs builds the reference programs in .devcarry/ref with this
-# machine's nvcc, by the build line in each file's header (plus -arch=sm_90;
-# without it when that fails).
+# build_refs [NAME...] builds the reference programs (default: those the
+# benchmark uses) in .devcarry/ref with this machine's nvcc, by the build
+# line in each file's header (plus -arch=sm_90; without it when that fails).
 build_refs() {
-	local nvcc p line
+	local nvcc p line progs=("${@:-staged_ceiling kv_blocks two_gpu}")
+	# shellcheck disable=SC2206 # the default is words
+	progs=(${progs[*]})
 	nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 	if [ -z "$nvcc" ]; then
 		fail "no nvcc: the reference programs cannot be built (their rows will be 'not run')"
 		return 1
 	fi
-	for p in staged_ceiling kv_blocks two_gpu; do
+	for p in "${progs[@]}"; do
 		if [ ! -f "$REF/$p.cu" ]; then
 			fail "no .devcarry/ref/$p.cu ('bash scripts/gpu-test.sh build' copies ../shared/reference there)"
 			continue
@@ -267,7 +290,7 @@ build_refs() {
 			(cd "$REF" && timeout 300 $nvcc ${line#nvcc }) >>"$RAW/ref-build-$p.log" 2>&1) &
 	done
 	wait
-	for p in staged_ceiling kv_blocks two_gpu; do
+	for p in "${progs[@]}"; do
 		[ -x "$REF/$p" ] || fail "build the reference $p (see ref-build-$p.log)"
 	done
 }
@@ -379,7 +402,7 @@ run) run ;;
 bench) bench ;;
 report) report ;;
 hf)
-	cd "$ROOT" && need_binaries && mount_phx && drop_in
+	cd "$ROOT" && need_binaries && mount_phx && drop_in && tensor_parallel
 	unmount
 	;;
 all)

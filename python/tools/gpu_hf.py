@@ -99,6 +99,19 @@ def child(kind: str, args) -> dict:
 
     out = {"kind": kind}
     if kind in ("stock", "hooked"):
+        prof = os.environ.get("PHX_HF_PROFILE")
+        if prof:  # where the time of the load goes (not in the rows: a profiled run is slower)
+            import cProfile
+            import pstats
+            pr = cProfile.Profile()
+            pr.enable()
+            m, _ = load(args.dir)
+            pr.disable()
+            with open(f"{prof}-{kind}.txt", "w") as f:
+                pstats.Stats(pr, stream=f).sort_stats("cumulative").print_stats(40)
+            del m
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         m, out["seconds"] = load(args.dir)
         out["peak_reserved"] = torch.cuda.max_memory_reserved(0)
         out["peak_allocated"] = torch.cuda.max_memory_allocated(0)
@@ -216,9 +229,12 @@ def pinned() -> dict:
     return {"gbps": (1 << 30) / best / GB}
 
 
-def fresh(kind: str, d: str, ref: str = "", hook: str = "", timeout: float = 300) -> dict:
-    """child(kind) in a fresh process (PHXMOUNT_HOOK=hook, or unset)."""
-    env = {k: v for k, v in os.environ.items() if k != "PHXMOUNT_HOOK"}
+def fresh(kind: str, d: str, ref: str = "", hook: str = "", timeout: float = 300, profile: str = "") -> dict:
+    """child(kind) in a fresh process (PHXMOUNT_HOOK=hook, or unset);
+    profile: a path prefix for a cProfile of one extra load first."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PHXMOUNT_HOOK", "PHX_HF_PROFILE")}
+    if profile:
+        env["PHX_HF_PROFILE"] = profile
     if hook:
         env["PHXMOUNT_HOOK"] = hook
     env["PYTHONPATH"] = os.pathsep.join([PYDIR, env.get("PYTHONPATH", "")])
@@ -301,6 +317,8 @@ def run(a) -> int:
     r["hooked_warmup"] = fresh("engine", mnt, hook="cuda:0")  # the daemon has served a client before the rows
     r["stock"] = fresh("stock", back)
     r["hooked"] = fresh("hooked", mnt, back, hook="1")
+    prof = os.path.join(os.path.dirname(os.path.abspath(a.out)), "hf-profile")
+    r["profiled"] = {k: fresh(k, d, hook=h, profile=prof) for k, d, h in (("stock", back, ""), ("hooked", mnt, "1"))}
     r["engine_stock"] = fresh("engine", mnt)
     r["engine_hooked"] = fresh("engine", mnt, back, hook="cuda:0")
     r["cold_ceiling"] = cold_ceiling(files)

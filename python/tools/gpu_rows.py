@@ -26,6 +26,9 @@ TARGETS = {
     # the drop-in (gpu_hf.py)
     "hf_from_pretrained_hot": 6, "hf_from_pretrained_cold": 0.9, "engine_iterator_hot": 6,
     "first_load_fresh_mount": 0.85, "hook_peak_memory": 0.952,
+    # tensor-parallel ranks (gpu_tp.py)
+    "tp_world2": 5, "tp_world4": 5, "tp_world8": 5, "tp_rank_vs_ceiling": 0.8, "col_shard_vs_ref": 0.8,
+    "tp_8procs_vs_pinned": 0.8,
 }
 KV_SIZES = ((16 << 10, "kv_16k"), (64 << 10, "kv_64k"), (256 << 10, "kv_256k"), (1 << 20, "kv_1m"))
 
