@@ -27,7 +27,6 @@ type FS struct {
 	server     *fuse.Server
 	root       *node
 	rootDev    uint64
-	isRoot     bool // the daemon runs with euid 0: chown what it creates
 
 	// nodes maps a backing inode to its live node, so that a second lookup
 	// of a known inode reuses the node (and its descriptor); byID maps the
@@ -147,7 +146,6 @@ func newFS(backing, mountpoint string, o Options) (*FS, *unix.Stat_t, error) {
 		ctl:        o.Control,
 		log:        log,
 		rootDev:    st.Dev,
-		isRoot:     os.Geteuid() == 0,
 		nodes:      make(map[inodeID]*node),
 		byID:       make(map[uint64]*node),
 		handouts:   make(map[<-chan struct{}][]handout),

@@ -134,11 +134,10 @@ func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
 	if e := n.stat(&st); e != 0 {
 		return e
 	}
-	fc, _ := fuseCaller(ctx)
-	c := Caller{Tid: int(fc.Pid), Tgid: int(fc.Pid), UID: fc.Uid, GID: fc.Gid}
 	if mask&unix.W_OK != 0 && n.fsys.opts.ReadOnly {
 		return unix.EROFS
 	}
+	c, _ := requestCaller(ctx)
 	return accessAsCaller(c, n.fd, mask&7)
 }
 
