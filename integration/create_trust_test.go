@@ -173,7 +173,8 @@ func overStale(t *testing.T, d *daemon, native, name string, mode os.FileMode, o
 // nobody may open it, EEXIST with O_EXCL. mkdir, mkfifo, symlink and link
 // over the stale entry get what they get natively (EEXIST) and change
 // nothing. A FIFO planted there is never handed out and never blocks:
-// EEXIST, or ENXIO for a writer with no reader (a non-blocking open).
+// EEXIST (on which the kernel drops the stale entry), or ENXIO for a
+// writer with no reader (a non-blocking open).
 func TestCreateOverStaleNegativeEntry(t *testing.T) {
 	d := startDaemon(t, withArgs("-o", "allow_other,default_permissions,cache=exclusive"))
 	native := nativeDir(t)
@@ -223,11 +224,20 @@ func TestCreateOverStaleNegativeEntry(t *testing.T) {
 		fifo := filepath.Join(d.Backing, "pub", "fifo")
 		must(t, unix.Mkfifo(fifo, 0600))
 		must(t, os.Chown(fifo, nobody, nobody))
-		for flags, want := range map[int]string{unix.O_RDONLY: "EEXIST", unix.O_WRONLY: "ENXIO"} {
-			got := nsOp(t, asUser(nobody), "open", filepath.Join(d.Mnt, "pub", "fifo"), strconv.Itoa(unix.O_CREAT|flags))
-			if got != want {
-				t.Errorf("O_CREAT open (%#o) over a stale entry where the backing side has a FIFO: %s, want %s", flags, got, want)
+		// A writer first: ENXIO leaves the negative entry. EEXIST makes the
+		// kernel drop it, so after it a lookup sees the FIFO.
+		for _, c := range []struct {
+			flags int
+			want  string
+		}{{unix.O_WRONLY, "ENXIO"}, {unix.O_RDONLY, "EEXIST"}} {
+			got := nsOp(t, asUser(nobody), "open", filepath.Join(d.Mnt, "pub", "fifo"), strconv.Itoa(unix.O_CREAT|c.flags))
+			if got != c.want {
+				t.Errorf("O_CREAT open (%#o) over a stale entry where the backing side has a FIFO: %s, want %s", c.flags, got, c.want)
 			}
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(d.Mnt, "pub", "fifo"), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			t.Errorf("after EEXIST, the mount shows the name as mode %o (%v), want the FIFO", st.Mode, err)
 		}
 	})
 }
