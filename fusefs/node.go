@@ -31,10 +31,12 @@ type node struct {
 	hkey     string // its key in FS.handles ("" when not indexed)
 
 	// Guarded by fsys.nodesMu (see lifecycle.go): replies being built that
-	// name this node, the kernel's lookups of it, and its FUSE node id.
-	handedOut int
-	lookups   int64
-	nodeid    uint64
+	// name this node, the kernel's lookups of it, its FUSE node id, and
+	// whether OnForget left closing it to a reply being built.
+	handedOut      int
+	lookups        int64
+	nodeid         uint64
+	forgetDeferred bool
 
 	mu sync.Mutex
 	// lockFds holds one backing descriptor per POSIX lock owner: its OFD
