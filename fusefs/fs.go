@@ -134,7 +134,7 @@ func newFS(backing, mountpoint string, o Options) (*FS, *unix.Stat_t, error) {
 		unix.Close(rootFd)
 		return nil, nil, errs.Wrapf(err, "stat backing directory %s", abs)
 	}
-	raiseNoFile(log)
+	RaiseNoFile(log)
 	// The kernel applies the caller's umask before it sends a create; the
 	// daemon's own must not mask the mode a second time.
 	unix.Umask(0)
@@ -353,9 +353,11 @@ func (f *FS) inoKey(st *unix.Stat_t) uint64 {
 	return h
 }
 
-// raiseNoFile lifts RLIMIT_NOFILE to fs.nr_open (root) or the hard limit:
-// every inode the kernel caches holds a descriptor.
-func raiseNoFile(log *logrus.Entry) {
+// RaiseNoFile lifts RLIMIT_NOFILE to fs.nr_open (root) or the hard limit:
+// every inode the kernel caches holds a descriptor. Mount calls it; a
+// daemon that gives up CAP_SYS_RESOURCE, which raising past the hard
+// limit needs, calls it first.
+func RaiseNoFile(log *logrus.Entry) {
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
 		return

@@ -10,6 +10,7 @@ package integration
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -22,12 +23,25 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// nsOp runs one namespace operation as cred in a child process and returns
-// what it printed: "OK", "OK read N sha256 S" for an open, or the errno.
-func nsOp(t *testing.T, cred *syscall.Credential, op, path string, args ...string) string {
+// nsOp runs one namespace operation in a child process of the attributes
+// attr (who) and returns what it printed: "OK", "OK read N sha256 S" for
+// an open, or the errno.
+func nsOp(t *testing.T, who *syscall.SysProcAttr, op, path string, args ...string) string {
 	t.Helper()
-	c := startChildTest(t, "TestCreateHelperChild", cred, "ns-op", append([]string{op, path}, args...)...)
+	c := startChildProc(t, "TestCreateHelperChild", who, "ns-op", append([]string{op, path}, args...)...)
 	return c.expect(t, "RESULT ")
+}
+
+// asNobodyProc is a process of nobody's.
+var asNobodyProc = &syscall.SysProcAttr{Credential: asUser(nobody)}
+
+// usernsRootOf is root of a user namespace of its own, uid and gid outside
+// it: every capability there, none over the files outside.
+func usernsRootOf(uid uint32) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uid), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uid), Size: 1}},
+		Credential:  &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}}
 }
 
 // TestCreateHelperChild is the body of nsOp's child; it skips when run
@@ -77,10 +91,35 @@ func runNsOp(op, path string, args []string) string {
 		err = unix.Symlink(args[0], path)
 	case "link": // args: existing file
 		err = unix.Link(args[0], path)
+	case "fill": // write a new file until the file system refuses: "ERRNO BYTES"
+		return fillFile(path)
 	default:
 		return "BADOP " + op
 	}
 	return errnoName(err)
+}
+
+// fillFile writes a new file at path until a write fails, then fsyncs it
+// (delayed allocation may refuse only then): the errno and the bytes
+// written.
+func fillFile(path string) string {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0644)
+	if err != nil {
+		return errnoName(err) + " 0"
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	var n int64
+	for {
+		m, err := f.Write(buf)
+		n += int64(m)
+		if err == nil && n%(4<<20) == 0 {
+			err = f.Sync()
+		}
+		if err != nil {
+			return fmt.Sprintf("%s %d", errnoName(errors.Unwrap(err)), n)
+		}
+	}
 }
 
 // octal is args[0] as an octal mode, or def when absent.
@@ -102,7 +141,7 @@ func staleSetup(t *testing.T, d *daemon, name string) {
 		t.Fatal(err)
 	}
 	must(t, os.Chmod(pub, 01777))
-	if got := nsOp(t, asUser(nobody), "stat", filepath.Join(d.Mnt, "pub", name)); got != "ENOENT" {
+	if got := nsOp(t, asNobodyProc, "stat", filepath.Join(d.Mnt, "pub", name)); got != "ENOENT" {
 		t.Fatalf("lookup of the missing %s through the mount: %s, want ENOENT", name, got)
 	}
 }
@@ -143,7 +182,7 @@ func nativeDir(t *testing.T) string {
 // overStale runs op as nobody on name through the mount after the kernel
 // cached its absence and root planted a file of mode there, and the same
 // op natively on a twin: results, and the planted files afterwards, agree.
-func overStale(t *testing.T, d *daemon, native, name string, mode os.FileMode, op string, args func(dir string) []string) string {
+func overStale(t *testing.T, d *daemon, native, name string, mode os.FileMode, who *syscall.SysProcAttr, op string, args func(dir string) []string) string {
 	t.Helper()
 	staleSetup(t, d, name)
 	mp, np := filepath.Join(d.Backing, "pub", name), filepath.Join(native, name)
@@ -153,10 +192,10 @@ func overStale(t *testing.T, d *daemon, native, name string, mode os.FileMode, o
 	if args != nil {
 		margs, nargs = args(filepath.Join(d.Mnt, "pub")), args(native)
 	}
-	want := nsOp(t, asUser(nobody), op, np, nargs...)
-	got := nsOp(t, asUser(nobody), op, filepath.Join(d.Mnt, "pub", name), margs...)
+	want := nsOp(t, who, op, np, nargs...)
+	got := nsOp(t, who, op, filepath.Join(d.Mnt, "pub", name), margs...)
 	if got != want {
-		t.Errorf("%s %s as nobody over a stale negative entry: through the mount %s, native %s", op, name, got, want)
+		t.Errorf("%s %s over a stale negative entry: through the mount %s, native %s", op, name, got, want)
 	}
 	if msg := sameFile(mp, np); msg != "" {
 		t.Errorf("root's %o file %s afterwards: through the mount %s", mode, name, msg)
@@ -174,7 +213,8 @@ func overStale(t *testing.T, d *daemon, native, name string, mode os.FileMode, o
 // over the stale entry get what they get natively (EEXIST) and change
 // nothing. A FIFO planted there is never handed out and never blocks:
 // EEXIST (on which the kernel drops the stale entry), or ENXIO for a
-// writer with no reader (a non-blocking open).
+// writer with no reader (a non-blocking open). Root of a user namespace
+// of its own is refused root's file too.
 func TestCreateOverStaleNegativeEntry(t *testing.T) {
 	d := startDaemon(t, withArgs("-o", "allow_other,default_permissions,cache=exclusive"))
 	native := nativeDir(t)
@@ -194,7 +234,7 @@ func TestCreateOverStaleNegativeEntry(t *testing.T) {
 	} {
 		t.Run("open-"+c.name, func(t *testing.T) {
 			flags := strconv.Itoa(c.flags)
-			want := overStale(t, d, native, "open-"+c.name, c.mode, "open", func(string) []string { return []string{flags} })
+			want := overStale(t, d, native, "open-"+c.name, c.mode, asNobodyProc, "open", func(string) []string { return []string{flags} })
 			if c.mode == 0600 && strings.HasPrefix(want, "OK") {
 				t.Fatalf("native open as nobody of root's 0600 file: %s (the test's premise)", want)
 			}
@@ -214,11 +254,19 @@ func TestCreateOverStaleNegativeEntry(t *testing.T) {
 				must(t, os.WriteFile(filepath.Join(dir, "nobodys"), []byte("n"), 0644))
 				must(t, os.Chown(filepath.Join(dir, "nobodys"), nobody, nobody))
 			}
-			if want := overStale(t, d, native, c.op+"-over", 0600, c.op, c.args); want != "EEXIST" {
+			if want := overStale(t, d, native, c.op+"-over", 0600, asNobodyProc, c.op, c.args); want != "EEXIST" {
 				t.Errorf("native %s over an existing name: %s, want EEXIST (the test's premise)", c.op, want)
 			}
 		})
 	}
+	t.Run("user-namespace-root", func(t *testing.T) {
+		// Its capabilities are its namespace's: root's 0600 file is as
+		// closed to it as to nobody.
+		flags := strconv.Itoa(unix.O_CREAT | unix.O_RDWR)
+		if want := overStale(t, d, native, "userns-rdwr", 0600, usernsRootOf(nobody), "open", func(string) []string { return []string{flags} }); want != "EACCES" {
+			t.Errorf("native open by a user-namespace root of root's 0600 file: %s, want EACCES (the test's premise)", want)
+		}
+	})
 	t.Run("fifo", func(t *testing.T) {
 		staleSetup(t, d, "fifo")
 		fifo := filepath.Join(d.Backing, "pub", "fifo")
@@ -230,7 +278,7 @@ func TestCreateOverStaleNegativeEntry(t *testing.T) {
 			flags int
 			want  string
 		}{{unix.O_WRONLY, "ENXIO"}, {unix.O_RDONLY, "EEXIST"}} {
-			got := nsOp(t, asUser(nobody), "open", filepath.Join(d.Mnt, "pub", "fifo"), strconv.Itoa(unix.O_CREAT|c.flags))
+			got := nsOp(t, asNobodyProc, "open", filepath.Join(d.Mnt, "pub", "fifo"), strconv.Itoa(unix.O_CREAT|c.flags))
 			if got != c.want {
 				t.Errorf("O_CREAT open (%#o) over a stale entry where the backing side has a FIFO: %s, want %s", c.flags, got, c.want)
 			}
@@ -276,8 +324,8 @@ func TestCreateOwnershipIsNative(t *testing.T) {
 		} {
 			mnt := filepath.Join(d.Mnt, dir.name, c.name)
 			nat := filepath.Join(native, dir.name, c.name)
-			got := nsOp(t, asUser(nobody), c.op, mnt, c.mode)
-			want := nsOp(t, asUser(nobody), c.op, nat, c.mode)
+			got := nsOp(t, asNobodyProc, c.op, mnt, c.mode)
+			want := nsOp(t, asNobodyProc, c.op, nat, c.mode)
 			if got != want || got != "OK" {
 				t.Errorf("%s %s/%s as nobody: through the mount %s, natively %s", c.op, dir.name, c.name, got, want)
 				continue

@@ -35,6 +35,7 @@ func serve(c *config) int {
 		defer lf.Close()
 	}
 	c.fs.Log = log
+	giveUpCapabilities(log) // re-executes the daemon without them, once
 
 	src := &metricsSource{}
 	m, observe, err := newMetrics(c, src)
