@@ -122,8 +122,12 @@ func (m *stressMutator) run(stop <-chan struct{}) {
 }
 
 // stressReadMutated opens and reads a q/ name under root: ENOENT is
-// fine, other errors are not; what it reads is empty or starts with the
-// header of a public q/ file (a rewrite in place may be seen half done).
+// fine, other errors are not. What it reads is a q/ file's: empty, or
+// starting with a q/ file's header, or, on the classic path while the
+// invalidation of a truncation is under way, with zeros (the kernel still
+// has the size from before it and fills what the short read did not
+// return: README, Caching); and every header in it names a public q/
+// file. A rewrite in place may be seen half done.
 func stressReadMutated(root, name string, uid int, t *stressTally) {
 	f, err := os.Open(filepath.Join(root, name))
 	if err != nil {
@@ -142,17 +146,37 @@ func stressReadMutated(root, name string, uid int, t *stressTally) {
 		return
 	}
 	t.bytes.Add(int64(len(data)))
-	if len(data) == 0 {
-		return
+	if msg := notMutatedBytes(data); msg != "" {
+		t.fail("uid %d: %s (changed on the backing side): %s", uid, name, msg)
 	}
-	line, _, _ := bytes.Cut(data, []byte("\n"))
-	var got string
-	var gen uint64
-	var secret, size int
-	if _, err := fmt.Sscanf(string(line), "PHXSTRESS name=%s gen=%d secret=%d size=%d", &got, &gen, &secret, &size); err != nil && len(line) == len(data) {
-		return // the first bytes of a rewrite, the header not whole yet
-	} else if err != nil || !isMutatedName(got) || secret != 0 {
-		t.fail("uid %d: %s (changed on the backing side): read %q, not a q/ file's", uid, name, line)
+}
+
+// notMutatedBytes says why data cannot be what a q/ file held ("" when it
+// can).
+func notMutatedBytes(data []byte) string {
+	const magic = "PHXSTRESS name="
+	if len(data) > 0 && data[0] != 0 && !bytes.HasPrefix(data, []byte(magic)[:min(len(magic), len(data))]) {
+		return fmt.Sprintf("starts with %q, not a header", data[:min(len(data), 40)])
+	}
+	for rest := data; ; {
+		i := bytes.Index(rest, []byte(magic))
+		if i < 0 {
+			return ""
+		}
+		line, _, whole := bytes.Cut(rest[i:], []byte("\n"))
+		rest = rest[i+len(magic):]
+		var got string
+		var gen uint64
+		var secret, size int
+		if _, err := fmt.Sscanf(string(line), magic+"%s gen=%d secret=%d size=%d", &got, &gen, &secret, &size); err != nil {
+			if !whole {
+				continue // cut off by the end of what was read
+			}
+			return fmt.Sprintf("a header %q: %v", line, err)
+		}
+		if !isMutatedName(got) || secret != 0 {
+			return fmt.Sprintf("holds the header of %s (secret %d), not a q/ file's", got, secret)
+		}
 	}
 }
 
@@ -260,6 +284,29 @@ func staleCreatorChild() {
 				unix.Close(fd)
 			}
 			fmt.Printf("CREATE %s\n", errnoName(err))
+		}
+	}
+}
+
+// TestNotMutatedBytes: the stress readers' check of q/ bytes.
+func TestNotMutatedBytes(t *testing.T) {
+	q, p := stressContent("q/q1", 7), stressContent("p3", 9)
+	for _, c := range []struct {
+		what string
+		data []byte
+		ok   bool
+	}{
+		{"empty", nil, true},
+		{"a whole q/ file", q, true},
+		{"its first bytes", q[:10], true},
+		{"zeros, then a q/ file's body", append(make([]byte, 4096), q[600:]...), true},
+		{"zeros, then another q/ file", append(make([]byte, 100), q...), true},
+		{"a p file", p, false},
+		{"zeros, then a p file", append(make([]byte, 100), p...), false},
+		{"a body without its header", q[600:], false},
+	} {
+		if msg := notMutatedBytes(c.data); (msg == "") != c.ok {
+			t.Errorf("%s: %q", c.what, msg)
 		}
 	}
 }
