@@ -135,7 +135,31 @@ func asCaller(c Caller, fn func() unix.Errno) unix.Errno {
 	if e != 0 {
 		return e
 	}
+	if cr.isDaemon() {
+		return fn() // a thread taking cr would have the daemon's credentials
+	}
 	return runAs(cr, fn)
+}
+
+// daemonCreds are the credentials of the daemon's threads (every thread but
+// a credThread in a job), read once.
+var daemonCreds = sync.OnceValues(threadCreds)
+
+// isDaemon says whether a thread that took cr would have exactly the
+// daemon's credentials: same fsuid, fsgid and groups, and the daemon's
+// effective capabilities (assume keeps of the caller's what the daemon
+// may have).
+func (cr callerCreds) isDaemon() bool {
+	d, e := daemonCreds()
+	if e != 0 || int(cr.fsuid) != d.fsuid || int(cr.fsgid) != d.fsgid || !slices.Equal(cr.groups, d.groups) {
+		return false
+	}
+	for i := range d.caps {
+		if cr.capEff[i]&d.caps[i].Permitted != d.caps[i].Effective {
+			return false
+		}
+	}
+	return true
 }
 
 // credJob is one function to run with a caller's credentials.

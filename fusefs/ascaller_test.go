@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -143,4 +144,30 @@ func setAsideIdleCredThreads(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestCallerLikeTheDaemonRunsInPlace: a caller whose credentials a
+// credThread would copy exactly (this root test process) is served on the
+// calling thread; another (a process of uid 1000) on a credThread.
+func TestCallerLikeTheDaemonRunsInPlace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
+	}
+	for _, c := range []struct {
+		who     string
+		caller  Caller
+		inPlace bool
+	}{
+		{"this process", Caller{Tid: os.Getpid(), Tgid: os.Getpid(), UID: 0, GID: 0}, true},
+		{"uid 1000", processAs(t, 1000), false},
+	} {
+		var tid int
+		runtime.LockOSThread()
+		e := asCaller(c.caller, func() unix.Errno { tid = unix.Gettid(); return 0 })
+		here := unix.Gettid()
+		runtime.UnlockOSThread()
+		if e != 0 || (tid == here) != c.inPlace {
+			t.Errorf("%s: %v, ran on thread %d, the caller's is %d (in place: want %v)", c.who, e, tid, here, c.inPlace)
+		}
+	}
 }
