@@ -27,7 +27,6 @@ type FS struct {
 	server     *fuse.Server
 	root       *node
 	rootDev    uint64
-	isRoot     bool // the daemon runs with euid 0: chown what it creates
 
 	// nodes maps a backing inode to its live node, so that a second lookup
 	// of a known inode reuses the node (and its descriptor); byID maps the
@@ -140,7 +139,7 @@ func newFS(backing, mountpoint string, o Options) (*FS, *unix.Stat_t, error) {
 		unix.Close(rootFd)
 		return nil, nil, errs.Wrapf(err, "stat backing directory %s", abs)
 	}
-	raiseNoFile(log)
+	RaiseNoFile(log)
 	// The kernel applies the caller's umask before it sends a create; the
 	// daemon's own must not mask the mode a second time.
 	unix.Umask(0)
@@ -152,7 +151,6 @@ func newFS(backing, mountpoint string, o Options) (*FS, *unix.Stat_t, error) {
 		ctl:        o.Control,
 		log:        log,
 		rootDev:    st.Dev,
-		isRoot:     os.Geteuid() == 0,
 		nodes:      make(map[inodeID]*node),
 		byID:       make(map[uint64]*node),
 		handouts:   make(map[<-chan struct{}][]handout),
@@ -360,9 +358,11 @@ func (f *FS) inoKey(st *unix.Stat_t) uint64 {
 	return h
 }
 
-// raiseNoFile lifts RLIMIT_NOFILE to fs.nr_open (root) or the hard limit:
-// every inode the kernel caches holds a descriptor.
-func raiseNoFile(log *logrus.Entry) {
+// RaiseNoFile lifts RLIMIT_NOFILE to fs.nr_open (root) or the hard limit:
+// every inode the kernel caches holds a descriptor. Mount calls it; a
+// daemon that gives up CAP_SYS_RESOURCE, which raising past the hard
+// limit needs, calls it first.
+func RaiseNoFile(log *logrus.Entry) {
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
 		return

@@ -31,9 +31,11 @@ import (
 //   - rawFS.Forget takes the kernel's lookups back before go-fuse sees them.
 // OnForget closes nothing while the node has kernel lookups or unsettled
 // hand-outs: a reply has revived it, or will, and the kernel will forget
-// it again. Otherwise it removes the node from both tables and closes its
-// descriptors in the same step, so a node found in FS.nodes always has an
-// open descriptor and a forgotten node is never handed out again.
+// it again; if that reply fails instead, its settle closes the node
+// (go-fuse will not call OnForget again). Otherwise it removes the node
+// from both tables and closes its descriptors in the same step, so a node
+// found in FS.nodes always has an open descriptor and a forgotten node is
+// never handed out again.
 //
 // Nodes are keyed by (st_dev, st_ino) and the device is their StableAttr
 // generation, so go-fuse's own table matches a node only to the inode it
@@ -104,20 +106,35 @@ func (f *FS) handOut(ctx context.Context, n *node, out *fuse.EntryOut) {
 }
 
 // settle ends the hand-outs of a request whose reply go-fuse has built:
-// each that made it into the reply is a kernel lookup of its node.
+// each that made it into the reply is a kernel lookup of its node. A node
+// that a failed reply named, and that go-fuse therefore did not register
+// (its entry has no node id), is closed when nothing else holds it: no
+// kernel lookup, no other hand-out, and go-fuse will not call OnForget for
+// it (it already did, and OnForget deferred to this reply, or no reply
+// ever named the node).
 func (f *FS) settle(key <-chan struct{}, st fuse.Status) {
 	f.nodesMu.Lock()
-	defer f.nodesMu.Unlock()
+	var orphans []*node
 	for _, h := range f.handouts[key] {
-		h.n.handedOut--
-		if !st.Ok() || h.out.NodeId == 0 {
-			continue
+		n := h.n
+		n.handedOut--
+		switch {
+		case st.Ok() && h.out.NodeId != 0:
+			n.lookups++
+			n.nodeid = h.out.NodeId
+			n.forgetDeferred = false
+			f.byID[h.out.NodeId] = n
+		case h.out.NodeId == 0 && n.handedOut == 0 && n.lookups == 0 && (n.forgetDeferred || n.nodeid == 0):
+			if f.dropNode(n) {
+				orphans = append(orphans, n)
+			}
 		}
-		h.n.lookups++
-		h.n.nodeid = h.out.NodeId
-		f.byID[h.out.NodeId] = h.n
 	}
 	delete(f.handouts, key)
+	f.nodesMu.Unlock()
+	for _, n := range orphans {
+		n.closeFds()
+	}
 }
 
 // forgotten takes back nlookup kernel lookups of the node with that id.
@@ -130,22 +147,47 @@ func (f *FS) forgotten(nodeid, nlookup uint64) {
 }
 
 // OnForget closes the node's descriptors once the kernel holds no lookup
-// of it and no reply being built names it.
+// of it and no reply being built names it. While a reply does, it defers
+// to that reply's settle, which closes the node if the reply fails.
 func (n *node) OnForget() {
 	f := n.fsys
 	f.nodesMu.Lock()
-	if n != f.root && (n.lookups > 0 || n.handedOut > 0 || f.nodes[n.id] != n) {
+	if n == f.root { // the unmount: the root is in no table but the handles'
+		f.unindexHandle(n)
+		f.nodesMu.Unlock()
+		n.closeFds()
+		return
+	}
+	if n.lookups == 0 && n.handedOut > 0 {
+		n.forgetDeferred = true
+	}
+	if n.lookups > 0 || n.handedOut > 0 || !f.dropNode(n) {
 		// Revived (or about to be) since go-fuse decided, or already closed.
 		f.nodesMu.Unlock()
 		return
+	}
+	f.nodesMu.Unlock()
+	n.closeFds()
+}
+
+// dropNode removes n from the overlay's tables, so that no lookup finds it
+// again, and reports whether it was there (false: already dropped). The
+// caller holds f.nodesMu and then closes n's descriptors.
+func (f *FS) dropNode(n *node) bool {
+	if f.nodes[n.id] != n {
+		return false
 	}
 	delete(f.nodes, n.id)
 	if f.byID[n.nodeid] == n {
 		delete(f.byID, n.nodeid)
 	}
 	f.unindexHandle(n)
-	f.nodesMu.Unlock()
+	return true
+}
 
+// closeFds closes a dropped node's descriptors: its lock descriptors and
+// its O_PATH descriptor.
+func (n *node) closeFds() {
 	n.mu.Lock()
 	for _, fd := range n.lockFds {
 		unix.Close(fd)

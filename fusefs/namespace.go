@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"os"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -11,7 +10,8 @@ import (
 )
 
 // The namespace: lookups and what creates, links, renames and removes
-// names, all relative to the parent's descriptor.
+// names, all relative to the parent's descriptor. What makes a name runs
+// as the caller (ascaller.go).
 
 // lookupFd opens an O_PATH descriptor on the child name and stats it
 // (from the server, on a network file system).
@@ -55,93 +55,38 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	return ch, 0
 }
 
-// giveToCaller makes the caller own what the daemon (as root) just
-// created: uid always, gid unless the parent directory is set-group-ID
-// (then the kernel already chose the parent's group, as for the caller).
-// chown clears set-ID bits of a file, so they are restored afterwards.
-func (n *node) giveToCaller(ctx context.Context, fd int, symlink bool) unix.Errno {
-	if !n.fsys.isRoot {
-		return 0
-	}
-	fc, ok := fuseCaller(ctx)
-	if !ok || (fc.Uid == uint32(os.Geteuid()) && fc.Gid == uint32(os.Getegid())) {
-		return 0 // already the creator's
-	}
-	var st, parent unix.Stat_t
-	if e := n.stat(&parent); e != 0 {
-		return e
-	}
-	if err := unix.Fstat(fd, &st); err != nil {
-		return toErrno(err)
-	}
-	gid := int(fc.Gid)
-	if parent.Mode&unix.S_ISGID != 0 {
-		gid = -1
-	}
-	if st.Uid == fc.Uid && (gid == -1 || st.Gid == uint32(gid)) {
-		return 0
-	}
-	flags := unix.AT_EMPTY_PATH
-	if symlink {
-		flags |= unix.AT_SYMLINK_NOFOLLOW
-	}
-	if err := unix.Fchownat(fd, "", int(fc.Uid), gid, flags); err != nil {
-		return toErrno(err)
-	}
-	if !symlink && st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
-		if err := unix.Fchmodat(fd, "", st.Mode&07777, unix.AT_EMPTY_PATH); err != nil {
-			return toErrno(err)
-		}
-	}
-	return 0
-}
-
-// created looks up what the node just created under name, gives it to the
-// caller and returns its inode.
-func (n *node) created(ctx context.Context, name string, symlink bool, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+// created looks up what the node just created under name as the caller
+// and returns its inode. The caller made it, with the kernel's ownership
+// and permission rules: nothing is chowned, so a rename of something else
+// onto the name in between gives the caller nothing it did not have.
+func (n *node) created(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	var st unix.Stat_t
 	fd, e := n.lookupFd(name, &st)
 	if e != 0 {
 		return nil, e
 	}
-	if e := n.giveToCaller(ctx, fd, symlink); e != 0 {
-		unix.Close(fd)
-		unix.Unlinkat(n.fd, name, removeFlag(st.Mode))
-		return nil, e
-	}
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, toErrno(err)
-	}
 	return n.child(ctx, fd, &st, out), 0
 }
 
-func removeFlag(mode uint32) int {
-	if mode&unix.S_IFMT == unix.S_IFDIR {
-		return unix.AT_REMOVEDIR
-	}
-	return 0
-}
-
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if err := unix.Mkdirat(n.fd, name, mode); err != nil {
-		return nil, toErrno(err)
+	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Mkdirat(n.fd, name, mode)) }); e != 0 {
+		return nil, e
 	}
-	return n.created(ctx, name, false, out)
+	return n.created(ctx, name, out)
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if err := unix.Mknodat(n.fd, name, mode, int(dev)); err != nil {
-		return nil, toErrno(err)
+	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Mknodat(n.fd, name, mode, int(dev))) }); e != 0 {
+		return nil, e
 	}
-	return n.created(ctx, name, false, out)
+	return n.created(ctx, name, out)
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if err := unix.Symlinkat(target, n.fd, name); err != nil {
-		return nil, toErrno(err)
+	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Symlinkat(target, n.fd, name)) }); e != 0 {
+		return nil, e
 	}
-	return n.created(ctx, name, true, out)
+	return n.created(ctx, name, out)
 }
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -149,13 +94,8 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, unix.EXDEV
 	}
-	err := unix.Linkat(t.fd, "", n.fd, name, unix.AT_EMPTY_PATH)
-	if err == unix.ENOENT || err == unix.EPERM {
-		// AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the /proc link does not.
-		err = unix.Linkat(unix.AT_FDCWD, procSelfFd(t.fd), n.fd, name, unix.AT_SYMLINK_FOLLOW)
-	}
-	if err != nil {
-		return nil, toErrno(err)
+	if e := asRequester(ctx, func() unix.Errno { return t.linkAt(n.fd, name) }); e != 0 {
+		return nil, e
 	}
 	var st unix.Stat_t
 	if e := t.stat(&st); e != 0 {
@@ -169,6 +109,16 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	n.fsys.handOut(ctx, t, out)
 	n.fsys.nodesMu.Unlock()
 	return t.EmbeddedInode(), 0
+}
+
+// linkAt makes name in the directory dirfd a new link to the node.
+func (n *node) linkAt(dirfd int, name string) unix.Errno {
+	err := unix.Linkat(n.fd, "", dirfd, name, unix.AT_EMPTY_PATH)
+	if err == unix.ENOENT || err == unix.EPERM {
+		// AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the /proc link does not.
+		err = unix.Linkat(unix.AT_FDCWD, procSelfFd(n.fd), dirfd, name, unix.AT_SYMLINK_FOLLOW)
+	}
+	return toErrno(err)
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {

@@ -31,10 +31,12 @@ type node struct {
 	hkey     string // its key in FS.handles ("" when not indexed)
 
 	// Guarded by fsys.nodesMu (see lifecycle.go): replies being built that
-	// name this node, the kernel's lookups of it, and its FUSE node id.
-	handedOut int
-	lookups   int64
-	nodeid    uint64
+	// name this node, the kernel's lookups of it, its FUSE node id, and
+	// whether OnForget left closing it to a reply being built.
+	handedOut      int
+	lookups        int64
+	nodeid         uint64
+	forgetDeferred bool
 
 	mu sync.Mutex
 	// lockFds holds one backing descriptor per POSIX lock owner: its OFD
@@ -134,11 +136,10 @@ func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
 	if e := n.stat(&st); e != 0 {
 		return e
 	}
-	fc, _ := fuseCaller(ctx)
-	c := Caller{Tid: int(fc.Pid), Tgid: int(fc.Pid), UID: fc.Uid, GID: fc.Gid}
 	if mask&unix.W_OK != 0 && n.fsys.opts.ReadOnly {
 		return unix.EROFS
 	}
+	c, _ := requestCaller(ctx)
 	return accessAsCaller(c, n.fd, mask&7)
 }
 

@@ -27,19 +27,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	return fh, ff, 0
 }
 
+// Create is an open(2) with O_CREAT of a name the kernel believes absent.
+// It runs as the caller (ascaller.go): the kernel creates the file with the
+// caller's ownership, or, when the backing directory has the name since
+// the kernel looked (a cached negative entry, a change on the backing
+// side), opens it only if the caller may, truncating only where the caller
+// may write, and the kernel is answered with that existing file. Nothing
+// is chowned.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	// O_NOFOLLOW: a symlink planted in the backing directory since the
-	// kernel's lookup must not redirect the daemon's create.
-	fl := int(flags)&^unix.O_NOCTTY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	fd, err := unix.Openat(n.fd, name, fl, mode)
-	if err != nil {
-		return nil, nil, 0, toErrno(err)
-	}
-	if e := n.giveToCaller(ctx, fd, false); e != 0 {
-		unix.Close(fd)
-		if fl&unix.O_EXCL != 0 {
-			unix.Unlinkat(n.fd, name, 0)
-		}
+	fd, e := n.createAsCaller(ctx, name, int(flags), mode)
+	if e != 0 {
 		return nil, nil, 0, e
 	}
 	// The node's O_PATH descriptor comes from the file just opened, not
@@ -58,6 +55,52 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	ch := n.child(ctx, pfd, &st, out)
 	fh, ff := n.fsys.newFile(ctx, ch.Operations().(*node), fd, int(flags))
 	return ch, fh, ff, 0
+}
+
+// createAsCaller opens name with O_CREAT as the caller and returns the
+// descriptor of a regular file. O_NOFOLLOW: a symlink planted in the
+// backing directory must not redirect the create (ELOOP). O_NONBLOCK: a
+// FIFO or device planted there must not block the daemon (a FIFO writer
+// with no reader gets ENXIO); the kernel takes nothing but a regular file
+// as created, so anything else is closed again and answered EEXIST, on
+// which the kernel drops its stale negative entry and the next open finds
+// the name (a directory is EISDIR, from the open itself).
+func (n *node) createAsCaller(ctx context.Context, name string, flags int, mode uint32) (int, unix.Errno) {
+	fl := flags&^unix.O_NOCTTY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
+	fd := -1
+	e := asRequester(ctx, func() unix.Errno {
+		var err error
+		fd, err = unix.Openat(n.fd, name, fl, mode)
+		return toErrno(err)
+	})
+	if e != 0 {
+		return -1, e
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, toErrno(err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return -1, unix.EEXIST
+	}
+	if flags&unix.O_NONBLOCK == 0 {
+		if e := clearNonblock(fd); e != 0 {
+			unix.Close(fd)
+			return -1, e
+		}
+	}
+	return fd, 0
+}
+
+// clearNonblock takes O_NONBLOCK off an open file's status flags.
+func clearNonblock(fd int) unix.Errno {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err == nil {
+		_, err = unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl&^unix.O_NONBLOCK)
+	}
+	return toErrno(err)
 }
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {

@@ -29,11 +29,24 @@ var user1000 = asUser(1000)
 // (errno, bytes, whether SIGXFSZ came), or the signal that killed it.
 func childWrite(t *testing.T, cred *syscall.Credential, path, how string, off, n, fsize int64) string {
 	t.Helper()
-	c := startChildTest(t, "TestIoctlHelperChild", cred, "write", path, how, fmt.Sprint(off), fmt.Sprint(n), fmt.Sprint(fsize))
+	var attr *syscall.SysProcAttr
+	if cred != nil {
+		attr = &syscall.SysProcAttr{Credential: cred}
+	}
+	return childWriteAs(t, attr, path, how, off, n, fsize)
+}
+
+// childWriteAs is childWrite with the child's process attributes.
+func childWriteAs(t *testing.T, attr *syscall.SysProcAttr, path, how string, off, n, fsize int64) string {
+	t.Helper()
+	c := startChildProc(t, "TestIoctlHelperChild", attr, "write", path, how, fmt.Sprint(off), fmt.Sprint(n), fmt.Sprint(fsize))
 	var line string
+	var others []string
 	for l := range c.lines {
 		if strings.HasPrefix(l, "WRITE ") {
 			line = l
+		} else {
+			others = append(others, l)
 		}
 	}
 	err := c.cmd.Wait()
@@ -44,7 +57,7 @@ func childWrite(t *testing.T, cred *syscall.Credential, path, how string, off, n
 		}
 	}
 	if line == "" {
-		t.Fatalf("write child (%s) printed nothing: %v", how, err)
+		t.Fatalf("write child (%s) printed no WRITE line: %v %q", how, err, others)
 	}
 	return line
 }
@@ -84,6 +97,29 @@ func TestIoctlWriteIsTheCallersWrite(t *testing.T) {
 				if ms, mi := modeOf(sys), modeOf(ioc); ms != mi {
 					t.Errorf("mode %v, caller %v: write(2) left %v, the ioctl WRITE %v", m, cred, ms, mi)
 				}
+			}
+		}
+	})
+
+	t.Run("user namespace root", func(t *testing.T) {
+		// Root in a user namespace of its own (uid and gid 1000 outside)
+		// has every capability there and none over the backing files:
+		// its write clears set-user-ID as an ordinary user's does.
+		userns := &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 1000, Size: 1}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 1000, Size: 1}},
+			// setuid(0) and setgid(0) inside: uid and gid 1000 outside.
+			Credential: &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}}
+		for _, m := range []os.FileMode{os.ModeSetuid | 0755, os.ModeSetuid | os.ModeSetgid | 0775} {
+			sys, ioc := twin(fmt.Sprintf("userns-%o", m), m)
+			a := childWriteAs(t, userns, sys, "syscall", 0, 100, -1)
+			b := childWriteAs(t, userns, ioc, "ioctl", 0, 100, -1)
+			if a != b || a != "WRITE OK 100 SIGXFSZ no" {
+				t.Errorf("mode %v: write(2) %q, ioctl %q", m, a, b)
+			}
+			ms, mi := modeOf(sys), modeOf(ioc)
+			if ms != mi || mi&os.ModeSetuid != 0 {
+				t.Errorf("mode %v, user-namespace root: write(2) left %v, the ioctl WRITE %v", m, ms, mi)
 			}
 		}
 	})

@@ -752,11 +752,22 @@ func startChild(t testing.TB, cred *syscall.Credential, mode string, args ...str
 // reads PHX_CHILD and PHX_CHILD_ARGS) as cred (nil: as this process).
 func startChildTest(t testing.TB, test string, cred *syscall.Credential, mode string, args ...string) *child {
 	t.Helper()
+	var attr *syscall.SysProcAttr
+	if cred != nil {
+		attr = &syscall.SysProcAttr{Credential: cred}
+	}
+	return startChildProc(t, test, attr, mode, args...)
+}
+
+// startChildProc is startChildTest with the child's process attributes
+// (credentials, namespaces; nil: as this process).
+func startChildProc(t testing.TB, test string, attr *syscall.SysProcAttr, mode string, args ...string) *child {
+	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cred != nil {
+	if attr != nil {
 		// Another user must be able to run the binary: copy it somewhere
 		// world-readable.
 		dir := t.TempDir()
@@ -774,9 +785,7 @@ func startChildTest(t testing.TB, test string, cred *syscall.Credential, mode st
 	cmd := exec.Command(bin, "-test.run=^"+test+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "PHX_CHILD="+mode, "PHX_CHILD_ARGS="+strings.Join(args, "\x1f"))
 	cmd.Dir = "/"
-	if cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	}
+	cmd.SysProcAttr = attr
 	stdout, _ := cmd.StdoutPipe()
 	stdin, _ := cmd.StdinPipe()
 	cmd.Stderr = os.Stderr

@@ -2,7 +2,11 @@ package integration
 
 // The namespace stress test: names are replaced, unlinked and recreated,
 // on the backing directory and through the mount, while processes of
-// several uids look them up, open them and read them through the mount.
+// several uids look them up, open them and read them through the mount;
+// in every mode a mutator changes other names directly in the backing
+// directory and nobody creates over stale negative entries
+// (namespace_stress_backing_test.go), and afterwards the mount converges
+// to what the backing directory says.
 // Every file says in its first line which name it was written for, its
 // generation and whether it is secret (mode 0600, root's), and its body
 // follows from that line; so every byte a reader gets is checked against
@@ -163,7 +167,8 @@ func stressLook(root, name string, uid int, t *stressTally) {
 	}
 	for _, e := range ents {
 		n := e.Name()
-		if !strings.HasPrefix(n, "p") && !strings.HasPrefix(n, "s") && !strings.HasPrefix(n, "tmp-") {
+		if !strings.HasPrefix(n, "p") && !strings.HasPrefix(n, "s") && !strings.HasPrefix(n, "tmp-") &&
+			!strings.HasPrefix(n, "q") && n != filepath.Base(stressMutatedDir) {
 			t.fail("uid %d: readdir %s: unexpected name %q", uid, filepath.Dir(name), n)
 		}
 	}
@@ -172,14 +177,17 @@ func stressLook(root, name string, uid int, t *stressTally) {
 // stressReader reads random names under root until the deadline.
 func stressReader(root string, uid int, until time.Time, seed uint64, t *stressTally) {
 	rng := rand.New(rand.NewPCG(seed, 7))
-	names := stressNames()
+	names := append(stressNames(), stressMutated...)
 	for i := 0; time.Now().Before(until); i++ {
 		name := names[rng.IntN(len(names))]
-		if i%8 == 7 {
+		switch {
+		case i%8 == 7:
 			stressLook(root, name, uid, t)
-			continue
+		case isMutatedName(name):
+			stressReadMutated(root, name, uid, t)
+		default:
+			stressReadOnce(root, name, uid, t)
 		}
-		stressReadOnce(root, name, uid, t)
 	}
 }
 
@@ -248,13 +256,16 @@ func (w *stressWriter) run(stop <-chan struct{}) {
 	}
 }
 
-// stressPopulate writes generation 0 of every name.
+// stressPopulate writes generation 0 of every name, and makes the
+// mutator's directories and the 1777 directory of the stale creator.
 func stressPopulate(t *testing.T, root string) {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Join(root, "sub"), 0755); err != nil {
-		t.Fatal(err)
+	for _, dir := range []string{"sub", "q/sub"} {
+		must(t, os.MkdirAll(filepath.Join(root, dir), 0755))
 	}
-	for _, n := range stressNames() {
+	must(t, os.Mkdir(filepath.Join(root, "stale"), 0777))
+	must(t, os.Chmod(filepath.Join(root, "stale"), 01777))
+	for _, n := range append(stressNames(), stressMutated...) {
 		if err := os.WriteFile(filepath.Join(root, n), stressContent(n, 0), os.FileMode(stressMode(n))); err != nil {
 			t.Fatal(err)
 		}
@@ -273,32 +284,45 @@ func stressSeconds(t *testing.T) time.Duration {
 	return time.Duration(n) * time.Second
 }
 
-// runStress runs one writer on each of two roots (the backing directory or
-// the mount) and readers on readRoot (root in-process, two other uids as child processes) for d.
-func runStress(t *testing.T, writeRoot0, writeRoot1, readRoot string, d time.Duration) {
+// stressRoots are where a stress run works: the roots of its two writers
+// (the backing directory or the mount), where it reads, and the backing
+// directory itself (the mutator's and the stale creator's).
+type stressRoots struct{ write0, write1, read, backing string }
+
+// runStress runs one writer on each of r's two write roots, the mutator on
+// the backing directory, the stale creator, and readers on r.read (root
+// in-process, two other uids as child processes) for d; then stops the
+// writers and waits for the mount to show what the backing directory
+// says.
+func runStress(t *testing.T, r stressRoots, d time.Duration) {
 	var gen atomic.Uint64
 	gen.Store(1 << 20)
 	stop := make(chan struct{})
 	var writers []*stressWriter
 	var wg sync.WaitGroup
-	for i, root := range []string{writeRoot0, writeRoot1} {
+	for i, root := range []string{r.write0, r.write1} {
 		w := &stressWriter{root: root, tag: fmt.Sprintf("w%d", i), gen: &gen, rng: rand.New(rand.NewPCG(uint64(i), 1))}
 		writers = append(writers, w)
 		wg.Add(1)
 		go func() { defer wg.Done(); w.run(stop) }()
 	}
+	mut := &stressMutator{root: r.backing, rng: rand.New(rand.NewPCG(9, 1))}
+	mut.gen.Store(1 << 40)
+	wg.Add(1)
+	go func() { defer wg.Done(); mut.run(stop) }()
 	until := time.Now().Add(d)
 	var kids []*child
 	for _, uid := range []uint32{nobody, 1000} {
 		cred := asUser(uid)
-		kids = append(kids, startChildTest(t, "TestStressHelperChild", cred, "stress-reader", readRoot, strconv.Itoa(int(d/time.Millisecond))))
+		kids = append(kids, startChildTest(t, "TestStressHelperChild", cred, "stress-reader", r.read, strconv.Itoa(int(d/time.Millisecond))))
 	}
 	var tally stressTally
 	var rg sync.WaitGroup
 	for i := 0; i < 2; i++ {
 		rg.Add(1)
-		go func() { defer rg.Done(); stressReader(readRoot, 0, until, uint64(100+i), &tally) }()
+		go func() { defer rg.Done(); stressReader(r.read, 0, until, uint64(100+i), &tally) }()
 	}
+	stale := staleCreates(t, r.backing, r.read, until)
 	rg.Wait()
 	for _, k := range kids {
 		line := k.expect(t, "STRESS")
@@ -313,11 +337,16 @@ func runStress(t *testing.T, writeRoot0, writeRoot1, readRoot string, d time.Dur
 	close(stop)
 	wg.Wait()
 	t.Logf("root readers: %s", &tally)
+	t.Logf("stale creator: %d O_CREAT opens over names root made behind the mount's back", stale)
 	for _, w := range writers {
 		t.Logf("%s: %d changes", w.tag, w.ops.Load())
 		if w.err != nil {
 			t.Errorf("%v", w.err)
 		}
+	}
+	t.Logf("backing-side mutator: %d changes", mut.ops.Load())
+	if mut.err != nil {
+		t.Errorf("%v", mut.err)
 	}
 	for _, b := range tally.bad {
 		t.Errorf("%s", b)
@@ -325,6 +354,10 @@ func runStress(t *testing.T, writeRoot0, writeRoot1, readRoot string, d time.Dur
 	if tally.opens.Load() == 0 {
 		t.Errorf("the root readers opened nothing")
 	}
+	if stale == 0 {
+		t.Errorf("the stale creator tried nothing")
+	}
+	eventually(t, "the stress tree after the writers stopped", func() string { return stressDiff(r.backing, r.read) })
 }
 
 // TestNamespaceStress replaces names under readers of several uids: on the
@@ -335,8 +368,11 @@ func runStress(t *testing.T, writeRoot0, writeRoot1, readRoot string, d time.Dur
 // and listings), where writers through the mount keep the kernel's caches
 // exact. (A change made on the backing directory shows within the
 // invalidation's bound, not at once, so a reader there may meanwhile see
-// a size from before it: TestBackingChangesUnderConcurrentReaders checks
-// that case, README "Caching".)
+// a size from before it: there, the backing side changes only the
+// mutator's names, whose readers accept any state a native reader or the
+// invalidation's bound allows, and the mount must converge afterwards;
+// TestBackingChangesUnderConcurrentReaders checks the bound, README
+// "Caching".) Every mode runs the mutator and the stale creator.
 func TestNamespaceStress(t *testing.T) {
 	requireMountEnv(t)
 	d := stressSeconds(t)
@@ -345,7 +381,7 @@ func TestNamespaceStress(t *testing.T) {
 		os.Chmod(filepath.Dir(dir), 0755)
 		os.Chmod(dir, 0755)
 		stressPopulate(t, dir)
-		runStress(t, dir, dir, dir, min(d, 2*time.Second))
+		runStress(t, stressRoots{dir, dir, dir, dir}, min(d, 2*time.Second))
 	})
 	const zero = "allow_other,entry_timeout=0,attr_timeout=0"
 	for _, m := range []struct {
@@ -365,7 +401,7 @@ func TestNamespaceStress(t *testing.T) {
 			if m.backingSide {
 				first = dm.Backing
 			}
-			runStress(t, first, dm.Mnt, dm.Mnt, d)
+			runStress(t, stressRoots{first, dm.Mnt, dm.Mnt, dm.Backing}, d)
 			if !dm.Mounted() {
 				t.Fatalf("the daemon died:\n%s", dm.Stderr())
 			}
@@ -383,7 +419,7 @@ func checkNoDescriptorLeak(t *testing.T, pid int) {
 		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 		return len(ents)
 	}
-	limit := 64 + 2*len(stressNames())
+	limit := 64 + 2*(len(stressNames())+len(stressMutated))
 	for i := 0; i < 50 && count() > limit; i++ {
 		unix.Sync()
 		os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0)
@@ -397,7 +433,12 @@ func checkNoDescriptorLeak(t *testing.T, pid int) {
 // TestStressHelperChild is the body of the reader processes of other uids;
 // it skips when run normally.
 func TestStressHelperChild(t *testing.T) {
-	if os.Getenv("PHX_CHILD") != "stress-reader" {
+	switch os.Getenv("PHX_CHILD") {
+	case "stress-reader":
+	case "stale-creator":
+		staleCreatorChild()
+		os.Exit(0)
+	default:
 		t.Skip("helper process for TestNamespaceStress (runs only when re-executed)")
 	}
 	args := strings.Split(os.Getenv("PHX_CHILD_ARGS"), "\x1f")

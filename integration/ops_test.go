@@ -259,6 +259,24 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 }
 
+// TestMetricsLoopbackByDefault: --metrics :PORT (no host) listens on
+// 127.0.0.1 only and says so in the log; the endpoint has no
+// authentication.
+func TestMetricsLoopbackByDefault(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu", "--metrics", ":0"))
+	m := regexp.MustCompile(`metrics: serving (http://127\.0\.0\.1:(\d+)/metrics) \(--metrics :0: bound 127\.0\.0\.1:\d+, loopback only\)`).FindStringSubmatch(d.Stderr())
+	if m == nil {
+		t.Fatalf("no loopback metrics line in the log:\n%s", d.Stderr())
+	}
+	if got := scrapeMetrics(t, m[1]); len(got) == 0 {
+		t.Errorf("%s: no samples", m[1])
+	}
+	if c, err := net.Dial("tcp6", "[::1]:"+m[2]); err == nil {
+		c.Close()
+		t.Errorf("--metrics :0 also listens on [::1]:%s", m[2])
+	}
+}
+
 // scrapeMetrics fetches the endpoint: each sample by its name and labels.
 func scrapeMetrics(t *testing.T, url string) map[string]float64 {
 	t.Helper()

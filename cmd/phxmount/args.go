@@ -87,7 +87,9 @@ mount that serves requests (exit 1 when it is not by the timeout, default
   --log-format F        text (default) or json
   --log-file PATH       append the log to PATH (default stderr); SIGHUP reopens it
   --metrics ADDR        serve Prometheus metrics at http://ADDR/metrics
-                        (host:port; off by default)
+                        (HOST:PORT; :PORT listens on 127.0.0.1 only, other
+                        interfaces need a host, e.g. 0.0.0.0:9464; no
+                        authentication; off by default)
   --version             the version, commit and build, then exit
   -f                    foreground (always; accepted for compatibility)
   -d                    -o debug

@@ -35,6 +35,7 @@ func serve(c *config) int {
 		defer lf.Close()
 	}
 	c.fs.Log = log
+	giveUpCapabilities(log) // re-executes the daemon without them, once
 
 	src := &metricsSource{}
 	m, observe, err := newMetrics(c, src)
@@ -54,7 +55,7 @@ func serve(c *config) int {
 			return fail(1, "--metrics: %v", err)
 		}
 		defer srv.Close()
-		log.WithField("metrics", srv.URL()).Infof("metrics: serving %s", srv.URL())
+		logMetrics(log, c.metrics, srv)
 	}
 
 	fsys, err := fusefs.Mount(c.backing, c.mountpoint, c.fs)
@@ -133,6 +134,17 @@ func hangup(log *logrus.Entry, lf *logfile.File) {
 		return
 	}
 	log.Infof("SIGHUP: reopened the log file %s; still serving", lf.Path())
+}
+
+// logMetrics says where the metrics are served: loopback only, or reachable
+// from other machines, without authentication, because the address said so.
+func logMetrics(log *logrus.Entry, asked string, srv *metrics.Server) {
+	l := log.WithFields(logrus.Fields{"metrics": srv.URL(), "bound": srv.Addr().String()})
+	if srv.Loopback() {
+		l.Infof("metrics: serving %s (--metrics %s: bound %s, loopback only)", srv.URL(), asked, srv.Addr())
+		return
+	}
+	l.Warnf("metrics: serving %s (--metrics %s: bound %s): reachable from other machines, without authentication", srv.URL(), asked, srv.Addr())
 }
 
 // metricsSource gives the metrics the control's counters and the

@@ -1,7 +1,9 @@
 package metrics
 
 import (
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"golang.org/x/sys/unix"
 
 	"github.com/phxmount/phxmount/client"
 	"github.com/phxmount/phxmount/internal/buildinfo"
@@ -176,8 +179,33 @@ func TestTransportsHistogramBuild(t *testing.T) {
 
 // TestServer: the index answers, other paths are 404, a taken address is
 // an error, and Close stops serving.
+// TestServeBindsLoopbackWithoutHost: ":PORT" listens on 127.0.0.1 only
+// (the endpoint has no authentication); an explicit host is taken as
+// given.
+func TestServeBindsLoopbackWithoutHost(t *testing.T) {
+	m, err := New(&fakeSource{}, buildinfo.Info{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, want := range map[string]string{":0": "127.0.0.1", "0.0.0.0:0": "0.0.0.0"} {
+		s, err := m.Serve(addr)
+		if err != nil {
+			t.Fatalf("Serve(%q): %v", addr, err)
+		}
+		if host, _, _ := net.SplitHostPort(s.Addr().String()); host != want {
+			t.Errorf("Serve(%q) listens on %s, want host %s", addr, s.Addr(), want)
+		}
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func TestServer(t *testing.T) {
 	_, s := serve(t, &fakeSource{})
+	if !s.Loopback() {
+		t.Errorf("%s: not loopback", s.Addr())
+	}
 	base := "http://" + s.Addr().String()
 	for path, want := range map[string]int{"/": 200, "/nope": 404} {
 		resp, err := http.Get(base + path)
@@ -199,6 +227,9 @@ func TestServer(t *testing.T) {
 		t.Fatalf("a second server on %s", s.Addr())
 	} else if !strings.Contains(err.Error(), "metrics: listen "+s.Addr().String()) {
 		t.Errorf("error %q", err)
+	}
+	if _, err := m.Serve("9464"); err == nil || !errors.Is(err, unix.EINVAL) {
+		t.Errorf("an address with no port: %v, want EINVAL", err)
 	}
 	s3, err := m.Serve("127.0.0.1:0")
 	if err != nil {

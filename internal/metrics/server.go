@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
 
 	"github.com/phxmount/phxmount/internal/errs"
 )
@@ -20,10 +21,24 @@ type Server struct {
 	done chan error
 }
 
-// Serve listens on addr (host:port; port 0 picks a free one) and serves
-// the metrics until Close.
+// Serve listens on addr (HOST:PORT; port 0 picks a free one) and serves
+// the metrics until Close. The endpoint has no authentication, so an
+// address with no host (":9464") listens on the loopback address
+// 127.0.0.1 only; other interfaces take an explicit host ("0.0.0.0:9464",
+// "[::]:9464", an interface's address).
 func (m *Metrics) Serve(addr string) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, errs.Wrap("metrics: listen", addr, errs.New(unix.EINVAL, "want HOST:PORT"))
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	network := "tcp"
+	if ip := net.ParseIP(host); ip != nil && ip.To4() != nil {
+		network = "tcp4" // "tcp" would take 0.0.0.0 for every IPv6 address too
+	}
+	ln, err := net.Listen(network, net.JoinHostPort(host, port))
 	if err != nil {
 		return nil, errs.Wrap("metrics: listen", addr, err)
 	}
@@ -45,6 +60,13 @@ func (m *Metrics) Serve(addr string) (*Server, error) {
 
 // Addr is the address the server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Loopback says whether the server listens on a loopback address only
+// (no other machine can reach it).
+func (s *Server) Loopback() bool {
+	a, ok := s.ln.Addr().(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
+}
 
 // URL is the metrics' URL.
 func (s *Server) URL() string { return "http://" + s.ln.Addr().String() + "/metrics" }
