@@ -269,7 +269,7 @@ run() {
 # benchmark uses) in .devcarry/ref with this machine's nvcc, by the build
 # line in each file's header (plus -arch=sm_90; without it when that fails).
 build_refs() {
-	local nvcc p line progs=("${@:-staged_ceiling kv_blocks two_gpu}")
+	local nvcc p line pids=() progs=("${@:-staged_ceiling kv_blocks two_gpu}")
 	# shellcheck disable=SC2206 # the default is words
 	progs=(${progs[*]})
 	nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -288,8 +288,10 @@ build_refs() {
 		# shellcheck disable=SC2086 # the build line is words
 		( (cd "$REF" && timeout 300 $nvcc ${line#nvcc } -arch=sm_90) >"$RAW/ref-build-$p.log" 2>&1 ||
 			(cd "$REF" && timeout 300 $nvcc ${line#nvcc }) >>"$RAW/ref-build-$p.log" 2>&1) &
+		pids+=($!)
 	done
-	wait
+	# Only the builds: a bare wait would also wait for a mounted daemon.
+	[ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"
 	for p in "${progs[@]}"; do
 		[ -x "$REF/$p" ] || fail "build the reference $p (see ref-build-$p.log)"
 	done
