@@ -21,6 +21,8 @@
 #   bash scripts/gpu-test.sh hf      the drop-in's and the tensor-parallel checks
 #                                    and rows alone (gpu_hf.py, gpu_tp.py; run
 #                                    does them too)
+#   bash scripts/gpu-test.sh focus   the Go suites on the GPU, hf's checks and rows,
+#                                    and the report (one device call's worth)
 #   bash scripts/gpu-test.sh report  gpu_report.py over the raw files in $RAW
 #                                    (PHX_GPU_RAW; no GPU needed: raw.tgz of
 #                                    several runs unpacked into one folder)
@@ -219,11 +221,8 @@ tensor_parallel() {
 		--ref-col "${outs[@]}"
 }
 
-run() {
-	cd "$ROOT" || exit 1
-	need_binaries
-	rm -f "$RAW"/run-*.json
-	say "=== gpu-test run: $(date -u +%FT%TZ) $(nvidia-smi -L 2>&1 | head -1); kernel $(uname -r); python $(python3 -c 'import sys; print(sys.version.split()[0])')"
+# go_tests: the nvidia connector's tests and the phxfs suites on it.
+go_tests() {
 	say "--- connector/nvidia tests"
 	if timeout 150 ./.devcarry/nvidia.test -test.v -test.count=1 >"$RAW/nvidia-test.log" 2>&1; then
 		pass "connector/nvidia: $(grep -c '^--- PASS' "$RAW/nvidia-test.log") tests passed, $(grep -c -- '--- SKIP' "$RAW/nvidia-test.log") skipped"
@@ -237,6 +236,18 @@ run() {
 		fail "phxfs on nvidia: $(grep -E -- '--- FAIL|^FAIL|panic' "$RAW/phxfs-test.log" | head -5 | tr '\n' ' ')"
 	fi
 	grep -E '^ +[a-z_]+_test\.go:[0-9]+: ' "$RAW/phxfs-test.log" | sed 's/^ */why: /' | sort | uniq -c | head -5 | tee -a "$LOG"
+}
+
+run_header() {
+	cd "$ROOT" || exit 1
+	need_binaries
+	rm -f "$RAW"/run-*.json
+	say "=== gpu-test $1: $(date -u +%FT%TZ) $(nvidia-smi -L 2>&1 | head -1); kernel $(uname -r); python $(python3 -c 'import sys; print(sys.version.split()[0])')"
+}
+
+run() {
+	run_header run
+	go_tests
 	say "--- the Python client's unit tests (emu mounts included)"
 	if (cd python && PHXMOUNT_BIN=$CARRY/phxmount timeout 240 python3 -m unittest discover -s tests) >>"$LOG" 2>&1; then
 		pass "python unit tests"
@@ -406,6 +417,17 @@ report) report ;;
 hf)
 	cd "$ROOT" && need_binaries && mount_phx && drop_in && tensor_parallel
 	unmount
+	;;
+focus)
+	# What one device call of 10 minutes holds: the Go suites on the GPU,
+	# the drop-in and the tensor-parallel checks and rows, and their report
+	# (the benchmark's other rows "not run").
+	mkdir -p "$WORK/backing"
+	run_header focus
+	go_tests
+	mount_phx && drop_in && tensor_parallel
+	unmount
+	report
 	;;
 all)
 	run

@@ -319,12 +319,12 @@ def run(a) -> int:
     for f in files:
         warm(f)
     r = {"bytes": nbytes}
-    r["hooked_warmup"] = fresh("engine", mnt, hook="cuda:0")  # the daemon has served a client before the rows
     r["stock"] = fresh("stock", back)
     r["hooked"] = fresh("hooked", mnt, back, hook="1")
-    prof = os.path.join(os.path.dirname(os.path.abspath(a.out)), "hf-profile")
-    r["profiled"] = {k: fresh(k, d, ref, hook=h, profile=prof) for k, d, ref, h in
-                     (("stock", back, "", ""), ("hooked", mnt, back, "1"))}
+    if a.profile:
+        prof = os.path.join(os.path.dirname(os.path.abspath(a.out)), "hf-profile")
+        r["profiled"] = {k: fresh(k, d, ref, hook=h, profile=prof) for k, d, ref, h in
+                         (("stock", back, "", ""), ("hooked", mnt, back, "1"))}
     r["engine_stock"] = fresh("engine", mnt)
     r["engine_hooked"] = fresh("engine", mnt, back, hook="cuda:0")
     r["cold_ceiling"] = cold_ceiling(files)
@@ -421,6 +421,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("run")
     for k in ("--mount-dir", "--backing-dir", "--ckpt", "--phxmount", "--out"):
         r.add_argument(k, required=True)
+    r.add_argument("--profile", action="store_true", help="also a cProfile of each side's load (hf-profile-*.txt)")
     a = ap.parse_args(argv)
     if a.cmd == "gen":
         gen(a.dir)
