@@ -589,16 +589,19 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 _finder: Optional[_AfterImport] = None
+_summary_at_exit = False
 
 
 def install(mode: Optional[Mode] = None) -> Mode:
     """Turns the hook on (idempotent): patches safetensors and transformers
     now if they are imported, else as soon as they are."""
-    global _mode, _finder
+    global _mode, _finder, _summary_at_exit
     _mode = mode or Mode(True)
     if _finder is None:
         _finder = _AfterImport()
         sys.meta_path.insert(0, _finder)
+    if not _summary_at_exit:
+        _summary_at_exit = True
         atexit.register(_at_exit)
     for name, after in _AFTER_IMPORT.items():
         if name in sys.modules:
