@@ -18,11 +18,14 @@ import (
 // slice bytes where a pread of each slice gave 4-42.
 //
 // A file's mapping lives as long as the library (or until the file's size
-// changes): the page-table entries one load makes serve the next. A
-// mapping is shared by reference count; one that is replaced or evicted is
-// unmapped when its last user is done. A file that shrinks under a mapping
-// makes a copy fault (SIGBUS): the gather of that group is redone with the
-// engine, never a crash (internal/faultsafe).
+// changes), shared by reference count; one that is replaced or evicted is
+// unmapped when its last user is done. Its page-table entries live only
+// while a batch uses it: when the last user lets go they are dropped
+// (MADV_DONTNEED; the pages stay in the page cache), because the kernel
+// neither evicts mapped pages on FADV_DONTNEED nor drops them on
+// drop_caches, and a user who empties the cache must find it empty. A file
+// that shrinks under a mapping makes a copy fault (SIGBUS): the gather of
+// that group is redone with the engine, never a crash (internal/faultsafe).
 
 // DefaultGatherMax is the largest transfer gathered by default
 // (Config.GatherMax).
@@ -117,8 +120,12 @@ func (fm *fileMaps) release(m *fileMap) {
 	fm.mu.Lock()
 	defer fm.mu.Unlock()
 	m.refs--
-	if m.refs == 0 && m.stale {
+	switch {
+	case m.refs > 0:
+	case m.stale:
 		unix.Munmap(m.b)
+	default:
+		unix.Madvise(m.b, unix.MADV_DONTNEED)
 	}
 }
 

@@ -194,3 +194,31 @@ func BenchmarkColumnSlice(b *testing.B) {
 		})
 	}
 }
+
+// TestGatherLeavesTheCacheDroppable: between batches the library maps no
+// page of a file it gathered from, so emptying the page cache (what a cold
+// benchmark or a user does) still empties it.
+func TestGatherLeavesTheCacheDroppable(t *testing.T) {
+	l, tm, fd, name := gatherLib(t)
+	s0 := l.StagedStats()
+	reqs := []Request{{Fd: fd, Device: 0, DevAddr: tm.Addr(), Len: 512, Count: 2048, FileStride: 2048, BufStride: 512}}
+	if failed, err := l.ReadBatch(reqs); failed != 0 || err != nil {
+		t.Fatalf("%d failed, %v", failed, err)
+	}
+	if l.StagedStats().GatheredReads == s0.GatheredReads {
+		t.Fatalf("nothing was gathered")
+	}
+	if firstMap(&l.maps) == nil {
+		t.Fatalf("no mapping kept")
+	}
+	wfd := openFile(t, name, unix.O_RDONLY)
+	if err := unix.Fsync(wfd); err != nil { // dirty pages stay whatever maps them
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(wfd, 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	if cs := cacheState(t, name); cs.nrCache != 0 {
+		t.Fatalf("%d pages stayed in the page cache after FADV_DONTNEED", cs.nrCache)
+	}
+}
