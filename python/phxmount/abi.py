@@ -251,15 +251,22 @@ def encode_batch_cols(capacity: int, cols) -> bytearray:
 
 def decode_batch_cols(b: bytes, count: int):
     """(failed, results as an array('q')) of a batch reply of count extents."""
-    if len(b) < BATCH_HEADER + count * EXTENT_SIZE:
-        raise ABIError(f"batch reply of {len(b)} bytes for {count} extents")
-    _check_header(bytes(b[:8]), 8, "BATCH reply")
+    return _batch_results(b, count, EXTENT_SIZE, "batch")
+
+
+def _batch_results(b: bytes, count: int, extent_size: int, what: str):
+    """(failed, results) of a plain or strided batch reply: the result is
+    each extent's last u64."""
+    if len(b) < BATCH_HEADER + count * extent_size:
+        raise ABIError(f"{what} reply of {len(b)} bytes for {count} extents")
+    _check_header(bytes(b[:8]), 8, f"{what} reply")
     _, _, _, n, failed = _BATCH_HEAD.unpack_from(b, 0)
     if n != count:
-        raise ABIError(f"batch reply counts {n} extents, {count} sent")
+        raise ABIError(f"{what} reply counts {n} extents, {count} sent")
     res = array("q")
-    res.frombytes(bytes(memoryview(b)[BATCH_HEADER:BATCH_HEADER + count * EXTENT_SIZE]))
-    return failed, res[4::5]
+    res.frombytes(bytes(memoryview(b)[BATCH_HEADER:BATCH_HEADER + count * extent_size]))
+    q = extent_size // 8
+    return failed, res[q - 1::q]
 
 
 def encode_strided_batch_cols(capacity: int, cols) -> bytearray:
@@ -294,15 +301,7 @@ def _check_strided(buf_offset: int, length: int, file_offset: int, count: int, f
 
 def decode_strided_batch_cols(b: bytes, count: int):
     """(failed, results as an array('q')) of a strided batch reply."""
-    if len(b) < BATCH_HEADER + count * STRIDED_EXTENT_SIZE:
-        raise ABIError(f"strided batch reply of {len(b)} bytes for {count} extents")
-    _check_header(bytes(b[:8]), 8, "strided BATCH reply")
-    _, _, _, n, failed = _BATCH_HEAD.unpack_from(b, 0)
-    if n != count:
-        raise ABIError(f"strided batch reply counts {n} extents, {count} sent")
-    res = array("q")
-    res.frombytes(bytes(memoryview(b)[BATCH_HEADER:BATCH_HEADER + count * STRIDED_EXTENT_SIZE]))
-    return failed, res[7::8]
+    return _batch_results(b, count, STRIDED_EXTENT_SIZE, "strided batch")
 
 
 def batch_capacity_for(n: int) -> int:

@@ -117,3 +117,20 @@ def write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=1)
     os.replace(path + ".tmp", path)
     say(f"wrote {path}")
+
+
+def pinned_ceiling_gbps() -> float:
+    """The pinned host-to-device copy ceiling: 1 GiB from pinned memory to
+    cuda:0 with torch, best of 5 (GB/s)."""
+    import torch
+    h = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    d = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:0")
+    best = None
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        d.copy_(h, non_blocking=True)
+        torch.cuda.synchronize()
+        s = time.perf_counter() - t0
+        best = s if best is None else min(best, s)
+    return (1 << 30) / best / 1e9

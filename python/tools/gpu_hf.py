@@ -47,7 +47,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import drop_caches, say, warm, write_json  # noqa: E402
+from benchlib import drop_caches, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
 from gpu_rows import TARGETS as T, row  # noqa: E402
 
 LAYERS = 12
@@ -220,18 +220,7 @@ def first_load(args) -> dict:
 
 
 def pinned() -> dict:
-    import torch
-    h = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
-    d = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:0")
-    best = None
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        d.copy_(h, non_blocking=True)
-        torch.cuda.synchronize()
-        s = time.perf_counter() - t0
-        best = s if best is None else min(best, s)
-    return {"gbps": (1 << 30) / best / GB}
+    return {"gbps": pinned_ceiling_gbps()}
 
 
 def fresh(kind: str, d: str, ref: str = "", hook: str = "", timeout: float = 300, profile: str = "") -> dict:

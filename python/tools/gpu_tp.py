@@ -36,7 +36,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import Watchdog, say, warm, write_json  # noqa: E402
+from benchlib import Watchdog, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
 from gpu_rows import TARGETS as T, row  # noqa: E402
 
 GB = 1e9
@@ -119,20 +119,6 @@ def nbytes(ts) -> int:
 def mismatches(got, want):
     import torch
     return sorted(k for k in want if k not in got or got[k].dtype != want[k].dtype or not torch.equal(got[k], want[k]))
-
-
-def pinned_ceiling() -> float:
-    import torch
-    h = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
-    d = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:0")
-    best = None
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        d.copy_(h, non_blocking=True)
-        torch.cuda.synchronize()
-        best = min(best or 1e9, time.perf_counter() - t0)
-    return (1 << 30) / best / GB
 
 
 def engine_rows(files, out: dict) -> list:
@@ -272,7 +258,7 @@ def run(a) -> int:
     torch.empty(1, device="cuda:0")
     out, rows, fails = {}, [], []
     wd.stage("pinned ceiling", 60)
-    pinned = pinned_ceiling()
+    pinned = pinned_ceiling_gbps()
     out["pinned_gbps"] = pinned
     wd.stage("the engines' loop, worlds 2, 4, 8, stock and hooked", 300)
     r, f = engine_rows(files, out)
