@@ -315,8 +315,12 @@ class SafeOpen:
             wait_all(pend.futures, max(0.0, pend.deadline - time.monotonic()), f"prefetch of {pend.plan.name}")
 
     def _get(self, name: str, index):
+        return self.get_planned(self.fetcher.plan(name, index))
+
+    def get_planned(self, p: Plan):
+        """The result of plan p (from fetcher.plan): what a prefetch of it
+        landed, or a request started now."""
         with self._lock:
-            p = self.fetcher.plan(name, index)
             q = self._landing.get(p.key)
             if q:
                 pend = q.pop(0)

@@ -405,12 +405,12 @@ class HookedFile:
             self._fall_back(e)
             return self._stock_to(info, index, dev)
         try:
-            reader.fetcher.plan(info.name, index)
+            plan = reader.fetcher.plan(info.name, index)
         except (IndexError, TypeError, ValueError):
             return self._stock_to(info, index, dev)
         try:
             self._start_deferred(reader, dev)
-            t = reader._get(info.name, index)
+            t = reader.get_planned(plan)
         except Exception as e:  # noqa: BLE001
             self._fall_back(e)
             return self._stock_to(info, index, dev)

@@ -378,7 +378,7 @@ class RoutingTest(MountedCase):
 
             def fail(*a):
                 raise PhxError(5, "injected")
-            r._get = fail
+            r.get_planned = fail
             self.readers.append(r)
             return r
         hook._open_reader = broken
