@@ -1,6 +1,7 @@
 package phxfs
 
 import (
+	"errors"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -220,5 +221,21 @@ func TestGatherLeavesTheCacheDroppable(t *testing.T) {
 	}
 	if cs := cacheState(t, name); cs.nrCache != 0 {
 		t.Fatalf("%d pages stayed in the page cache after FADV_DONTNEED", cs.nrCache)
+	}
+}
+
+func TestGatherEnv(t *testing.T) {
+	for v, want := range map[string]int64{"": DefaultGatherMax, "auto": DefaultGatherMax, "off": -1} {
+		t.Setenv(EnvGather, v)
+		if got, err := gatherMaxFrom(0); err != nil || got != want {
+			t.Errorf("%s=%q: %d, %v; want %d", EnvGather, v, got, err, want)
+		}
+	}
+	t.Setenv(EnvGather, "sometimes")
+	if _, err := gatherMaxFrom(0); !errors.Is(err, unix.EINVAL) || CheckEnv() == nil {
+		t.Errorf("a bad %s passed: %v", EnvGather, err)
+	}
+	if got, _ := gatherMaxFrom(4096); got != 4096 {
+		t.Errorf("Config.GatherMax 4096 became %d", got)
 	}
 }

@@ -196,6 +196,9 @@ func CheckEnv() error {
 	if _, err := stagedBuffersFrom(0); err != nil {
 		return err
 	}
+	if _, err := gatherMaxFrom(0); err != nil {
+		return err
+	}
 	_, err := odirectFrom(ODirectAuto)
 	return err
 }
