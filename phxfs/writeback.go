@@ -152,9 +152,14 @@ func (wb *writeback) close() {
 // wants reports whether a write of n bytes starts writeback.
 func (wb *writeback) wants(n int64) bool { return wb.min > 0 && n >= wb.min }
 
-// open returns a descriptor of the file fd reaches, for kicks; nil when
-// the file cannot be reopened (then it gets none).
+// open returns a descriptor of the regular file fd reaches, for kicks;
+// nil for anything else (a device's open may do things of its own) or
+// when the file cannot be reopened (then it gets none).
 func (wb *writeback) open(fd int) *wbFile {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
 	kfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		wb.failed.Add(1)

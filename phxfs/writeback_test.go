@@ -176,3 +176,20 @@ func TestWritebackOffStartsNone(t *testing.T) {
 		t.Fatalf("kicks off: %+v", st)
 	}
 }
+
+// TestWritebackOnlyRegularFiles: a large write to something other than a
+// regular file (here /dev/null) is not reopened for a kick: a device's
+// open may act on its own.
+func TestWritebackOnlyRegularFiles(t *testing.T) {
+	l, c := newLib(t, setup{"sync", Staged}, 1)
+	m := alloc(t, c, 0, mib)
+	r := register(t, l, m)
+	fd := openFile(t, "/dev/null", unix.O_WRONLY)
+	if failed, err := l.WriteBatch([]Request{{Fd: fd, Device: 0, DevAddr: r.Addr(), Len: mib}}); failed != 0 || err != nil {
+		t.Fatalf("%d failed, %v", failed, err)
+	}
+	l.wb.pending.Wait()
+	if st := l.WritebackStats(); st.Kicks != 0 || st.Failed != 0 || st.Dropped != 0 {
+		t.Fatalf("a write to /dev/null: %+v, want no kick and no failure", st)
+	}
+}
