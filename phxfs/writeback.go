@@ -26,12 +26,13 @@ import (
 // blocks, scattered and rewritten often, are smaller and stay in the page
 // cache as written.
 //
-// The kicks run on a goroutine of their own, so a busy disk never holds up
-// a worker, in order, from a bounded queue; a kick that finds the queue
-// full is dropped (the flusher or an fsync writes those pages anyway). They
-// use a descriptor of their own, the file reopened read-only, which keeps
-// the file open for them whatever its owner closes meanwhile, and shares
-// nothing with it: no lock, no open file description.
+// The kicks run in order on a goroutine of their own, fed by a bounded
+// queue, so that a busy disk never holds up a worker; a kick that finds the
+// queue full is dropped (the flusher or an fsync writes those pages
+// anyway). They use a descriptor of their own, the regular file reopened
+// read-only: it keeps the file open for them whatever its owner closes
+// meanwhile and shares nothing with it (no lock, no open file
+// description). Anything but a regular file is left alone.
 
 // DefaultWritebackMin is the least size of a staged write operation that
 // starts writeback by default (Config.WritebackMin).
