@@ -32,7 +32,7 @@ func limitWrite(c Caller, reqs []client.IOReq, refuse []unix.Errno) bool {
 	if c.Tgid <= 0 {
 		return false
 	}
-	limit, err := procfs.SoftLimit(c.Tgid, "Max file size")
+	limit, err := procfs.FileSizeLimit(c.Tgid)
 	if err != nil || limit == procfs.Unlimited {
 		return false
 	}

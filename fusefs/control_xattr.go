@@ -176,6 +176,7 @@ func (s *ControlServer) GetXattr(c Caller, t XattrTarget, name string) ([]byte, 
 	}
 	kv("staged_gathered_reads", ss.GatheredReads)
 	kv("staged_gathered_bytes", ss.GatheredBytes)
+	writebackKeys(kv, s.lib.WritebackStats())
 	if sr, ok := s.conn.(interface{ ScatterReport() string }); ok {
 		kv("scatter", sr.ScatterReport())
 	}

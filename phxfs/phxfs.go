@@ -77,6 +77,12 @@ type Config struct {
 	// engine (gather.go; default DefaultGatherMax, 0 keeps it, negative
 	// never gathers; PHX_GATHER=off too).
 	GatherMax int64
+	// WritebackMin is the least size of a staged write operation (a
+	// bounce buffer's worth of a save) that starts the kernel's writeback
+	// of what it wrote at once (writeback.go; default
+	// DefaultWritebackMin, 0 keeps it or PHX_WRITEBACK's, negative never;
+	// a whole bounce buffer always qualifies).
+	WritebackMin int64
 }
 
 // Lib is one instance of the library: its devices, registrations, worker
@@ -98,7 +104,8 @@ type Lib struct {
 	rotor   atomic.Uint64 // where the next staged plan starts on the pool
 	loading loading       // devices with staged plans running (placement.go)
 
-	maps        fileMaps // the files gathers copy from (gather.go)
+	maps        fileMaps  // the files gathers copy from (gather.go)
+	wb          writeback // starts writeback of large writes (writeback.go)
 	stats       counters
 	stagedStats stagedCounters
 	xportStats  transportCounters // bytes per transport (stats.go)
@@ -139,6 +146,12 @@ func New(cfg Config) (*Lib, error) {
 	if cfg.GatherMax, err = gatherMaxFrom(cfg.GatherMax); err != nil {
 		return nil, err
 	}
+	if cfg.WritebackMin, err = writebackMinFrom(cfg.WritebackMin); err != nil {
+		return nil, err
+	}
+	if cfg.WritebackMin > 0 {
+		cfg.WritebackMin = min(cfg.WritebackMin, cfg.BounceSize)
+	}
 	switch cfg.Transport {
 	case "", Kmod, Host, Staged:
 	default:
@@ -158,6 +171,7 @@ func New(cfg Config) (*Lib, error) {
 	}
 	l.changed = sync.NewCond(&l.mu)
 	l.directIO.Store(int32(dio))
+	l.wb.start(cfg.WritebackMin)
 	go l.dispatch()
 	return l, nil
 }
@@ -207,6 +221,7 @@ func (l *Lib) Close() error {
 			first = err
 		}
 	}
+	l.wb.close() // after the devices: no staged write runs any more
 	if err := l.closeStaged(); err != nil && first == nil {
 		first = err
 	}

@@ -15,6 +15,8 @@ func (l *Lib) stagedWrite(w int, eng ioengine.Engine, xfers []xfer, idx []int) {
 	}
 	slots := l.staged.slots[w]
 	wr := stagedWriter{l: l, w: w, eng: eng, xfers: xfers, slots: slots, sf: make(slotFences, len(slots))}
+	// wbf is made on the first kick: release what it holds by then.
+	defer func() { wr.wbf.release() }()
 	var pending []int // slots gathered, oldest first
 	next := 0
 	for k := 0; k < len(idx) || len(pending) > 0; {
@@ -37,6 +39,7 @@ type stagedWriter struct {
 	slots [][]byte
 	sf    slotFences
 	fill  [][]slotWrite // per slot: the xfers it carries
+	wbf   wbFiles       // the files this worker started writeback of
 }
 
 // slotWrite is one xfer in a slot.
@@ -94,4 +97,21 @@ func (wr *stagedWriter) flush(slot int) {
 		idx = append(idx, sw.i)
 	}
 	wr.l.runOps(wr.eng, wr.xfers, ops, idx)
+	wr.startWriteback(idx)
+}
+
+// startWriteback queues the start of writeback of every xfer of idx
+// large enough to call for it (writeback.go), once it is written.
+func (wr *stagedWriter) startWriteback(idx []int) {
+	wb := &wr.l.wb
+	for _, i := range idx {
+		x := &wr.xfers[i]
+		if !wb.wants(x.result) {
+			continue
+		}
+		if wr.wbf == nil {
+			wr.wbf = wbFiles{}
+		}
+		wr.wbf.kick(wb, x.fd, x.off, x.result)
+	}
 }

@@ -15,8 +15,9 @@
 #                                    compared with safetensors.torch.load_file
 #   bash scripts/gpu-test.sh bench   the benchmark (after run; same file): the Go
 #                                    bench, the reference programs, the Python
-#                                    loads (hot, cold), KV blocks, rank shards,
-#                                    saving; then gpu_report.py: $OUT/bench.md and
+#                                    loads (hot, cold), KV blocks read and
+#                                    written, rank shards, saving; then
+#                                    gpu_report.py: $OUT/bench.md and
 #                                    $OUT/gpu-latest.json (for docs/bench/)
 #   bash scripts/gpu-test.sh hf      the drop-in's and the tensor-parallel checks
 #                                    and rows alone (gpu_hf.py, gpu_tp.py; run
@@ -398,7 +399,9 @@ bench() {
 	PHX_STAGED_BUFFERS=${b:-2} mount_phx --workers "${w:-16}" --engine "${e:-io_uring}" || return
 	step py && py_tool gpu_bench 420 --mount-file "$MNT/model.safetensors" --backing-file "$FILE" --out "$RAW/bench-py.json" \
 		--cold-reps "${PHX_COLD_REPS:-1}"
-	step kv && py_tool gpu_kv 300 --mount-file "$MNT/kv.bin" --backing-file "$KVFILE" --out "$RAW/bench-kv.json"
+	# Reads, then writes into kv-write.bin beside kv.bin (made once, 4 GiB):
+	# about 3 minutes on one H200.
+	step kv && py_tool gpu_kv 540 --mount-file "$MNT/kv.bin" --backing-file "$KVFILE" --out "$RAW/bench-kv.json"
 	step shard && py_tool gpu_bench_shard 300 --mount-file "$MNT/model.safetensors" --backing-file "$FILE" \
 		--out "$RAW/bench-shard.json"
 	step save && py_tool gpu_bench_save 420 --source "$MNT/model.safetensors" --mount-dir "$MNT" \

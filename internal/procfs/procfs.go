@@ -2,7 +2,8 @@
 // processes from /proc: a thread's group, groups and capabilities, and a
 // process's resource limits. /proc/<pid>/status and /proc/<pid>/limits are
 // world-readable, so no capability is needed to read them (prlimit(2) of
-// another user's process needs CAP_SYS_RESOURCE).
+// another user's process needs CAP_SYS_RESOURCE: FileSizeLimit asks it
+// first, for speed, and reads the file where it may not).
 package procfs
 
 import (
@@ -78,6 +79,27 @@ func Field(b []byte, name string) ([]byte, bool) {
 
 // Unlimited is a limit of "unlimited".
 const Unlimited = math.MaxUint64
+
+// prlimit is prlimit(2); tests stand in for it.
+var prlimit = unix.Prlimit
+
+// FileSizeLimit is process pid's soft RLIMIT_FSIZE: one prlimit(2) call
+// (every ioctl write asks, and reading /proc/<pid>/limits cost it tens of
+// microseconds), or, where that is not allowed (another user's process,
+// no CAP_SYS_RESOURCE), /proc/<pid>/limits.
+func FileSizeLimit(pid int) (uint64, error) {
+	var rl unix.Rlimit
+	err := prlimit(pid, unix.RLIMIT_FSIZE, nil, &rl)
+	switch {
+	case err == nil && rl.Cur == unix.RLIM_INFINITY:
+		return Unlimited, nil
+	case err == nil:
+		return rl.Cur, nil
+	case err == unix.EPERM:
+		return SoftLimit(pid, "Max file size")
+	}
+	return 0, errs.Wrapf(err, "procfs: RLIMIT_FSIZE of %d", pid)
+}
 
 // SoftLimit reads the soft limit named as in /proc/<pid>/limits (for
 // example "Max file size") of process pid.

@@ -39,6 +39,44 @@ func TestSoftLimit(t *testing.T) {
 	}
 }
 
+// TestFileSizeLimit: prlimit(2)'s soft limit, "unlimited" as Unlimited,
+// and /proc/<pid>/limits where prlimit is refused.
+func TestFileSizeLimit(t *testing.T) {
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_FSIZE, &old)
+	for _, lim := range []uint64{123456, unix.RLIM_INFINITY} {
+		if old.Max != unix.RLIM_INFINITY && lim > old.Max {
+			continue // a hard limit below: cannot raise the soft one
+		}
+		if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: lim, Max: old.Max}); err != nil {
+			t.Fatal(err)
+		}
+		want := lim
+		if lim == unix.RLIM_INFINITY {
+			want = Unlimited
+		}
+		if got, err := FileSizeLimit(os.Getpid()); err != nil || got != want {
+			t.Errorf("FileSizeLimit = %d, %v; want %d", got, err, want)
+		}
+	}
+	if _, err := FileSizeLimit(1 << 30); err == nil {
+		t.Errorf("no such process: no error")
+	}
+
+	dir := t.TempDir()
+	oldRoot, oldPrlimit := Root, prlimit
+	Root, prlimit = dir, func(int, int, *unix.Rlimit, *unix.Rlimit) error { return unix.EPERM }
+	defer func() { Root, prlimit = oldRoot, oldPrlimit }()
+	os.MkdirAll(filepath.Join(dir, "7"), 0755)
+	os.WriteFile(filepath.Join(dir, "7", "limits"), []byte("Limit                     Soft Limit           Hard Limit           Units\nMax file size             4096                 unlimited            bytes\n"), 0644)
+	if got, err := FileSizeLimit(7); err != nil || got != 4096 {
+		t.Errorf("refused prlimit: FileSizeLimit = %d, %v; want /proc's 4096", got, err)
+	}
+}
+
 func TestParseFixtures(t *testing.T) {
 	dir := t.TempDir()
 	old := Root

@@ -16,8 +16,9 @@ import gpu_report  # noqa: E402
 import gpu_rows  # noqa: E402
 
 ROWS = ["hot_registered", "hot_registered_vs_pinned", "hot_end_to_end", "hot_vs_safetensors", "cold", "kv_16k",
-        "kv_64k", "kv_256k", "kv_1m", "save_nofsync", "save_fsync", "shard_row_vs_full", "shard_col_vs_full",
-        "shard_row_vs_safetensors", "shard_col_vs_safetensors"]
+        "kv_64k", "kv_256k", "kv_1m", "kv_write_16k", "kv_write_64k", "kv_write_256k", "kv_write_1m", "save_nofsync",
+        "save_fsync", "save_fsync_vs_disk", "shard_row_vs_full", "shard_col_vs_full", "shard_row_vs_safetensors",
+        "shard_col_vs_safetensors"]
 
 
 def result(name, gbps, **extra):
@@ -50,6 +51,17 @@ def full_inputs():
     kv = {"results": [result(f"kv {k}KiB {t} thread", g, block=k << 10, threads=t, mismatches=0)
                       for k, g1, g4 in ((16, 17.0, 16.0), (64, 45.0, 46.0), (256, 47.0, 48.0), (1024, 48.0, 48.0))
                       for t, g in ((1, g1), (4, g4))]}
+    # gpu_kv.py's write runs: ours (row runs and a comparison run) and the
+    # reverse reference, per block size and client threads.
+    for k, mine, ref in ((16, (2.0, 2.5), (2.4, 2.2)), (64, (3.0, 3.5), (3.2, 3.6)), (256, (4.0, 4.0), (4.0, 3.0)),
+                         (1024, (4.5, 5.0), (4.0, 4.2))):
+        for t, g, gr in zip((1, 4), mine, ref):
+            kv["results"].append(result(f"kv write {k}KiB {t} thread, 4 in flight each", g, direction="write",
+                                        side="phxmount", block=k << 10, threads=t, inflight=4, row=True, mismatches=0))
+            kv["results"].append(result(f"kv write reference {k}KiB {t} thread", gr, direction="write", side="reference",
+                                        block=k << 10, threads=t, row=True, mismatches=0))
+        kv["results"].append(result(f"kv write {k}KiB 1 thread, 1 in flight each", 0.1, direction="write",
+                                    side="phxmount", block=k << 10, threads=1, inflight=1, row=False, mismatches=0))
     save = {"results": [result("phxmount save_safetensors", 9.0), result("safetensors save_file", 2.0),
                         result("phxmount save_safetensors fsync", 1.5), result("safetensors save_file fsync", 0.4),
                         result("disk write ceiling fsync buffered", 1.6), result("disk write ceiling fsync O_DIRECT", 1.4)]}
@@ -83,9 +95,25 @@ class RowsTest(unittest.TestCase):
                                            mismatches=0, row=False))
         self.assertEqual(gpu_rows.build(inp)[5]["value"], 16.0, "a comparison run (row=False) is no row's input")
         self.assertEqual(rows["kv_64k"]["baseline"], 49.0)
+        # Writes: the worse of our thread counts against the best of the
+        # reference's; comparison runs (row False) count in neither.
+        w = rows["kv_write_16k"]
+        self.assertEqual((w["value"], w["baseline"], w["target"]), (2.0, 2.4, 0.9))
+        self.assertIn("kv write reference 16KiB 1 thread", w["baseline_name"])
+        self.assertAlmostEqual(w["ratio"], 2.0 / 2.4)
+        self.assertFalse(w["met"])
+        self.assertEqual((rows["kv_write_64k"]["value"], rows["kv_write_64k"]["baseline"]), (3.0, 3.6))
+        self.assertTrue(rows["kv_write_256k"]["met"])
+        self.assertEqual((rows["kv_write_1m"]["ratio"], rows["kv_write_1m"]["met"]), (4.5 / 4.2, True))
+        self.assertEqual((rows["kv_16k"]["value"], rows["kv_1m"]["value"]), (16.0, 48.0), "reads see no write run")
         self.assertAlmostEqual(rows["save_nofsync"]["ratio"], 4.5)
         fs = rows["save_fsync"]
-        self.assertEqual((fs["ceiling"]["baseline"], fs["ceiling"]["met"], fs["met"]), (1.6, True, True))
+        self.assertEqual((fs["baseline"], fs["ratio"], fs["met"]), (0.4, 3.75, True))
+        self.assertNotIn("ceiling", fs)
+        disk = rows["save_fsync_vs_disk"]
+        self.assertEqual((disk["value"], disk["baseline"], disk["target"]), (1.5, 1.6, 0.9), "best of the two ceilings")
+        self.assertAlmostEqual(disk["ratio"], 1.5 / 1.6)
+        self.assertTrue(disk["met"])
         self.assertEqual((rows["shard_row_vs_full"]["unit"], rows["shard_row_vs_full"]["met"]), ("s", True))
         self.assertAlmostEqual(rows["shard_row_vs_full"]["ratio"], 0.2 / 0.03)
         self.assertAlmostEqual(rows["shard_col_vs_safetensors"]["ratio"], 4.0)
@@ -103,6 +131,22 @@ class RowsTest(unittest.TestCase):
         rows = {r["name"]: r for r in gpu_rows.build(inp)}
         for name in ("kv_16k", "kv_64k"):
             self.assertEqual((rows[name]["status"], rows[name]["value"], rows[name]["met"]), ("failed", None, False))
+        self.assertEqual(rows["kv_write_16k"]["status"], "measured", "read failures are no write row's")
+
+    def test_a_failed_write_check_is_not_a_figure(self):
+        inp = full_inputs()
+        w = [r for r in inp["kv"]["results"] if r.get("direction") == "write" and r["row"]]
+        w[0]["mismatches"] = 1  # ours, 16 KiB, 1 thread
+        ref64 = {"name": w[7]["name"], "error": "TimeoutError: ...", "direction": "write", "side": "reference",
+                 "block": 64 << 10, "threads": 4, "row": True}  # the reference, 64 KiB, 4 threads: failed
+        w[7].clear()
+        w[7].update(ref64)
+        rows = {r["name"]: r for r in gpu_rows.build(inp)}
+        for name in ("kv_write_16k", "kv_write_64k"):
+            self.assertEqual((rows[name]["status"], rows[name]["value"], rows[name]["met"]), ("failed", None, False))
+            self.assertTrue(rows[name]["missing"])
+        self.assertEqual(rows["kv_write_256k"]["status"], "measured")
+        self.assertEqual(rows["kv_16k"]["status"], "measured")
 
     def test_extra_rows(self):
         inp = {"extra": [{"rows": [{"name": "two_gpu", "value": 100.0, "baseline": 107.6, "target": 0.9}]}]}

@@ -7,15 +7,20 @@ names its extent. Needs root, /dev/fuse and bin/phxmount."""
 import errno
 import os
 import struct
+import sys
+import time
 import unittest
 
-from mountutil import SPECS, MountedCase, make_file, why_not
+from mountutil import HERE, SPECS, MountedCase, make_file, why_not
 
 from phxmount import abi, safetensors as st  # noqa: E402
-from phxmount.client import EmuBuffer, PhxError  # noqa: E402
+from phxmount.client import EmuBuffer, PhxError, phx_info_xattr  # noqa: E402
 from phxmount.hostbackends import emu_alloc  # noqa: E402
 from phxmount.regcache import cache_for, close_caches  # noqa: E402
 from phxmount.savefile import Source, save  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
+import gpu_bench_save  # noqa: E402
 
 
 @unittest.skipIf(why_not(), f"SKIP: {why_not()}")
@@ -82,6 +87,45 @@ class SaveEmuTest(MountedCase):
 
 class SaveEmuStagedTest(SaveEmuTest):
     staged = True
+
+    def test_large_tensors_start_writeback(self):
+        """The daemon starts the kernel's writeback of each bounce buffer's
+        worth of a large tensor as soon as it is written (PHX_WRITEBACK):
+        user.phx.info reports the policy and counts the bytes, without an
+        fsync; the file holds the tensor."""
+        n = 16 << 20
+        data = os.urandom(n)
+        buf = EmuBuffer(n)
+        try:
+            buf.view[:n] = data
+            buf_id = cache_for(self.m.mnt, abi.VENDOR_EMU, 0).get(emu_alloc(buf)).id
+            before = phx_info_xattr(self.m.mnt)
+            save(self.m.path("big.safetensors"), [Source("big", "U8", (n,), n, buf_id, 0)])
+        finally:
+            close_caches()
+            buf.close()
+        bounce = int(before["bounce_size"])
+        self.assertIn("start the kernel's writeback at once", before["writeback"])
+        # The kicks run on the daemon's own thread: wait for them (every
+        # bounce window of the tensor but its partial first and last),
+        # through the counters gpu_bench_save.py notes.
+        w0 = gpu_bench_save.writeback(self.m.mnt)
+        deadline = time.monotonic() + 20
+        while True:
+            w = gpu_bench_save.writeback(self.m.mnt)
+            started = w["writeback_started_bytes"] - int(before["writeback_started_bytes"])
+            if started >= n - 2 * bounce or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertGreaterEqual(started, n - 2 * bounce, w)
+        self.assertLessEqual(started, n)
+        self.assertGreater(w["writeback_started"], int(before["writeback_started"]))
+        self.assertEqual(w0["writeback_dropped"], int(before["writeback_dropped"]))
+        self.assertEqual(phx_info_xattr(self.m.mnt)["writeback_failed"], before["writeback_failed"])
+        with open(os.path.join(self.backing, "big.safetensors"), "rb") as f:
+            got = f.read()
+        h = st.parse_header_bytes(got, len(got))
+        self.assertEqual(got[h.data_start:], data)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,11 @@ loaded into GPU memory once) written as a safetensors file
   sequentially in 64 MiB writes, buffered and O_DIRECT, then fsync.
 
 Each side the best of N (fsync sides: --fsync-reps); every file is deleted
-after its run, and the saved files are checked (header and size) once."""
+after its run, and the saved files are checked (header and size) once.
+gpu_rows.py makes save_nofsync (against save_file), save_fsync (against
+save_file + fsync) and save_fsync_vs_disk (against the better ceiling) of
+them; the phxmount sides' notes say how much of the file the daemon
+started writing back while it copied (user.phx.info's writeback keys)."""
 
 import argparse
 import mmap
@@ -19,6 +23,7 @@ import sys
 from benchlib import Watchdog, best_of, failed, record, say, write_json
 
 import phxmount  # noqa: E402
+from phxmount.client import phx_info_xattr  # noqa: E402
 from phxmount.safetensors import read_header  # noqa: E402
 
 BLOCK = 64 << 20
@@ -44,13 +49,28 @@ def phx_side(a, tensors, nbytes, fsync, reps):
     back = os.path.join(a.backing_dir, "bench-save-phx.safetensors")
 
     def run():
+        w0 = writeback(a.mount_dir)
         s = phxmount.save_safetensors(tensors, path, fsync=fsync, threads=a.threads)
-        return f"{s.extents} extents, {s.ioctls} ioctls, io {s.io_seconds:.3f}s, fsync {s.fsync_seconds:.3f}s"
+        w1 = writeback(a.mount_dir)
+        started = (w1["writeback_started_bytes"] - w0["writeback_started_bytes"]) / 1e9 if w0 and w1 else None
+        return (f"{s.extents} extents, {s.ioctls} ioctls, io {s.io_seconds:.3f}s, fsync {s.fsync_seconds:.3f}s, "
+                + (f"the daemon started writeback of {started:.2f} GB during the save" if started is not None
+                   else "the daemon reports no writeback keys"))
 
-    best, note = best_of(reps, run, lambda: remove(back))
+    # Removed through the mount: a file deleted on the backing side and
+    # created again through the mount at once can meet the mount's cached
+    # entry of the deleted one (the watcher's invalidation takes a few ms).
+    best, note = best_of(reps, run, lambda: remove(path))
     note += "; " + check_file(back, tensors)
-    remove(back)
+    remove(path)
     return record("phxmount save_safetensors" + (" fsync" if fsync else ""), nbytes, best, note=note)
+
+
+def writeback(mount_dir):
+    """user.phx.info's writeback counters (None from a daemon without them)."""
+    info = phx_info_xattr(mount_dir)
+    keys = ("writeback_started", "writeback_started_bytes", "writeback_dropped")
+    return {k: int(info[k]) for k in keys} if all(k in info for k in keys) else None
 
 
 def st_side(a, tensors, nbytes, fsync, reps):

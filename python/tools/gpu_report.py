@@ -160,12 +160,7 @@ def row_line(r) -> str:
         why = "; ".join(r.get("missing") or [])
         return f"| {r['name']} | {r.get('status') or NOT_RUN}{f' ({why})' if why else ''} | {fmt(r.get('baseline'), unit)} " \
                f"{r.get('baseline_name', '')} | | {r.get('target')} | no |"
-    extra = ""
-    c = r.get("ceiling")
-    if c:
-        extra = f"; {c['baseline_name']}: {fmt(c['baseline'], unit)}, ratio " + \
-                (f"{c['ratio']:.2f} (target {c['target']})" if c.get("ratio") is not None else NOT_RUN)
-    return (f"| {r['name']} | {fmt(r['value'], unit)} | {fmt(r['baseline'], unit)} {r.get('baseline_name', '')}{extra} "
+    return (f"| {r['name']} | {fmt(r['value'], unit)} | {fmt(r['baseline'], unit)} {r.get('baseline_name', '')} "
             f"| {r['ratio']:.2f} | {r['target']} | {'yes' if r['met'] else 'NO'} |")
 
 
