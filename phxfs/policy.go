@@ -199,6 +199,9 @@ func CheckEnv() error {
 	if _, err := gatherMaxFrom(0); err != nil {
 		return err
 	}
+	if _, err := writebackMinFrom(0); err != nil {
+		return err
+	}
 	_, err := odirectFrom(ODirectAuto)
 	return err
 }

@@ -193,3 +193,10 @@ func TestWritebackOnlyRegularFiles(t *testing.T) {
 		t.Fatalf("a write to /dev/null: %+v, want no kick and no failure", st)
 	}
 }
+
+func TestCheckEnvChecksWriteback(t *testing.T) {
+	t.Setenv(EnvWriteback, "sometimes")
+	if CheckEnv() == nil {
+		t.Errorf("CheckEnv passed %s=sometimes", EnvWriteback)
+	}
+}
