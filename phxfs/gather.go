@@ -3,6 +3,7 @@ package phxfs
 import (
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -19,11 +20,13 @@ import (
 //
 // A file's mapping lives as long as the library (or until the file's size
 // changes), shared by reference count; one that is replaced or evicted is
-// unmapped when its last user is done. Its page-table entries live only
-// while a batch uses it: when the last user lets go they are dropped
-// (MADV_DONTNEED; the pages stay in the page cache), because the kernel
-// neither evicts mapped pages on FADV_DONTNEED nor drops them on
-// drop_caches, and a user who empties the cache must find it empty. A file
+// unmapped when its last user is done. Its page-table entries serve the
+// batches that follow (each would fault every page in again, under the
+// page-table locks every worker shares), and are dropped once no batch has
+// used it for gatherIdle (MADV_DONTNEED; the pages stay in the page cache):
+// the kernel neither evicts mapped pages on FADV_DONTNEED nor drops them on
+// drop_caches, and a user who empties the cache after a load must find it
+// empty. A file
 // that shrinks under a mapping makes a copy fault (SIGBUS): the gather of
 // that group is redone with the engine, never a crash (internal/faultsafe).
 
@@ -59,17 +62,22 @@ func (l *Lib) GatherMax() int64 { return l.cfg.GatherMax }
 // unused one goes first.
 const maxMappings = 1024
 
+// gatherIdle is how long an unused mapping keeps its page-table entries.
+const gatherIdle = 500 * time.Millisecond
+
 // fileKey names a file whatever descriptor reaches it.
 type fileKey struct{ dev, ino uint64 }
 
 // fileMap is one file's read-only shared mapping.
 type fileMap struct {
-	key   fileKey
-	b     []byte
-	size  int64 // the file's size when mapped
-	refs  int
-	stale bool // replaced or evicted: unmapped at the last release
-	used  uint64
+	key    fileKey
+	b      []byte
+	size   int64 // the file's size when mapped
+	refs   int
+	stale  bool // replaced or evicted: unmapped at the last release
+	used   uint64
+	idle   time.Time // when the last user let go (refs 0, page tables kept)
+	mapped bool      // page-table entries may exist (not dropped since last used)
 }
 
 // fileMaps is the library's mappings.
@@ -77,6 +85,8 @@ type fileMaps struct {
 	mu    sync.Mutex
 	m     map[fileKey]*fileMap
 	clock uint64
+	idle  time.Duration // gatherIdle; tests shorten it
+	sweep *time.Timer   // drops idle mappings' page tables
 }
 
 // acquire returns a mapping of the file fd refers to, of its current
@@ -100,7 +110,7 @@ func (fm *fileMaps) acquire(fd int) (*fileMap, error) {
 	if m := fm.m[key]; m != nil {
 		if m.size == st.Size {
 			m.refs++
-			m.used = fm.clock
+			m.used, m.mapped = fm.clock, true
 			return m, nil
 		}
 		fm.retire(m)
@@ -109,7 +119,7 @@ func (fm *fileMaps) acquire(fd int) (*fileMap, error) {
 	if err != nil {
 		return nil, nil // a file system without mmap: the engine reads it
 	}
-	m := &fileMap{key: key, b: b, size: st.Size, refs: 1, used: fm.clock}
+	m := &fileMap{key: key, b: b, size: st.Size, refs: 1, used: fm.clock, mapped: true}
 	fm.m[key] = m
 	fm.evict()
 	return m, nil
@@ -125,7 +135,40 @@ func (fm *fileMaps) release(m *fileMap) {
 	case m.stale:
 		unix.Munmap(m.b)
 	default:
+		m.idle = time.Now()
+		if fm.sweep == nil {
+			fm.sweep = time.AfterFunc(fm.idleFor(), fm.dropIdle)
+		}
+	}
+}
+
+func (fm *fileMaps) idleFor() time.Duration {
+	if fm.idle > 0 {
+		return fm.idle
+	}
+	return gatherIdle
+}
+
+// dropIdle drops the page-table entries of the mappings unused for the
+// idle time, and comes back for those not idle long enough yet.
+func (fm *fileMaps) dropIdle() {
+	fm.mu.Lock()
+	defer fm.mu.Unlock()
+	fm.sweep = nil
+	next := time.Duration(0)
+	for _, m := range fm.m {
+		if m.refs > 0 || !m.mapped {
+			continue
+		}
+		if wait := fm.idleFor() - time.Since(m.idle); wait > 0 {
+			next = max(next, wait)
+			continue
+		}
 		unix.Madvise(m.b, unix.MADV_DONTNEED)
+		m.mapped = false
+	}
+	if next > 0 {
+		fm.sweep = time.AfterFunc(next, fm.dropIdle)
 	}
 }
 
@@ -160,6 +203,10 @@ func (fm *fileMaps) evict() {
 func (fm *fileMaps) close() {
 	fm.mu.Lock()
 	defer fm.mu.Unlock()
+	if fm.sweep != nil {
+		fm.sweep.Stop()
+		fm.sweep = nil
+	}
 	for _, m := range fm.m {
 		fm.retire(m)
 	}
@@ -167,27 +214,41 @@ func (fm *fileMaps) close() {
 
 // gatherGroup copies every gathered read of a group from its file's
 // mapping into its slot and sets its result (bytes, short at the end of
-// the mapped file). A fault (the file shrank) redoes the whole group's
-// gathered reads with the engine instead.
+// the mapped file). One fault guard covers a run of reads from one
+// mapping; a read that faults (the file shrank) is redone with the engine.
 func (r *stagedReader) gatherGroup() {
 	if r.gathers == 0 {
 		return
 	}
-	for j := range r.reads {
-		rd := &r.reads[j]
-		if !rd.gather {
+	var n, bytes int64
+	for j := 0; j < len(r.reads); {
+		if !r.reads[j].gather {
+			j++
 			continue
 		}
-		x, m := &r.xfers[rd.i], rd.bf.mapping
-		dst := r.slots[rd.slot][rd.at:]
+		m, k := r.reads[j].bf.mapping, j
 		err := faultsafe.Run("phxfs: gather from a file's mapping", m.b, func() {
-			rd.res = int64(copy(dst[:x.len], m.b[min(x.off, m.size):min(x.off+x.len, m.size)]))
+			for ; k < len(r.reads); k++ {
+				rd := &r.reads[k]
+				if !rd.gather {
+					continue
+				}
+				if rd.bf.mapping != m {
+					return
+				}
+				x := &r.xfers[rd.i]
+				rd.res = int64(copy(r.slots[rd.slot][rd.at:][:x.len], m.b[min(x.off, m.size):min(x.off+x.len, m.size)]))
+				n++
+				bytes += rd.res
+			}
 		})
 		if err != nil {
-			rd.res = r.l.readBuffered(r.eng, x, dst)
-			continue
+			rd := &r.reads[k]
+			rd.res = r.l.readBuffered(r.eng, &r.xfers[rd.i], r.slots[rd.slot][rd.at:])
+			k++
 		}
-		r.l.stagedStats.gatheredReads.Add(1)
-		r.l.stagedStats.gatheredBytes.Add(rd.res)
+		j = k
 	}
+	r.l.stagedStats.gatheredReads.Add(n)
+	r.l.stagedStats.gatheredBytes.Add(bytes)
 }

@@ -153,9 +153,10 @@ func (c *claimer) leave() bool {
 	}
 }
 
-// claim returns the next chunk of xfer indices, nil when none is left.
-func (c *claimer) claim() []int {
-	var idx []int
+// claim returns the next chunk of xfer indices (in buf's array, which it
+// reuses), nil when none is left.
+func (c *claimer) claim(buf []int) []int {
+	idx := buf[:0]
 	var bytes int64
 	for bytes < c.chunk {
 		i := c.next.Add(1) - 1
@@ -164,6 +165,9 @@ func (c *claimer) claim() []int {
 		}
 		idx = append(idx, int(i))
 		bytes += c.xfers[i].len
+	}
+	if len(idx) == 0 {
+		return nil
 	}
 	return idx
 }

@@ -54,7 +54,7 @@ func TestClaimerAndLeaving(t *testing.T) {
 	}
 	c := newClaimer(xs, 4, 10_000)
 	seen := 0
-	for idx := c.claim(); idx != nil; idx = c.claim() {
+	for idx := c.claim(nil); idx != nil; idx = c.claim(nil) {
 		if len(idx) != 10 || idx[0] != seen {
 			t.Fatalf("chunk %v after %d xfers", idx, seen)
 		}
@@ -63,7 +63,7 @@ func TestClaimerAndLeaving(t *testing.T) {
 	if seen != 100 {
 		t.Fatalf("%d xfers handed out", seen)
 	}
-	if c := newClaimer(xs, 50, 10_000); len(c.claim()) != 2 {
+	if c := newClaimer(xs, 50, 10_000); len(c.claim(nil)) != 2 {
 		t.Error("a plan on 50 workers is not spread by an even share")
 	}
 
@@ -124,7 +124,7 @@ func TestLastWorkerNeverLeaves(t *testing.T) {
 	}
 	// The one staying claims every xfer.
 	claimed := 0
-	for idx := c.claim(); idx != nil; idx = c.claim() {
+	for idx := c.claim(nil); idx != nil; idx = c.claim(nil) {
 		claimed += len(idx)
 	}
 	if claimed != len(xs) {

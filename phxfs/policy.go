@@ -268,8 +268,7 @@ type batchFile struct {
 	mapOnce sync.Once
 	mapping *fileMap // nil: none (yet, or the file cannot be mapped)
 
-	hotMu        sync.Mutex
-	hotLo, hotHi int64 // [hotLo, hotHi) is resident, as far as the batch knows
+	hot atomic.Pointer[[2]int64] // [lo, hi) is resident, as far as the batch knows (read by every worker)
 }
 
 // batchFiles maps a batch's descriptors to their batchFiles.
@@ -333,16 +332,11 @@ const residentProbe = 64 << 20
 // resident reports whether any page of x's range is in the page cache,
 // and whether the kernel could tell.
 func (t *batchFile) resident(x *xfer) (res, ok bool) {
-	t.hotMu.Lock()
-	known := x.off >= t.hotLo && x.off+x.len <= t.hotHi
-	t.hotMu.Unlock()
-	if known {
+	if h := t.hot.Load(); h != nil && x.off >= h[0] && x.off+x.len <= h[1] {
 		return true, true
 	}
 	if lo, hi, ok := wholeResident(x.fd, x.off, max(x.len, residentProbe)); ok && x.off+x.len <= hi {
-		t.hotMu.Lock()
-		t.hotLo, t.hotHi = lo, hi
-		t.hotMu.Unlock()
+		t.hot.Store(&[2]int64{lo, hi})
 		return true, true
 	}
 	return resident(x.fd, x.off, x.len)
@@ -402,7 +396,7 @@ func (ts batchFiles) gatherable(x *xfer, limit int64) *batchFile {
 	if t == nil || x.len > limit {
 		return nil
 	}
-	if res, known := t.resident(x); !res || !known {
+	if res, known := t.resident(x); !res || !known { // the memo answers: directSpan asked first
 		return nil
 	}
 	t.mapOnce.Do(func() { t.mapping, _ = t.maps.acquire(t.src) })

@@ -33,6 +33,7 @@ type stagedState struct {
 	mu      sync.Mutex
 	host    connector.HostMemory                       // every worker's slots, one pinned allocation
 	slots   [][][]byte                                 // [worker][slot]
+	scratch []readScratch                              // [worker]: a staged read's slices, kept between plans
 	streams atomic.Pointer[map[int][]connector.Stream] // device -> stream per worker
 	closed  bool
 }
@@ -115,6 +116,7 @@ func (l *Lib) allocSlots() error {
 	}
 	b := h.Bytes()
 	st.slots = make([][][]byte, workers)
+	st.scratch = make([]readScratch, workers)
 	for w := range st.slots {
 		st.slots[w] = make([][]byte, per)
 		for i := range per {

@@ -50,11 +50,16 @@ func (l *Lib) runStriped(p *plan) {
 	c := newClaimer(p.xfers, n, l.cfg.BounceSize)
 	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
 		if !p.write {
+			var buf []int // this worker's claims, one array
 			src := func() []int {
 				if l.leaves(c, dev, w, start, n) {
 					return nil
 				}
-				return l.hostFirst(eng, p, c.claim())
+				buf = c.claim(buf)
+				if buf == nil {
+					return nil
+				}
+				return l.hostFirst(eng, p, buf)
 			}
 			l.stagedRead(w, eng, p.xfers, src, bf, mode)
 			return
@@ -75,6 +80,9 @@ func (l *Lib) runStriped(p *plan) {
 // hostFirst runs the host transfers of idx (a plan may mix host buffers
 // with device memory) and returns the staged ones.
 func (l *Lib) hostFirst(eng ioengine.Engine, p *plan, idx []int) []int {
+	if !p.hasHost {
+		return idx // all staged: nothing to run here, nothing to copy
+	}
 	var host []ioengine.Op
 	var hostIdx, staged []int
 	for _, i := range idx {
@@ -113,6 +121,9 @@ func (l *Lib) runOps(eng ioengine.Engine, xfers []xfer, ops []ioengine.Op, idx [
 func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, src func() []int, bf batchFiles, mode ODirect) {
 	slots := l.staged.slots[w]
 	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, bf: bf, mode: mode, slots: slots, sf: make(slotFences, len(slots))}
+	sc := &l.staged.scratch[w] // a worker runs one plan at a time
+	r.readScratch = *sc
+	defer func() { *sc = r.readScratch }()
 	for idx := src(); idx != nil; idx = src() {
 		for k := 0; k < len(idx); {
 			k = r.group(idx, k)
@@ -137,10 +148,18 @@ type stagedReader struct {
 	sf    slotFences
 	next  int // the slot to fill next
 
+	gathers int // reads of the group gathered from a mapping
+	readScratch
+}
+
+// readScratch is a worker's reusable slices: a staged read's groups fill
+// them anew, and the next plan on the worker starts from their arrays.
+type readScratch struct {
 	reads   []slotRead // this group's reads, slot by slot
 	ops     []ioengine.Op
-	gathers int   // reads of the group gathered from a mapping
-	filled  []int // this group's slots, in order
+	filled  []int             // this group's slots, in order
+	pieces  []connector.Piece // a slot's scatter (start copies what it keeps)
+	landing []int
 }
 
 // slotRead is one read of a group: the xfer, and where and how it is
@@ -238,8 +257,8 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 // error), and queues the copy of every byte read to the device, ended by
 // the slot's fence.
 func (r *stagedReader) scatter(s connector.Stream, slot, n, m int, runErr error) {
-	var pieces []connector.Piece
-	var landing []int
+	pieces, landing := r.pieces[:0], r.landing[:0]
+	defer func() { r.pieces, r.landing = pieces, landing }()
 	for j := n; j < m; j++ {
 		rd := &r.reads[j]
 		var off, got int64
