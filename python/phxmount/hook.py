@@ -334,11 +334,14 @@ class HookedFile:
         return False
 
     def close(self) -> None:
+        """Closes the file; the readers' descriptors of the mount close on
+        a thread of their own (a close is a FLUSH the daemon answers after
+        the ioctls queued before it: the caller need not wait for that)."""
         with self._lock:
             readers, self._readers = list(self._readers.values()), {}
             stock, self._stock = self._stock, None
-        for r in readers:
-            r.close()
+        if readers:
+            closing.run(lambda: [r.close() for r in readers])
         if stock is not None:
             stock.__exit__(None, None, None)
 
@@ -425,7 +428,7 @@ class HookedFile:
         av = mounts.availability(self.path, dev)
         if not av:
             raise RuntimeError(f"cuda:{dev}: {av.reason}")
-        r = self._open_reader(self.path, dev)
+        r = self._open_reader(self.path, dev, av)
         with self._lock:
             if dev in self._readers:
                 r.close()
@@ -457,6 +460,31 @@ class HookedFile:
     def _stock_to(self, info: TensorInfo, index, dev: int):
         t = self.stock().get_slice(info.name)[index] if index is not None else self.stock().get_tensor(info.name)
         return t.to(f"cuda:{dev}")
+
+
+class Closing:
+    """Closes readers off the caller's thread; drain() waits for them
+    (tests, before they unmount; interpreter exit, through atexit)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.threads: List[threading.Thread] = []
+
+    def run(self, fn) -> None:
+        t = threading.Thread(target=fn, name="phxmount-close", daemon=True)
+        with self.lock:
+            self.threads = [x for x in self.threads if x.is_alive()] + [t]
+        t.start()
+
+    def drain(self, timeout: float = 30) -> None:
+        with self.lock:
+            ts, self.threads = self.threads, []
+        for t in ts:
+            t.join(timeout)
+
+
+closing = Closing()
+atexit.register(closing.drain)
 
 
 def describe(mode: Mode) -> str:
@@ -497,9 +525,9 @@ def _route(path: str, framework, device, backend, real) -> Optional[HookedFile]:
     return HookedFile(path, framework, device, backend, header, _mode, real, _open_reader)
 
 
-def _open_reader(path: str, dev: int):
+def _open_reader(path: str, dev: int, availability=None):
     from .torch_load import open_reader
-    return open_reader(path, dev, owned=True)
+    return open_reader(path, dev, owned=True, availability=availability)
 
 
 def _bind_spawn(orig: Callable) -> Callable:

@@ -61,11 +61,14 @@ def route(path: PathLike, kind: str, index: int) -> Availability:
 
 def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Optional[Dict[str, object]] = None,
                 threads: int = 4, strategy: str = "auto", chunk: int = DEFAULT_CHUNK,
-                timeout: Optional[float] = DEFAULT_TIMEOUT, flush_bytes: int = 512 << 20) -> SafeOpen:
+                timeout: Optional[float] = DEFAULT_TIMEOUT, flush_bytes: int = 512 << 20,
+                availability: Optional[Availability] = None) -> SafeOpen:
     """A SafeOpen of path onto device with the torch backend the case
-    needs: owned tensors, one arena (owned=False), or the caller's tensors."""
+    needs: owned tensors, one arena (owned=False), or the caller's tensors.
+    availability: what available() said of path's mount and this device,
+    when the caller asked already (it is asked otherwise)."""
     kind, idx = parse_device(device)
-    av = route(path, kind, idx)
+    av = availability if availability is not None and availability.ok and kind == "cuda" else route(path, kind, idx)
     if av.ok:
         cache = cuda_cache(path, idx)
         backend = (GivenBackend(idx, cache, tensors) if tensors is not None

@@ -245,7 +245,7 @@ class RoutingTest(MountedCase):
         hook.mounts.__init__()
         self.readers = []
 
-        def open_reader(path, dev):  # the emulated device stands in for cuda:dev
+        def open_reader(path, dev, availability=None):  # the emulated device stands in for cuda:dev
             r = open_emu(path)
             self.readers.append(r)
             return r
@@ -255,6 +255,7 @@ class RoutingTest(MountedCase):
         StockFile.served = 0
 
     def tearDown(self):
+        hook.closing.drain()
         hook.uninstall()
         hook._open_reader = self.orig_open_reader
         hook.mounts.__init__()
@@ -373,7 +374,7 @@ class RoutingTest(MountedCase):
     def test_a_failing_read_falls_back_once(self):
         self.gpu_ok()
 
-        def broken(path, dev):
+        def broken(path, dev, availability=None):
             r = open_emu(path)
 
             def fail(*a):
