@@ -428,7 +428,7 @@ class HookedFile:
         av = mounts.availability(self.path, dev)
         if not av:
             raise RuntimeError(f"cuda:{dev}: {av.reason}")
-        r = self._open_reader(self.path, dev, av)
+        r = self._open_reader(self.path, dev, av, self.header)
         with self._lock:
             if dev in self._readers:
                 r.close()
@@ -525,9 +525,9 @@ def _route(path: str, framework, device, backend, real) -> Optional[HookedFile]:
     return HookedFile(path, framework, device, backend, header, _mode, real, _open_reader)
 
 
-def _open_reader(path: str, dev: int, availability=None):
+def _open_reader(path: str, dev: int, availability=None, header=None):
     from .torch_load import open_reader
-    return open_reader(path, dev, owned=True, availability=availability)
+    return open_reader(path, dev, owned=True, availability=availability, header=header)
 
 
 def _bind_spawn(orig: Callable) -> Callable:

@@ -21,6 +21,7 @@ import atexit
 import errno
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple, Union
 
@@ -61,6 +62,7 @@ class RegCache:
         self._by_base: Dict[int, Entry] = {}
         self._lock = threading.RLock()
         self.hits = self.registered = self.stale = 0
+        self._pruned = 0.0  # time.monotonic() of the last prune
 
     def get(self, alloc: Alloc) -> Entry:
         """The registration of alloc: cached, or made now."""
@@ -98,11 +100,18 @@ class RegCache:
             if e is not None:
                 self._drop(e)
 
-    def prune(self) -> int:
+    def prune(self, every: float = 0.0) -> int:
         """Deregisters every allocation that no longer lives (or whose
-        address now holds another one); returns how many."""
+        address now holds another one); returns how many. every: skip
+        when the last prune was less than that many seconds ago (a load
+        that starts many requests asks before each; probing every cached
+        allocation each time cost as much as the requests' ioctls)."""
         if self.probe is None:
             return 0
+        now = time.monotonic()
+        if every > 0 and now - self._pruned < every:
+            return 0
+        self._pruned = now
         n = 0
         with self._lock:
             for e in list(self._by_base.values()):

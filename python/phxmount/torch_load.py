@@ -62,11 +62,12 @@ def route(path: PathLike, kind: str, index: int) -> Availability:
 def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Optional[Dict[str, object]] = None,
                 threads: int = 4, strategy: str = "auto", chunk: int = DEFAULT_CHUNK,
                 timeout: Optional[float] = DEFAULT_TIMEOUT, flush_bytes: int = 512 << 20,
-                availability: Optional[Availability] = None) -> SafeOpen:
+                availability: Optional[Availability] = None, header=None) -> SafeOpen:
     """A SafeOpen of path onto device with the torch backend the case
     needs: owned tensors, one arena (owned=False), or the caller's tensors.
     availability: what available() said of path's mount and this device,
-    when the caller asked already (it is asked otherwise)."""
+    when the caller asked already (it is asked otherwise); header: the
+    file's header, when the caller read it already."""
     kind, idx = parse_device(device)
     av = availability if availability is not None and availability.ok and kind == "cuda" else route(path, kind, idx)
     if av.ok:
@@ -80,7 +81,7 @@ def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Option
         backend = HostTorchBackend("cpu" if kind == "cpu" else f"cuda:{idx}", pinned=kind == "cuda")
         io = PreadIO(path, backend.views, threads)
     try:
-        fetcher = Fetcher(path, backend, io, chunk=chunk, timeout=timeout, flush_bytes=flush_bytes,
+        fetcher = Fetcher(path, backend, io, chunk=chunk, timeout=timeout, flush_bytes=flush_bytes, header=header,
                           strategy="exact" if isinstance(backend, ArenaBackend) else strategy)
     except BaseException:
         io.close()

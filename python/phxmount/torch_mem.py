@@ -38,6 +38,11 @@ from .slicing import Plan
 
 ALIGN = 256  # sub-allocations of an arena start at multiples of this
 LARGE_BLOCK = 1 << 20  # torch's caching allocator takes larger blocks from its large pool
+# How often a load's requests let go of registrations of freed memory: a
+# stale registration is never used (the cache checks an allocation's
+# identity at every lookup), it only holds the daemon's import a moment
+# longer.
+PRUNE_EVERY = 0.25
 
 
 def device_index(tensor) -> int:
@@ -214,7 +219,7 @@ class CudaBackend:
         # Memory that torch hands out may have been freed with kernels still
         # queued on it; the daemon's copies do not wait for the stream.
         torch.cuda.synchronize(self.device)
-        self.cache.prune()
+        self.cache.prune(every=PRUNE_EVERY)
         self.make_room(plans)
 
     def make_room(self, plans) -> None:

@@ -245,7 +245,7 @@ class RoutingTest(MountedCase):
         hook.mounts.__init__()
         self.readers = []
 
-        def open_reader(path, dev, availability=None):  # the emulated device stands in for cuda:dev
+        def open_reader(path, dev, availability=None, header=None):  # the emulated device stands in for cuda:dev
             r = open_emu(path)
             self.readers.append(r)
             return r
@@ -374,7 +374,7 @@ class RoutingTest(MountedCase):
     def test_a_failing_read_falls_back_once(self):
         self.gpu_ok()
 
-        def broken(path, dev, availability=None):
+        def broken(path, dev, availability=None, header=None):
             r = open_emu(path)
 
             def fail(*a):

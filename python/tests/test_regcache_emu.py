@@ -53,10 +53,19 @@ class RegCacheTest(MountedCase):
             other = Alloc(a.base, a.size, a.key + 1, buf.handle)
             self.assertNotIn(c.get(other).id, ids)
             self.assertEqual((c.stale, len(c)), (1, 1))
-            # Freed allocations are let go by prune().
-            c.probe = lambda base: None
+            # Freed allocations are let go by prune(); prune(every=...)
+            # right after a prune asks nothing (a load prunes before each
+            # request).
+            probes = []
+            key = c.get(other).key
+            c.probe = lambda base: probes.append(base) or key  # alive
+            self.assertEqual(c.prune(every=60), 0)  # no prune before it: it probes
+            self.assertEqual(len(probes), 1)
+            self.assertEqual(c.prune(every=60), 0)
+            self.assertEqual(len(probes), 1, "a prune within the interval probed again")
+            c.probe = lambda base: None  # freed
             live = self.live()
-            self.assertEqual(c.prune(), 1)
+            self.assertEqual(c.prune(), 1)  # without every: always
             self.assertEqual(self.live(), live - 1)
         finally:
             c.close()
