@@ -230,12 +230,7 @@ def encode_batch_cols(capacity: int, cols) -> bytearray:
     """encode_batch from extent columns (extents.Cols): the same bytes,
     packed by slice assignment rather than one struct call per extent."""
     n = len(cols)
-    if not 1 <= capacity <= MAX_EXTENTS:
-        raise ValueError(f"batch capacity {capacity} not in 1..{MAX_EXTENTS}")
-    if n > capacity:
-        raise ValueError(f"{n} extents do not fit a batch of {capacity}")
-    b = bytearray(batch_size(capacity))
-    _BATCH_HEAD.pack_into(b, 0, MAGIC, VERSION, 0, n, 0)
+    b = _batch_payload(capacity, n, MAX_EXTENTS, batch_size, "batch")
     if n == 0:
         return b
     if max(cols.bufs) > MAX_OFFSET or max(cols.lens) > MAX_OFFSET or max(cols.files) + max(cols.lens) > MAX_OFFSET:
@@ -269,16 +264,22 @@ def _batch_results(b: bytes, count: int, extent_size: int, what: str):
     return failed, res[q - 1::q]
 
 
+def _batch_payload(capacity: int, n: int, most: int, size, what: str) -> bytearray:
+    """A batch payload of this capacity with its header for n extents."""
+    if not 1 <= capacity <= most:
+        raise ValueError(f"{what} capacity {capacity} not in 1..{most}")
+    if n > capacity:
+        raise ValueError(f"{n} extents do not fit a {what} of {capacity}")
+    b = bytearray(size(capacity))
+    _BATCH_HEAD.pack_into(b, 0, MAGIC, VERSION, 0, n, 0)
+    return b
+
+
 def encode_strided_batch_cols(capacity: int, cols) -> bytearray:
     """A BATCH_READ_STRIDED / BATCH_WRITE_STRIDED payload from extent
     columns (extents.Cols, counts and strides included)."""
     n = len(cols)
-    if not 1 <= capacity <= MAX_STRIDED_EXTENTS:
-        raise ValueError(f"strided batch capacity {capacity} not in 1..{MAX_STRIDED_EXTENTS}")
-    if n > capacity:
-        raise ValueError(f"{n} extents do not fit a strided batch of {capacity}")
-    b = bytearray(strided_batch_size(capacity))
-    _BATCH_HEAD.pack_into(b, 0, MAGIC, VERSION, 0, n, 0)
+    b = _batch_payload(capacity, n, MAX_STRIDED_EXTENTS, strided_batch_size, "strided batch")
     if n == 0:
         return b
     for i in range(n):

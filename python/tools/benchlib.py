@@ -134,3 +134,12 @@ def pinned_ceiling_gbps() -> float:
         s = time.perf_counter() - t0
         best = s if best is None else min(best, s)
     return (1 << 30) / best / 1e9
+
+
+def in_threads(fn, n: int) -> None:
+    """fn(0) ... fn(n-1), each on a thread of its own, all at once."""
+    ts = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()

@@ -47,7 +47,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import drop_caches, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
+from benchlib import drop_caches, in_threads, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
 from gpu_rows import TARGETS as T, row  # noqa: E402
 
 LAYERS = 12
@@ -206,11 +206,7 @@ def first_load(args) -> dict:
 
     def one(i):
         res[i] = phxmount.load_safetensors(files[i], device=0, stats=stats[i])
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(files))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    in_threads(one, len(files))
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     n = sum(t.numel() * t.element_size() for r in res for t in r.values())

@@ -32,11 +32,10 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import Watchdog, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
+from benchlib import Watchdog, in_threads, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
 from gpu_rows import TARGETS as T, row  # noqa: E402
 
 GB = 1e9
@@ -97,11 +96,7 @@ def one_call(files, rank: int, world: int, names=None):
         res[i] = phxmount.load_safetensors(files[i], 0, names=names, strict=False, shard=plan_for(rank, world))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    ts = [threading.Thread(target=load, args=(i,)) for i in range(len(files))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    in_threads(load, len(files))
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     out = {}
