@@ -119,25 +119,22 @@ class PhxFile:
         """One BATCH ioctl of 1..409 extents given as columns (extents.Cols);
         raises PhxError naming the first extent that did not move exactly
         its length (the others have moved)."""
-        n = len(cols)
-        cap = abi.batch_capacity_for(n)
-        b = abi.encode_batch_cols(cap, cols)
-        what = "BATCH_WRITE" if write else "BATCH_READ"
-        _ioctl(self.fd, abi.cmd_batch(write, cap), b, what, self.path)
-        failed, res = abi.decode_batch_cols(b, n)
-        if failed:
-            raise extent_error(f"phx {what.lower()} {self.path}", cols, res)
+        self._batch(cols, write, abi.encode_batch_cols, abi.cmd_batch, abi.decode_batch_cols, "")
 
     def batch_strided_cols(self, cols, write: bool = False) -> None:
         """One BATCH_READ_STRIDED (or _WRITE) ioctl of 1..255 extents given
         as columns, counts and strides included; raises PhxError naming the
         first extent that did not move all its pieces' bytes (ENOTTY from a
         daemon that has no strided batches)."""
+        self._batch(cols, write, abi.encode_strided_batch_cols, abi.cmd_strided_batch,
+                    abi.decode_strided_batch_cols, "_STRIDED")
+
+    def _batch(self, cols, write: bool, encode, cmd, decode, suffix: str) -> None:
         n = len(cols)
-        b = abi.encode_strided_batch_cols(n, cols)
-        what = "BATCH_WRITE_STRIDED" if write else "BATCH_READ_STRIDED"
-        _ioctl(self.fd, abi.cmd_strided_batch(write, n), b, what, self.path)
-        failed, res = abi.decode_strided_batch_cols(b, n)
+        b = encode(n, cols)  # capacity: exactly n (any 1..max is valid)
+        what = ("BATCH_WRITE" if write else "BATCH_READ") + suffix
+        _ioctl(self.fd, cmd(write, n), b, what, self.path)
+        failed, res = decode(b, n)
         if failed:
             raise extent_error(f"phx {what.lower()} {self.path}", cols, res)
 
