@@ -265,3 +265,63 @@ func TestStagedBuffers(t *testing.T) {
 		t.Fatal("New accepted PHX_DIRECT_IO=sometimes")
 	}
 }
+
+// TestBatchResidency checks how a batch asks the page cache: by chunk
+// where its transfers are packed (one answer for all of them), transfer
+// by transfer where they are scattered, and exactly, page by page, where a
+// chunk is only partly cached.
+func TestBatchResidency(t *testing.T) {
+	name := patternFile(t, 8<<20)
+	cacheState(t, name)
+	fd := openFile(t, name, unix.O_RDONLY)
+	batch := func(off, stride, n, count int64) batchFiles {
+		p := &plan{}
+		for i := int64(0); i < count; i++ {
+			p.xfers = append(p.xfers, xfer{fd: fd, off: off + i*stride, len: n, staged: true})
+		}
+		return newBatchFiles(p, nil)
+	}
+	check := func(what string, bf batchFiles, wantDense bool, want func(off int64) bool, wantChunks int) {
+		t.Helper()
+		f := bf[fd]
+		if f.dense != wantDense {
+			t.Fatalf("%s: dense %v, want %v (span [%d, %d))", what, f.dense, wantDense, f.lo, f.hi)
+		}
+		for i := range 64 {
+			x := &xfer{fd: fd, off: f.lo + int64(i)*(f.hi-f.lo)/64, len: 1024}
+			if res, ok := f.resident(x); !ok || res != want(x.off) {
+				t.Fatalf("%s: resident(%d) = %v, %v; want %v", what, x.off, res, ok, want(x.off))
+			}
+		}
+		if len(f.hot) != wantChunks {
+			t.Fatalf("%s: %d chunks asked about, want %d", what, len(f.hot), wantChunks)
+		}
+	}
+	all := func(int64) bool { return true }
+
+	// A column slice: 1 KiB of every 8 KiB row.
+	check("packed, hot", batch(0, 8<<10, 1024, 1024), true, all, 1)
+	// KV blocks: 16 KiB every 2 MiB.
+	check("scattered, hot", batch(0, 2<<20, 16<<10, 4), false, all, 0)
+
+	dropCache(t, name)
+	b := make([]byte, 64<<10)
+	if _, err := unix.Pread(fd, b, 1<<20); err != nil { // the page cache now holds [1 MiB, 1 MiB + 64 KiB) and readahead
+		t.Fatal(err)
+	}
+	var cs cachestatResult
+	r := cachestatRange{off: 0, len: 8 << 20}
+	unix.Syscall6(sysCachestat, uintptr(fd), uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
+	if cs.nrCache >= 2048 {
+		t.Skipf("readahead cached the whole file (%d pages): no partly cached file to ask about", cs.nrCache)
+	}
+	exact := func(off int64) bool {
+		res, _ := resident(fd, off, 1024)
+		return res
+	}
+	if !exact(1<<20) || exact(7<<20) {
+		t.Fatalf("pread of 1 MiB left the page cache holding [1 MiB] %v, [7 MiB] %v", exact(1<<20), exact(7<<20))
+	}
+	check("packed, partly cached", batch(0, 8<<10, 1024, 1024), true, exact, 1)
+	check("scattered, partly cached", batch(0, 2<<20, 16<<10, 4), false, exact, 0)
+}

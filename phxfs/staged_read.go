@@ -226,7 +226,13 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 		// Whether x is read around the page cache is decided for a whole
 		// slot: a cold range that does not fit what is left of this slot
 		// goes to the next one, never through the page cache.
-		if t, start, head, span, ok := r.bf.directSpan(x, r.mode, addrOf(buf), size); ok {
+		// Whether the page cache holds x is asked once, and only where
+		// the answer picks the path.
+		res, known := false, false
+		if r.mode == ODirectAuto || x.len <= r.l.cfg.GatherMax {
+			res, known = r.bf.resident(x)
+		}
+		if t, start, head, span, ok := r.bf.directSpan(x, r.mode, res || !known, addrOf(buf), size); ok {
 			rd.at = alignUp(pos, 4096)
 			if rd.at+span > size && !first {
 				return k
@@ -238,7 +244,7 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 			if rd.at+x.len > size && !first {
 				return k
 			}
-			if t := r.bf.gatherable(x, r.l.cfg.GatherMax); t != nil {
+			if t := r.bf.gatherable(x, res && known, r.l.cfg.GatherMax); t != nil {
 				rd.bf, rd.gather = t, true
 				r.gathers++
 			} else {
