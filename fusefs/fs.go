@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -56,6 +57,8 @@ type FS struct {
 	// flushOwners carries the lock owner of a FLUSH from the raw layer to
 	// the file's Flush, keyed by the request's cancel channel.
 	flushOwners sync.Map
+
+	requests requestTimer // requests.go
 
 	ptMu     sync.Mutex
 	ptWanted bool   // files are handed out as passthrough files
@@ -158,6 +161,7 @@ func newFS(backing, mountpoint string, o Options) (*FS, *unix.Stat_t, error) {
 		handles:    make(map[string]*node),
 		ptWanted:   o.Passthrough != PassthroughOff,
 	}
+	f.requests.observe, f.requests.log = o.ObserveRequest, log
 	if o.Passthrough == PassthroughOff {
 		f.ptReason = "disabled by --passthrough off"
 	}
@@ -392,6 +396,7 @@ type rawFS struct {
 }
 
 func (r *rawFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	defer r.fsys.requests.done(opFlush, time.Now())
 	r.fsys.flushOwners.Store(cancel, in.LockOwner)
 	defer r.fsys.flushOwners.Delete(cancel)
 	return r.RawFileSystem.Flush(cancel, in)

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -220,6 +221,7 @@ func (r *rawFS) settled(cancel <-chan struct{}, st fuse.Status) fuse.Status {
 }
 
 func (r *rawFS) Lookup(c <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	defer r.fsys.requests.done(opLookup, time.Now())
 	epoch := r.fsys.lookupEpoch()
 	st := r.RawFileSystem.Lookup(c, h, name, out)
 	if st == fuse.ENOENT && out.EntryTimeout() > 0 {
@@ -243,6 +245,7 @@ func (r *rawFS) Mknod(c <-chan struct{}, in *fuse.MknodIn, name string, out *fus
 }
 
 func (r *rawFS) Create(c <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	defer r.fsys.requests.done(opCreate, time.Now())
 	return r.settled(c, r.RawFileSystem.Create(c, in, name, out))
 }
 

@@ -89,4 +89,7 @@ type Options struct {
 	// Log receives the overlay's log lines; nil uses logrus' standard
 	// logger.
 	Log *logrus.Entry
+	// ObserveRequest, when set, receives the service time of every timed
+	// request (requests.go: TimedRequests names them).
+	ObserveRequest func(op string, d time.Duration)
 }

@@ -257,6 +257,26 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("%s moved by %v, want %v", c.name, got, c.want)
 		}
 	}
+
+	// The requests a program blocks in are timed: an open and a close
+	// are an OPEN, a FLUSH and (asynchronously) a RELEASE.
+	of, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	of.Close()
+	for _, r := range []string{"open", "flush", "release"} {
+		name := `phxmount_request_duration_seconds_count{request="` + r + `"}`
+		var got float64
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if got = scrapeMetrics(t, m[1])[name] - after[name]; got >= 1 {
+				break
+			}
+		}
+		if got < 1 {
+			t.Errorf("%s moved by %v after an open and a close, want at least 1", name, got)
+		}
+	}
 }
 
 // TestMetricsLoopbackByDefault: --metrics :PORT (no host) listens on

@@ -49,6 +49,7 @@ func serve(c *config) int {
 	defer st.close()
 	c.fs.Control = st.ctl
 	if m != nil {
+		c.fs.ObserveRequest = m.ObserveRequest
 		src.ctl, src.lib = st.ctl, st.lib
 		srv, err := m.Serve(c.metrics)
 		if err != nil {

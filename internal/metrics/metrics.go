@@ -1,8 +1,9 @@
 // Package metrics is phxmount's Prometheus endpoint (--metrics ADDR). Its
 // metrics are derived from the daemon's counters table (client.CounterDescs:
 // every counter INFO and user.phx.info carry, the staged transport's read
-// policy among them), plus the bytes per transport and direction, a
-// latency histogram of the data ioctls, and the build. Values are read
+// policy among them), plus the bytes per transport and direction, latency
+// histograms of the data ioctls and of the FUSE requests programs block in
+// (fusefs.TimedRequests), and the build. Values are read
 // from a Source at each scrape; the package keeps no copy of them.
 package metrics
 
@@ -32,13 +33,18 @@ type Source interface {
 // Metrics is the registry the endpoint serves and the histogram the
 // control observes ioctls into.
 type Metrics struct {
-	reg   *prometheus.Registry
-	ioctl *prometheus.HistogramVec
+	reg      *prometheus.Registry
+	ioctl    *prometheus.HistogramVec
+	requests *prometheus.HistogramVec
 }
 
 // IoctlBuckets are the latency histogram's bounds, in seconds: 50 µs to
 // about 13 s, four times apart.
 var IoctlBuckets = prometheus.ExponentialBuckets(50e-6, 4, 10)
+
+// RequestBuckets are the FUSE requests' bounds, in seconds: 10 µs to about
+// 2.6 s, four times apart.
+var RequestBuckets = prometheus.ExponentialBuckets(10e-6, 4, 10)
 
 // New registers the metrics of src, the build's, and the Go runtime's and
 // process's standard ones.
@@ -50,13 +56,18 @@ func New(src Source, build buildinfo.Info) (*Metrics, error) {
 			Help:    "Time the daemon took to serve data ioctls (READ, WRITE, BATCH_READ, BATCH_WRITE), by command.",
 			Buckets: IoctlBuckets,
 		}, []string{"command"}),
+		requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "request_duration_seconds",
+			Help:    "Time the daemon took to serve the FUSE requests programs block in (lookup, getattr, open, create, flush, release), by request.",
+			Buckets: RequestBuckets,
+		}, []string{"request"}),
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "The daemon's build: always 1, with the version, commit and Go version as labels."},
 		[]string{"version", "commit", "goversion"})
 	info.WithLabelValues(build.Version, build.Commit, build.GoVersion).Set(1)
 	for _, c := range []prometheus.Collector{
-		newCollector(src), m.ioctl, info,
+		newCollector(src), m.ioctl, m.requests, info,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -74,6 +85,11 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // took d.
 func (m *Metrics) ObserveIoctl(command string, d time.Duration) {
 	m.ioctl.WithLabelValues(command).Observe(d.Seconds())
+}
+
+// ObserveRequest records that a FUSE request ("open", "flush", …) took d.
+func (m *Metrics) ObserveRequest(request string, d time.Duration) {
+	m.requests.WithLabelValues(request).Observe(d.Seconds())
 }
 
 // collector reads a Source at each scrape.

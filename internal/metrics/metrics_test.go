@@ -139,13 +139,16 @@ func TestEveryCounter(t *testing.T) {
 }
 
 // TestTransportsHistogramBuild: bytes per transport and direction, the
-// ioctl histogram by command, and the build's labels.
+// ioctl histogram by command, the request histogram by request, and the
+// build's labels.
 func TestTransportsHistogramBuild(t *testing.T) {
 	src := &fakeSource{xpt: []phxfs.TransportBytes{{Transport: phxfs.Staged, BytesRead: 5, BytesWritten: 6}, {Transport: phxfs.Host, BytesRead: 7}}}
 	m, s := serve(t, src)
 	m.ObserveIoctl("read", 30*time.Microsecond)
 	m.ObserveIoctl("read", 3*time.Millisecond)
 	m.ObserveIoctl("batch_read", time.Second)
+	m.ObserveRequest("open", 20*time.Microsecond)
+	m.ObserveRequest("flush", 2*time.Second)
 	fams := scrape(t, s)
 	for _, c := range []struct {
 		labels []string
@@ -168,6 +171,26 @@ func TestTransportsHistogramBuild(t *testing.T) {
 	}
 	if counts["read"] != 2 || counts["batch_read"] != 1 {
 		t.Errorf("histogram counts %v", counts)
+	}
+	h = fams["phxmount_request_duration_seconds"]
+	if h == nil || h.GetType() != dto.MetricType_HISTOGRAM {
+		t.Fatalf("no request histogram: %v", h)
+	}
+	for _, mm := range h.Metric {
+		b := mm.Histogram.Bucket
+		switch mm.Label[0].GetValue() {
+		case "open": // 20 µs: above the first bound (10 µs), within the second
+			if b[0].GetCumulativeCount() != 0 || b[1].GetCumulativeCount() != 1 {
+				t.Errorf("the 20 µs open: %v", b[:2])
+			}
+		case "flush": // 2 s: within the last bound (about 2.6 s)
+			last := len(RequestBuckets) - 1
+			if b[last-1].GetCumulativeCount() != 0 || b[last].GetCumulativeCount() != 1 {
+				t.Errorf("the 2 s flush: %v", b)
+			}
+		default:
+			t.Errorf("request %q observed", mm.Label[0].GetValue())
+		}
 	}
 	if v := value(t, fams, "phxmount_build_info", "commit=abc", "goversion=go1.26", "version=v1.2.3"); v != 1 {
 		t.Errorf("build_info = %v", v)
