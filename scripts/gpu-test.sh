@@ -49,6 +49,9 @@ FILE=$WORK/backing/model.safetensors
 KVFILE=$WORK/backing/kv.bin
 REF=$CARRY/ref
 MNT=$WORK/mnt
+# The daemon's Prometheus endpoint (request and ioctl latencies; the
+# tensor-parallel tool's request probe reads it).
+METRICS=${PHX_GPU_METRICS:-127.0.0.1:9464}
 # The device tool brings back at most 8 files from $OUT: the raw outputs
 # (logs, JSON, the reference programs' stdout) go to $RAW, packed into
 # $OUT/raw.tgz after every step (pack); $OUT keeps gpu-test.log, raw.tgz,
@@ -127,7 +130,7 @@ unmount() {
 mount_phx() {
 	mkdir -p "$MNT"
 	unmount
-	"$CARRY/phxmount" --vendor nvidia "$@" "$WORK/backing" "$MNT" >>"$RAW/phxmount.log" 2>&1 &
+	"$CARRY/phxmount" --vendor nvidia --metrics "$METRICS" "$@" "$WORK/backing" "$MNT" >>"$RAW/phxmount.log" 2>&1 &
 	DAEMON=$!
 	# phxmount wait: the one readiness check (the INFO ioctl answers).
 	"$CARRY/phxmount" wait --timeout 10 "$MNT" >>"$RAW/phxmount.log" 2>&1 && return 0
@@ -219,7 +222,7 @@ tensor_parallel() {
 		done
 	fi
 	py_tool gpu_tp 600 run --mount-dir "$MNT" --backing-dir "$WORK/backing" --ckpt llama --out "$RAW/run-tp.json" \
-		--ref-col "${outs[@]}"
+		--metrics-url "http://$METRICS/metrics" --ref-col "${outs[@]}"
 }
 
 # go_tests: the nvidia connector's tests and the phxfs suites on it.

@@ -59,12 +59,12 @@ class Mount:
     """phxmount --vendor emu over backing (staged: the emulated device's
     memory is not host-addressable, so the staged transport runs)."""
 
-    def __init__(self, backing, staged=False, workers=3):
+    def __init__(self, backing, staged=False, workers=3, extra=()):
         self.backing = backing
         self.mnt = tempfile.mkdtemp(prefix="phxpy-mnt-")
         self.log = open(os.path.join(os.path.dirname(backing), f"phxmount-{int(staged)}.log"), "w+")
         env = dict(os.environ, PHXMOUNT_EMU_STAGED="1" if staged else "0")
-        self.p = subprocess.Popen([PHXMOUNT, "--vendor", "emu", "--workers", str(workers), backing, self.mnt],
+        self.p = subprocess.Popen([PHXMOUNT, "--vendor", "emu", "--workers", str(workers), *extra, backing, self.mnt],
                                   stdout=self.log, stderr=subprocess.STDOUT, env=env)
         # phxmount wait: the one readiness check (it returns once the mount
         # serves requests).

@@ -37,6 +37,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import Watchdog, in_threads, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
 from gpu_rows import TARGETS as T, row  # noqa: E402
+from reqprobe import RequestProbe  # noqa: E402
 
 GB = 1e9
 DIM0 = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
@@ -114,6 +115,22 @@ def nbytes(ts) -> int:
 def mismatches(got, want):
     import torch
     return sorted(k for k in want if k not in got or got[k].dtype != want[k].dtype or not torch.equal(got[k], want[k]))
+
+
+def probe_requests(files, mnt: str, url, out: dict) -> None:
+    """One more hooked loop of world 8, rank 7, untimed, with its opens and
+    closes watched from three sides (reqprobe.py): where the time that run
+    19's profile found in open and close goes."""
+    from phxmount import hook
+    hook.install(hook.Mode(True, "cuda:0"))
+    try:
+        with RequestProbe(mnt, os.path.join(mnt, "config.json"), url) as p:
+            _, secs = engine_loop(files, 7, 8)
+    finally:
+        hook.uninstall()
+    s = p.summary()
+    out["request_probe"] = dict(s, loop_s=secs)
+    say(f"requests during a hooked world-8 loop ({secs:.3f} s): {json.dumps(s)}")
 
 
 def engine_rows(files, out: dict) -> list:
@@ -259,6 +276,8 @@ def run(a) -> int:
     r, f = engine_rows(files, out)
     rows += r
     fails += f
+    wd.stage("where opens and closes wait, a hooked loop", 60)
+    probe_requests(files, mnt, a.metrics_url, out)
     wd.stage("one call, world 8 rank 7", 60)
     best, got = None, None
     for _ in range(3):
@@ -298,6 +317,7 @@ def main(argv=None) -> int:
     for k in ("--mount-dir", "--backing-dir", "--ckpt", "--out"):
         r.add_argument(k, required=True)
     r.add_argument("--ref-col", nargs="*", default=[], help="col_shard.cu's stdout, one file per row width")
+    r.add_argument("--metrics-url", default=None, help="the daemon's /metrics (phxmount --metrics), for the request probe")
     c = sub.add_parser("child-rank")
     c.add_argument("--dir", required=True)
     c.add_argument("--ref", required=True)
