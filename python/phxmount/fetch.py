@@ -303,9 +303,20 @@ class SafeOpen:
         later get_tensor / get_slice calls for them take what landed."""
         with self._lock:
             plans = [self.fetcher.plan(*((it, None) if isinstance(it, str) else it)) for it in items]
+        return self.prefetch_planned(plans)
+
+    def prefetch_planned(self, plans: List[Plan]) -> List[Plan]:
+        """prefetch of plans already made (fetcher.plan)."""
+        with self._lock:
             for p, pend in zip(plans, self.fetcher.start(plans)):
                 self._landing.setdefault(p.key, []).append(pend)
         return plans
+
+    def drop(self, key: tuple) -> None:
+        """Forgets what a prefetch of plan key started (its reads still
+        hold their memory until they return: batchio.submit)."""
+        with self._lock:
+            self._landing.pop(key, None)
 
     def wait_prefetched(self) -> None:
         """Waits until every prefetched request has landed."""
@@ -317,9 +328,10 @@ class SafeOpen:
     def _get(self, name: str, index):
         return self.get_planned(self.fetcher.plan(name, index))
 
-    def get_planned(self, p: Plan):
+    def get_planned(self, p: Plan, then=None):
         """The result of plan p (from fetcher.plan): what a prefetch of it
-        landed, or a request started now."""
+        landed, or a request started now. then(), when given, runs once p
+        is under way and before its result is waited for."""
         with self._lock:
             q = self._landing.get(p.key)
             if q:
@@ -329,6 +341,8 @@ class SafeOpen:
                 self.served_from_prefetch += 1
             else:
                 pend = self.fetcher.start([p])[0]
+        if then is not None:
+            then()
         return pend.result()
 
     def landing(self, name: str, index=None) -> bool:

@@ -31,7 +31,11 @@ A reader that will read the whole file gets one plan for it at its first
 read: get_tensors (load_file), or transformers, which asks for a slice of
 every tensor before it reads any (the tensors bound to one GPU so far start
 together). get_tensor in key order reads ahead PHXMOUNT_HOOK_WINDOW bytes
-(default 1 GiB) of the next tensors.
+(default 1 GiB) of the next tensors; get_slice in key order (an engine
+loading its tensor-parallel rank) reads ahead the slices it will ask for,
+guessed from the last slice of each role (a name without its layer
+numbers) and shape: a wrong guess is dropped and not made again for that
+role.
 
 Nothing fails where safetensors would have worked: whatever phxmount cannot
 do (no CUDA driver here, a registration refused, a read error) is done by
@@ -57,6 +61,8 @@ from .safetensors import Header, TensorInfo, read_header
 ENV = "PHXMOUNT_HOOK"
 WINDOW_ENV = "PHXMOUNT_HOOK_WINDOW"
 DEFAULT_WINDOW = 1 << 30
+SLICE_SCAN = 64  # keys ahead a slice's guesses look at
+_NUMBER = re.compile(r"(?<=\.)\d+(?=\.)")
 FUSE_SUPER_MAGIC = 0x65735546
 _PT = ("pt", "torch", "pytorch")
 
@@ -291,6 +297,13 @@ class HookedFile:
         self._expect = 0  # get_tensor in key order: the index of the next key
         self._ahead_to = 0  # keys before this index have been read ahead
         self.window = int(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW))
+        # Slices read ahead (_slices_ahead): each role's last slice (shape,
+        # index), None once a guess for it was wrong; the guesses started
+        # and not yet asked for, by name: (plan key, bytes).
+        self._roles: Dict[str, Optional[tuple]] = {}
+        self._guessed: Dict[str, tuple] = {}
+        self._guessed_bytes = 0
+        self._asked: set = set()
 
     # safetensors' interface
     def keys(self) -> List[str]:
@@ -397,6 +410,56 @@ class HookedFile:
                 j += 1
             self._ahead_to = max(self._ahead_to, j)
 
+    def _slices_ahead(self, reader, plan, index, dev: int) -> None:
+        """get_slice in key order (an engine loading its tensor-parallel
+        rank): the slices of the next keys, guessed from the last slice of
+        the same role (the name with its layer numbers taken out) and the
+        same shape, up to the window's bytes, start while this one is read.
+        A guess the caller does not take stops the guessing for its role;
+        what its guesses started is dropped."""
+        name = plan.name
+        with self._lock:
+            self._asked.add(name)
+            guess = self._guessed.pop(name, None)
+            if guess is not None:
+                self._guessed_bytes -= guess[1]
+            role = _role(name)
+            if guess is not None and guess[0] != plan.key:
+                reader.drop(guess[0])  # and every other guess for the role: wrong alike
+                for k in [k for k in self._guessed if _role(k) == role]:
+                    key, nbytes = self._guessed.pop(k)
+                    self._guessed_bytes -= nbytes
+                    reader.drop(key)
+                self._roles[role] = None
+            if role in self._roles and self._roles[role] is None:
+                return
+            self._roles[role] = (tuple(plan.info.shape), index)
+            skip = self._started.get(dev, set()) | set(self._deferred.get(dev, ()))
+            i = self._index[name]
+            items = []
+            for k in self._sorted[i + 1:i + 1 + SLICE_SCAN]:
+                seen = self._roles.get(_role(k))
+                if seen and seen[0] == tuple(self.tensors[k].shape) and not (
+                        k in self._guessed or k in self._asked or k in skip):
+                    items.append((k, seen[1]))
+        plans, room = [], self.window - self._guessed_bytes
+        for k, idx in items:
+            try:
+                p = reader.fetcher.plan(k, idx)
+            except (IndexError, TypeError, ValueError):
+                continue  # the planner does not take it: the request will go to safetensors
+            if p.read_bytes > room:
+                break
+            room -= p.read_bytes
+            plans.append(p)
+        if not plans:
+            return
+        with self._lock:
+            for p in plans:
+                self._guessed[p.name] = (p.key, p.read_bytes)
+                self._guessed_bytes += p.read_bytes
+        reader.prefetch_planned(plans)
+
     def _gpu(self, info: TensorInfo, index, dev: int):
         """info[index] on dev through phxmount; the real safetensors (and a
         copy to dev) where phxmount cannot, and for an index phxmount's
@@ -413,7 +476,8 @@ class HookedFile:
             return self._stock_to(info, index, dev)
         try:
             self._start_deferred(reader, dev)
-            t = reader.get_planned(plan)
+            ahead = None if index is None else (lambda: self._slices_ahead(reader, plan, index, dev))
+            t = reader.get_planned(plan, ahead)
         except Exception as e:  # noqa: BLE001
             self._fall_back(e)
             return self._stock_to(info, index, dev)
@@ -460,6 +524,12 @@ class HookedFile:
     def _stock_to(self, info: TensorInfo, index, dev: int):
         t = self.stock().get_slice(info.name)[index] if index is not None else self.stock().get_tensor(info.name)
         return t.to(f"cuda:{dev}")
+
+
+def _role(name: str) -> str:
+    """A tensor's role: its name with the layer (and expert) numbers taken
+    out ("model.layers.#.self_attn.o_proj.weight")."""
+    return _NUMBER.sub("#", name)
 
 
 class Closing:

@@ -165,6 +165,11 @@ class PatchingTest(unittest.TestCase):
 
 SPECS = [("a.w", "F32", (64, 300)), ("b.w", "BF16", (128, 129)), ("c.bias", "I64", (4099,)),
          ("d.flag", "BOOL", (7,)), ("e.big", "U8", (3, 70000)), ("f.none", "F16", (0, 3))]
+# A model's layers: a rank of world 4 takes rows of q (dim 0), columns of o
+# (dim 1), and the norm whole.
+LAYERS = [(f"model.layers.{i}.{n}", dt, shape) for i in range(12) for n, dt, shape in
+          (("attn.q.weight", "BF16", (64, 96)), ("attn.o.weight", "F32", (40, 256)), ("norm.weight", "F16", (96,)))]
+RANK = {"attn.q.weight": (slice(32, 48),), "attn.o.weight": (slice(None), slice(128, 192)), "norm.weight": Ellipsis}
 
 
 class Host(np.ndarray if np is not None else object):
@@ -232,6 +237,8 @@ class RoutingTest(MountedCase):
         cls.header, ts = make_file(os.path.join(backing, "m.safetensors"), specs=SPECS)
         cls.arrays = {n: as_array(*v) for n, v in ts.items()}
         shutil.copy(os.path.join(backing, "m.safetensors"), os.path.join(os.path.dirname(backing), "off.safetensors"))
+        _, ts = make_file(os.path.join(backing, "layers.safetensors"), specs=LAYERS)
+        cls.layers = {n: as_array(*v) for n, v in ts.items()}
 
     def setUp(self):
         self.saved = {k: sys.modules.get(k) for k in ("safetensors", "transformers")}
@@ -369,6 +376,51 @@ class RoutingTest(MountedCase):
             for k in keys[1:]:
                 self.assertTrue(same(f.get_tensor(k), self.arrays[k]), k)
             self.assertGreaterEqual(r.served_from_prefetch, len(ahead))
+        self.assertEqual(StockFile.served, 0)
+
+    def rank_index(self, name):
+        return RANK[name.split(".", 3)[3]]
+
+    def test_engine_slices_read_ahead(self):
+        # vLLM's loop for a tensor-parallel rank: get_slice in key order.
+        self.gpu_ok()
+        hook.install(hook.Mode(True, "cuda:0"))
+        b0 = self.batches()
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            keys = f.keys()
+            for n, k in enumerate(keys):
+                got = f.get_slice(k)[self.rank_index(k)]
+                self.assertTrue(same(got, self.layers[k][self.rank_index(k)]), k)
+                if n == 2:  # one of each role seen: the rest of the rank is on its way
+                    r = self.readers[0]
+                    ahead = [j for j in keys[n + 1:] if r.landing(j, self.rank_index(j))]
+                    self.assertEqual(len(ahead), len(keys) - 3, "every later slice guessed")
+                    whole = [j for j in keys[n + 1:] if r.landing(j) and not j.endswith("norm.weight")]
+                    self.assertEqual(whole, [], "a whole tensor read ahead where a slice was asked for")
+            self.assertEqual(r.served_from_prefetch, len(keys) - 3)
+            self.assertEqual(r._landing, {}, "a guess was not taken")
+        self.assertEqual(StockFile.served, 0)
+        self.assertLess(self.batches() - b0, len(keys) // 2, "the guesses went together")
+
+    def test_a_wrong_slice_guess_is_dropped(self):
+        self.gpu_ok()
+        hook.install(hook.Mode(True, "cuda:0"))
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            f.window = 1 << 16  # a few guesses at a time
+            keys = f.keys()
+            other = (slice(0, 16),)  # not the rank's rows of q
+            miss = [n for n, k in enumerate(keys) if k.endswith("q.weight")][3]
+            for n, k in enumerate(keys):
+                idx = other if n == miss else self.rank_index(k)
+                got = f.get_slice(k)[idx]
+                self.assertTrue(same(got, self.layers[k][idx]), k)
+                self.assertLessEqual(f._guessed_bytes, f.window)
+                if n == miss:
+                    r = self.readers[0]
+                    self.assertFalse(r.landing(k, self.rank_index(k)), "the wrong guess still held")
+                    later = [j for j in keys[n + 1:] if j.endswith("q.weight")]
+                    self.assertFalse(any(r.landing(j, self.rank_index(j)) for j in later), "q guessed after a miss")
+            self.assertEqual(r._landing, {}, "a guess was not taken")
         self.assertEqual(StockFile.served, 0)
 
     def test_a_failing_read_falls_back_once(self):
