@@ -154,20 +154,29 @@ func (c *claimer) leave() bool {
 }
 
 // claim returns the next chunk of xfer indices (in buf's array, which it
-// reuses), nil when none is left.
+// reuses), nil when none is left. A chunk is taken with one
+// compare-and-swap: the workers of a column slice (thousands of small
+// xfers) would otherwise pass the counter's cache line back and forth
+// once per xfer.
 func (c *claimer) claim(buf []int) []int {
-	idx := buf[:0]
-	var bytes int64
-	for bytes < c.chunk {
-		i := c.next.Add(1) - 1
-		if i >= int64(len(c.xfers)) {
-			break
+	n := int64(len(c.xfers))
+	for {
+		start := c.next.Load()
+		if start >= n {
+			return nil
 		}
-		idx = append(idx, int(i))
-		bytes += c.xfers[i].len
+		end, bytes := start, int64(0)
+		for end < n && bytes < c.chunk {
+			bytes += c.xfers[end].len
+			end++
+		}
+		if !c.next.CompareAndSwap(start, end) {
+			continue
+		}
+		idx := buf[:0]
+		for i := start; i < end; i++ {
+			idx = append(idx, int(i))
+		}
+		return idx
 	}
-	if len(idx) == 0 {
-		return nil
-	}
-	return idx
 }

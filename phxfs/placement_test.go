@@ -3,6 +3,7 @@ package phxfs
 import (
 	"bytes"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -65,6 +66,38 @@ func TestClaimerAndLeaving(t *testing.T) {
 	}
 	if c := newClaimer(xs, 50, 10_000); len(c.claim(nil)) != 2 {
 		t.Error("a plan on 50 workers is not spread by an even share")
+	}
+
+	// Workers claiming at once: every xfer exactly once, each chunk a run
+	// of consecutive xfers.
+	many := make([]xfer, 5000)
+	for i := range many {
+		many[i].len = int64(1 + i%7)
+	}
+	c = newClaimer(many, 8, 64)
+	got := make([]atomic.Int32, len(many))
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf []int
+			for buf = c.claim(buf); buf != nil; buf = c.claim(buf) {
+				for k, i := range buf {
+					if i != buf[0]+k {
+						t.Errorf("chunk %v: not consecutive", buf)
+						return
+					}
+					got[i].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range got {
+		if n := got[i].Load(); n != 1 {
+			t.Fatalf("xfer %d claimed %d times", i, n)
+		}
 	}
 
 	l, _ := newLib(t, setup{"sync", Staged}, 2, func(c *Config) { c.Workers = 8 })
