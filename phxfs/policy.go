@@ -272,9 +272,11 @@ type batchFile struct {
 	// and dense says they lie close enough together that asking the page
 	// cache by chunk costs less than asking by transfer (resident).
 	lo, hi int64
+	n      int64 // transfers
 	dense  bool
 	hotMu  sync.Mutex
 	hot    map[int64]bool // residentProbe-aligned chunk -> wholly in the page cache when the batch asked
+	last   atomic.Int64   // 1 + the chunk last found wholly resident: most often the next transfer's too
 }
 
 // batchFiles maps a batch's descriptors to their batchFiles.
@@ -287,22 +289,23 @@ func newBatchFiles(p *plan, maps *fileMaps) batchFiles {
 		return nil
 	}
 	t := batchFiles{}
-	n := map[int]int64{}
+	var f *batchFile // the last xfer's: a plan is sorted by file
 	for i := range p.xfers {
 		x := &p.xfers[i]
 		if !x.staged {
 			continue
 		}
-		f := t[x.fd]
-		if f == nil {
-			f = &batchFile{src: x.fd, fd: -1, maps: maps, lo: x.off, hi: x.off + x.len}
-			t[x.fd] = f
+		if f == nil || f.src != x.fd {
+			if f = t[x.fd]; f == nil {
+				f = &batchFile{src: x.fd, fd: -1, maps: maps, lo: x.off, hi: x.off + x.len}
+				t[x.fd] = f
+			}
 		}
 		f.lo, f.hi = min(f.lo, x.off), max(f.hi, x.off+x.len)
-		n[x.fd]++
+		f.n++
 	}
-	for fd, f := range t {
-		f.dense = (f.hi-f.lo)/n[fd] <= residentDense
+	for _, f := range t {
+		f.dense = (f.hi-f.lo)/f.n <= residentDense
 	}
 	return t
 }
@@ -368,6 +371,9 @@ func (t *batchFile) resident(x *xfer) (res, ok bool) {
 // about the part of it the batch reads.
 func (t *batchFile) chunksResident(x *xfer) bool {
 	for c := x.off / residentProbe; c*residentProbe < x.off+x.len; c++ {
+		if t.last.Load() == c+1 {
+			continue
+		}
 		t.hotMu.Lock()
 		res, known := t.hot[c]
 		t.hotMu.Unlock()
@@ -384,6 +390,7 @@ func (t *batchFile) chunksResident(x *xfer) bool {
 		if !res {
 			return false
 		}
+		t.last.Store(c + 1)
 	}
 	return true
 }
