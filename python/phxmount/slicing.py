@@ -195,9 +195,16 @@ class Plan:
     runs: List[Run]
     read_bytes: int
     strategy: str  # "exact", "cover" (then a slice on the device) or "empty"
-    why: str = ""
+    reason: object = ""  # why: the text, or what makes it (a plan is made per request; why is read rarely)
     index: object = None  # what the caller asked for (None: the whole tensor)
-    alternatives: List[Tuple[str, float]] = field(default_factory=list)
+    alternatives: List[Tuple[int, float]] = field(default_factory=list)  # (level, estimated s), best first
+
+    @property
+    def why(self) -> str:
+        """Why this plan: what it reads, and the candidates' estimates."""
+        if callable(self.reason):
+            self.reason = self.reason()
+        return self.reason
 
     @property
     def name(self) -> str:
@@ -282,10 +289,13 @@ def choose(info: TensorInfo, index, cost: CostModel, strategy: str = "auto",
     L = -negL
     if nbytes == 0:
         return Plan(info, sel, ex, ex, [], 0, "empty", "nothing to read", index)
-    alts = [(describe(sel, es, -c[1], ex), c[0]) for c in sorted(cands)]
-    why = "; ".join(f"{d} ~{t * 1e3:.3f} ms" for d, t in alts) + f" [cost model: {cost.source}]"
-    return Plan(info, sel, L, ex, level_runs(sel, es, L), nbytes, "exact" if L == ex else "cover",
-                f"chose {describe(sel, es, L, ex)}; candidates: {why}", index, alts)
+    alts = [(-c[1], c[0]) for c in sorted(cands)]
+    source = cost.source
+
+    def why() -> str:
+        cs = "; ".join(f"{describe(sel, es, lv, ex)} ~{t * 1e3:.3f} ms" for lv, t in alts)
+        return f"chose {describe(sel, es, L, ex)}; candidates: {cs} [cost model: {source}]"
+    return Plan(info, sel, L, ex, level_runs(sel, es, L), nbytes, "exact" if L == ex else "cover", why, index, alts)
 
 
 def shard_bounds(size: int, rank: int, world: int) -> Tuple[int, int]:
