@@ -1,7 +1,9 @@
 """safe_open's engine (phxmount.fetch with the emu backend) on a real emu
 mount, byte for byte against numpy: every tensor, random slices with each
 strategy, one BATCH per request, prefetch, rank shards with the bytes
-counter, the planner's measurement, and the pread fallback off the mount.
+counter, the planner's measurement, and the pread fallback off the mount;
+then rank shards (odd U8 widths from 1 byte) and random slices through
+the staged transport, where the daemon gathers pieces from the page cache.
 Needs root, /dev/fuse, bin/phxmount and numpy; skips saying which is
 missing."""
 
@@ -155,3 +157,50 @@ class FetchEmuStagedTest(FetchEmuTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(WHY, f"SKIP: {WHY}")
+class FetchEmuStagedTest(MountedCase):
+    """The same against the staged transport, where the daemon gathers
+    small pieces of a hot file from its mapping: rank shards on both dims
+    (U8 columns of every odd width from 1 byte up included) and random
+    slices, byte for byte against numpy, with the gathers counted."""
+
+    staged = True
+
+    @classmethod
+    def populate(cls, backing):
+        specs = SPECS + [(f"u8x{w}", "U8", (64, w)) for w in (1, 3, 5, 7, 13, 31, 257)]
+        cls.header, ts = make_file(os.path.join(backing, "model.safetensors"), specs=specs)
+        cls.arrays = {n: as_array(*v) for n, v in ts.items()}
+
+    def test_rank_shards_and_odd_widths(self):
+        path = self.m.path("model.safetensors")
+        with open(path, "rb") as warm:  # hot: the daemon gathers only what the page cache holds
+            warm.read()
+        g0 = self.gathered(path)
+        for dim in (0, 1):
+            for world in (2, 3, 8):
+                for rank in (0, world // 2, world - 1):
+                    with open_emu(path) as f:
+                        plans = select(f.fetcher, shard=(dim, rank, world))
+                        got = {p.name: x.result() for p, x in zip(plans, f.fetcher.start(plans))}
+                    for name, a in self.arrays.items():
+                        idx = shard_index(a.shape, dim, rank, world)
+                        want = a if idx is None else np.array_split(a, world, axis=dim)[rank]
+                        self.assertTrue(same(got[name], want), (name, dim, rank, world))
+        self.assertGreater(self.gathered(path) - g0, 0, "nothing was gathered")
+
+    @staticmethod
+    def gathered(path):
+        info = os.getxattr(path, "user.phx.info").decode()
+        return int(dict(line.split("=", 1) for line in info.splitlines())["staged_gathered_reads"])
+
+    def test_random_slices(self):
+        rng = random.Random(5)
+        names = [n for n, a in self.arrays.items() if a.ndim]
+        with open_emu(self.m.path("model.safetensors"), strategy="exact") as f:
+            for _ in range(150):
+                name = rng.choice(names)
+                idx = random_index(rng, self.arrays[name].shape)
+                self.assertTrue(same(f.get_slice(name)[idx], self.arrays[name][idx]), (name, idx))
