@@ -206,24 +206,41 @@ def encode_batch(capacity: int, extents: Sequence[Extent]) -> bytearray:
         raise ValueError(f"batch capacity {capacity} not in 1..{MAX_EXTENTS}")
     if len(extents) > capacity:
         raise ValueError(f"{len(extents)} extents do not fit a batch of {capacity}")
-    b = bytearray(batch_size(capacity))
-    _BATCH_HEAD.pack_into(b, 0, MAGIC, VERSION, 0, len(extents), 0)
-    for i, e in enumerate(extents):
-        _check_extent(e.buf_offset, e.length, e.file_offset)
-        _EXTENT.pack_into(b, BATCH_HEADER + i * EXTENT_SIZE, e.id, e.buf_offset, e.length, e.file_offset, 0)
-    return b
+    return encode_batch_cols(capacity, _ExtentColumns(extents))
+
+
+class _ExtentColumns:
+    """Extent objects as the columns encode_batch_cols packs (a BATCH of
+    409 extents is a few slice assignments, not 409 struct calls: the
+    client's threads share one GIL)."""
+
+    def __init__(self, extents: Sequence[Extent]):
+        self.extents = extents
+        try:
+            self.ids = array("Q", [e.id for e in extents])
+            self.bufs = array("Q", [e.buf_offset for e in extents])
+            self.lens = array("Q", [e.length for e in extents])
+            self.files = array("Q", [e.file_offset for e in extents])
+        except OverflowError:
+            for e in extents:  # name the bad field
+                if not 0 <= e.id < 1 << 64:
+                    raise ValueError(f"id {e.id} is not a u64") from None
+                _check_extent(e.buf_offset, e.length, e.file_offset)
+            raise
+
+    def __len__(self) -> int:
+        return len(self.extents)
+
+    def __iter__(self):
+        return ((e.id, e.buf_offset, e.length, e.file_offset) for e in self.extents)
 
 
 def decode_batch_resp(b: bytes, count: int) -> Tuple[int, List[int]]:
     """Returns (failed, per-extent results: bytes moved or -errno)."""
     if len(b) < BATCH_HEADER or (len(b) - BATCH_HEADER) % EXTENT_SIZE:
         raise ABIError(f"batch reply of {len(b)} bytes")
-    _check_header(bytes(b[:8]), 8, "BATCH reply")
-    _, _, _, n, failed = _BATCH_HEAD.unpack_from(b, 0)
-    if n != count:
-        raise ABIError(f"batch reply counts {n} extents, {count} sent")
-    results = [_EXTENT.unpack_from(b, BATCH_HEADER + i * EXTENT_SIZE)[4] for i in range(count)]
-    return failed, results
+    failed, results = _batch_results(b, count, EXTENT_SIZE, "BATCH")
+    return failed, results.tolist()
 
 
 def encode_batch_cols(capacity: int, cols) -> bytearray:
@@ -233,15 +250,34 @@ def encode_batch_cols(capacity: int, cols) -> bytearray:
     b = _batch_payload(capacity, n, MAX_EXTENTS, batch_size, "batch")
     if n == 0:
         return b
-    if max(cols.bufs) > MAX_OFFSET or max(cols.lens) > MAX_OFFSET or max(cols.files) + max(cols.lens) > MAX_OFFSET:
-        for _, off, length, fo in cols:
-            _check_extent(off, length, fo)  # names the bad field
     body = memoryview(b)[BATCH_HEADER:BATCH_HEADER + n * EXTENT_SIZE].cast("Q")
     body[0::5] = cols.ids
     body[1::5] = cols.bufs
     body[2::5] = cols.lens
     body[3::5] = cols.files
+    if _wide(body, EXTENT_SIZE, ((1, 7), (2, 7), (3, 7))):
+        for _, off, length, fo in cols:
+            _check_extent(off, length, fo)  # names the bad field
     return b
+
+
+_NUL = b"\0"
+
+
+def _wide(body: memoryview, size: int, fields) -> bool:
+    """Whether some extent of a packed batch body has a field whose bytes
+    from the given one up are not all zero: (field, byte) pairs, fields
+    numbered by u64 in the extent, bytes little-endian. Values below the
+    bounds cannot overflow (2^56 for offsets and lengths), so the exact
+    checks, one extent at a time, run only for the rare batch that is
+    not below them; a max() over each column costs more than the ioctl's
+    payload is worth."""
+    raw = body.tobytes()
+    for f, first in fields:
+        for k in range(first, 8):
+            if raw[8 * f + k::size].strip(_NUL):
+                return True
+    return False
 
 
 def decode_batch_cols(b: bytes, count: int):
@@ -282,11 +318,15 @@ def encode_strided_batch_cols(capacity: int, cols) -> bytearray:
     b = _batch_payload(capacity, n, MAX_STRIDED_EXTENTS, strided_batch_size, "strided batch")
     if n == 0:
         return b
-    for i in range(n):
-        _check_strided(cols.bufs[i], cols.lens[i], cols.files[i], cols.counts[i], cols.fsteps[i], cols.bsteps[i])
     body = memoryview(b)[BATCH_HEADER:BATCH_HEADER + n * STRIDED_EXTENT_SIZE].cast("Q")
     for k, col in enumerate((cols.ids, cols.bufs, cols.lens, cols.files, cols.counts, cols.fsteps, cols.bsteps)):
         body[k::8] = col
+    # Below 2^56 (offsets, lengths, buffer strides), 2^24 pieces and 2^32
+    # file strides nothing can pass 2^63; the rest is checked one by one.
+    if (_wide(body, STRIDED_EXTENT_SIZE, ((1, 7), (2, 7), (3, 7), (6, 7), (4, 3), (5, 4))) or 0 in cols.counts
+            or any(c > 1 and (f < ln or bs < ln) for c, f, bs, ln in zip(cols.counts, cols.fsteps, cols.bsteps, cols.lens))):
+        for i in range(n):
+            _check_strided(cols.bufs[i], cols.lens[i], cols.files[i], cols.counts[i], cols.fsteps[i], cols.bsteps[i])
     return b
 
 

@@ -107,6 +107,32 @@ class GoldenTest(unittest.TestCase):
         self.assertEqual((failed, list(res)), (ra["failed"], ra["results"]))
         self.assertEqual(abi.MAX_STRIDED_EXTENTS, self.g["commands"]["max_strided_extents"])
 
+    def test_batch_bounds(self):
+        """Every field a batch carries is checked, the wide values that
+        take the exact checks (past 2^56, 2^24 pieces, 2^32 file strides)
+        and the ones just inside them alike."""
+        from array import array
+        from phxmount.extents import Cols
+        big = 1 << 62
+        for ext, field in (([abi.Extent(1, 1 << 63, 1, 0)], "buf_offset"), ([abi.Extent(1, 0, 1 << 63, 0)], "length"),
+                           ([abi.Extent(1, 0, 1, 1 << 63)], "file_offset"), ([abi.Extent(1, 0, big, big)], "2^63"),
+                           ([abi.Extent(1, 0, 1, 0), abi.Extent(1, -1, 1, 0)], "buf_offset"),
+                           ([abi.Extent(1 << 64, 0, 1, 0)], "id")):
+            with self.assertRaisesRegex(ValueError, field.replace("^", r"\^")):
+                abi.encode_batch(len(ext), ext)
+        ok = abi.encode_batch(1, [abi.Extent(1, (1 << 56) + 5, big - 1, big)])  # wide, and valid
+        self.assertEqual(abi.decode_batch_resp(ok, 1), (0, [0]))
+
+        def strided(buf, length, file, count, fstep, bstep):
+            Q = lambda v: array("Q", [v])  # noqa: E731
+            return Cols(Q(1), Q(buf), Q(length), Q(file), Q(count), Q(fstep), Q(bstep))
+        for args, what in (((0, 8, 0, 0, 8, 8), "at least one piece"), ((0, 8, 0, 2, 4, 8), "shorter than a piece"),
+                           ((0, 8, 0, 2, 8, 4), "shorter than a piece"), ((1 << 63, 8, 0, 1, 8, 8), "buf_offset"),
+                           ((0, 8, 0, 1 << 30, 1 << 40, 8), "past 2\\^63"), ((0, 8, big, 2, big, 8), "past 2\\^63")):
+            with self.assertRaisesRegex(ValueError, what):
+                abi.encode_strided_batch_cols(1, strided(*args))
+        abi.encode_strided_batch_cols(1, strided(0, 8, 0, 1 << 25, 1 << 33, 8))  # wide, and valid
+
     def test_info(self):
         self.assertEqual(bytes(abi.encode_info_req(2)), self.want("info_req"))
         i = abi.decode_info(self.want("info"))
