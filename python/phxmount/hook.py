@@ -421,15 +421,19 @@ class HookedFile:
         with self._lock:
             self._asked.add(name)
             guess = self._guessed.pop(name, None)
-            if guess is not None:
+            if guess:
                 self._guessed_bytes -= guess[1]
+                # Taken, or started after this request missed it (another
+                # thread's guess): either way nothing of it is left to take.
+                reader.drop(guess[0])
             role = _role(name)
-            if guess is not None and guess[0] != plan.key:
+            if guess and guess[0] != plan.key:
                 reader.drop(guess[0])  # and every other guess for the role: wrong alike
                 for k in [k for k in self._guessed if _role(k) == role]:
-                    key, nbytes = self._guessed.pop(k)
-                    self._guessed_bytes -= nbytes
-                    reader.drop(key)
+                    other = self._guessed.pop(k)
+                    if other:
+                        self._guessed_bytes -= other[1]
+                        reader.drop(other[0])
                 self._roles[role] = None
             if role in self._roles and self._roles[role] is None:
                 return
@@ -442,6 +446,7 @@ class HookedFile:
                 if seen and seen[0] == tuple(self.tensors[k].shape) and not (
                         k in self._guessed or k in self._asked or k in skip):
                     items.append((k, seen[1]))
+                    self._guessed[k] = ()  # being planned: another thread's scan leaves it
         plans, room = [], self.window - self._guessed_bytes
         for k, idx in items:
             try:
@@ -452,13 +457,18 @@ class HookedFile:
                 break
             room -= p.read_bytes
             plans.append(p)
-        if not plans:
-            return
         with self._lock:
+            # Started: what is still marked as being planned (neither asked
+            # for nor dropped with its role meanwhile).
+            live = {k for k, _ in items if self._guessed.get(k) == ()}
+            for k in live:
+                del self._guessed[k]
+            plans = [p for p in plans if p.name in live]
             for p in plans:
                 self._guessed[p.name] = (p.key, p.read_bytes)
                 self._guessed_bytes += p.read_bytes
-        reader.prefetch_planned(plans)
+            if plans:  # under the lock: a request that pops a guess finds it started
+                reader.prefetch_planned(plans)
 
     def _gpu(self, info: TensorInfo, index, dev: int):
         """info[index] on dev through phxmount; the real safetensors (and a

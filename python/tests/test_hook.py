@@ -402,6 +402,33 @@ class RoutingTest(MountedCase):
         self.assertEqual(StockFile.served, 0)
         self.assertLess(self.batches() - b0, len(keys) // 2, "the guesses went together")
 
+    def test_slice_guesses_from_threads(self):
+        # Four threads asking for the rank's slices at once: every slice
+        # right, every guess taken once (none started twice, none left).
+        self.gpu_ok()
+        hook.install(hook.Mode(True, "cuda:0"))
+        out, errs = {}, []
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            keys = f.keys()
+
+            def load(part):
+                try:
+                    for k in part:
+                        out[k] = f.get_slice(k)[self.rank_index(k)]
+                except Exception as e:  # noqa: BLE001
+                    errs.append(e)
+            ts = [threading.Thread(target=load, args=(keys[i::4],)) for i in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            self.assertEqual(errs, [])
+            self.assertEqual(self.readers[0]._landing, {}, "a guess started twice, or never taken")
+            self.assertEqual(f._guessed, {})
+        for k in keys:
+            self.assertTrue(same(out[k], self.layers[k][self.rank_index(k)]), k)
+        self.assertEqual(StockFile.served, 0)
+
     def test_a_wrong_slice_guess_is_dropped(self):
         self.gpu_ok()
         hook.install(hook.Mode(True, "cuda:0"))
