@@ -1,7 +1,8 @@
 """Moving extents from client threads. BatchIO sends BATCH ioctls on a
-mount: every thread of its pool has its own descriptor of the file (its own
-ioctl stream; the daemon serves them concurrently), and every ioctl carries
-up to 409 extents. PreadIO is the fallback off a mount: pread into host
+mount from the threads of its pool, all on one descriptor of the file (the
+daemon serves ioctls of one descriptor concurrently, and an open of a file
+on the mount is a FUSE round trip: one is enough), every ioctl carrying up
+to 409 extents. PreadIO is the fallback off a mount: pread into host
 memory, said so by whoever chose it. Both take extents as columns
 (extents.Cols) and return futures; wait_all waits with a deadline.
 
@@ -36,30 +37,33 @@ def wait_all(futures: List[cf.Future], timeout: Optional[float], what: str) -> N
 
 
 class _Submitter:
-    """A pool of client threads, each with its own descriptor (opened on
-    first use, closed once every request has finished)."""
+    """A pool of client threads sharing one descriptor of the file: fd
+    when given (it is closed with the pool), else opened at first use;
+    closed once every request has finished."""
 
-    def __init__(self, path: Union[str, os.PathLike], threads: int):
+    def __init__(self, path: Union[str, os.PathLike], threads: int, fd: Optional[int] = None):
         self.path = os.fspath(path)
         self.threads = max(1, threads)
         self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="phx-io")
-        self._local = threading.local()
         self._lock = threading.Lock()
-        self._handles: List[object] = []
+        self._fd = fd  # not yet wrapped in a handle
+        self._h = None
         self._live: List[cf.Future] = []
         self.calls = 0  # ioctls (or preads) issued
         self.closed = False
 
     def _handle(self):
-        h = getattr(self._local, "h", None)
+        h = self._h
         if h is None:
-            h = self._open()
             with self._lock:
-                self._handles.append(h)
-            self._local.h = h
+                if self._h is None:
+                    fd, self._fd = self._fd, None
+                    self._h = self._open(fd)
+                h = self._h
         return h
 
-    def _open(self):
+    def _open(self, fd: Optional[int]):
+        """The handle: of fd when given, else of the path opened now."""
         raise NotImplementedError
 
     def _close_handle(self, h) -> None:
@@ -103,9 +107,11 @@ class _Submitter:
 
     def _close_all(self) -> None:
         with self._lock:
-            hs, self._handles = self._handles, []
-        for h in hs:
+            h, self._h, fd, self._fd = self._h, None, self._fd, None
+        if h is not None:
             self._close_handle(h)
+        if fd is not None:  # given, and no request ever ran
+            os.close(fd)
 
     def __enter__(self):
         return self
@@ -122,13 +128,14 @@ class BatchIO(_Submitter):
 
     kind = "mount"
 
-    def __init__(self, path: Union[str, os.PathLike], threads: int = 4, write: bool = False):
-        super().__init__(path, threads)
+    def __init__(self, path: Union[str, os.PathLike], threads: int = 4, write: bool = False,
+                 fd: Optional[int] = None):
+        super().__init__(path, threads, fd)
         self.write = write
         self.strided = True  # until the daemon says otherwise
 
-    def _open(self) -> PhxFile:
-        return PhxFile(self.path, os.O_WRONLY if self.write else os.O_RDONLY)
+    def _open(self, fd: Optional[int]) -> PhxFile:
+        return PhxFile(self.path, os.O_WRONLY if self.write else os.O_RDONLY, fd=fd)
 
     def _close_handle(self, h: PhxFile) -> None:
         h.close()
@@ -156,12 +163,13 @@ class PreadIO(_Submitter):
 
     kind = "pread"
 
-    def __init__(self, path: Union[str, os.PathLike], views: Dict[int, memoryview], threads: int = 4):
-        super().__init__(path, threads)
+    def __init__(self, path: Union[str, os.PathLike], views: Dict[int, memoryview], threads: int = 4,
+                 fd: Optional[int] = None):
+        super().__init__(path, threads, fd)
         self.views = views
 
-    def _open(self) -> int:
-        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+    def _open(self, fd: Optional[int]) -> int:
+        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC) if fd is None else fd
 
     def _close_handle(self, h: int) -> None:
         os.close(h)

@@ -44,12 +44,14 @@ class PhxFile:
     sent on any file of the mount; READ and the batches move bytes of this
     file. Buffers registered through it are released when it is closed."""
 
-    def __init__(self, path: Union[str, os.PathLike, int], flags: int = os.O_RDONLY):
+    def __init__(self, path: Union[str, os.PathLike, int], flags: int = os.O_RDONLY, *, fd: Optional[int] = None):
+        """path opened with flags; or a descriptor: path an int (the
+        caller's, left open), or fd (of path, closed with this file)."""
         if isinstance(path, int):
             self.fd, self.path, self._own = path, f"fd {path}", False
         else:
             self.path = os.fspath(path)
-            self.fd = os.open(self.path, flags | os.O_CLOEXEC)
+            self.fd = os.open(self.path, flags | os.O_CLOEXEC) if fd is None else fd
             self._own = True
 
     def close(self) -> None:

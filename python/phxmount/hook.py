@@ -53,6 +53,7 @@ import re
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -185,15 +186,29 @@ class Mounts:
         self.phx: Dict[int, bool] = {}
         self.gpu: Dict[tuple, object] = {}
 
-    def on_phxmount(self, path: str) -> bool:
+    def open_if_phxmount(self, path: str) -> Optional[int]:
+        """A read-only descriptor of path when it is on a phxmount mount
+        (the caller's to close), else None. A file system is asked once,
+        with an INFO ioctl on that descriptor: an open of a file on a FUSE
+        mount is a round trip to its daemon, made once here."""
         dev = os.stat(path).st_dev
         with self.lock:
             known = self.phx.get(dev)
+        if known is False:
+            return None
+        if known is None and _statfs_type(path) != FUSE_SUPER_MAGIC:
+            with self.lock:
+                self.phx[dev] = False
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         if known is None:
-            known = _statfs_type(path) == FUSE_SUPER_MAGIC and _answers_info(path)
+            known = _answers_info(fd)
             with self.lock:
                 self.phx[dev] = known
-        return known
+            if not known:
+                os.close(fd)
+                return None
+        return fd
 
     def availability(self, path: str, device: int):
         from .availability import available
@@ -211,19 +226,18 @@ def _statfs_type(path: str) -> int:
     """statfs(2)'s f_type (0 when it cannot be read): FUSE or not, without
     opening the file."""
     import ctypes
-    import ctypes.util
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on x86-64
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The process's own libc (find_library would run ldconfig: tens of ms).
+    libc = ctypes.CDLL(None, use_errno=True)
     if libc.statfs(os.fsencode(path), buf) != 0:
         return 0
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
 
 
-def _answers_info(path: str) -> bool:
+def _answers_info(fd: int) -> bool:
     from .client import PhxError, PhxFile
     try:
-        with PhxFile(path) as f:
-            f.info(0)
+        PhxFile(fd).info(0)  # the caller's descriptor, left open
         return True
     except (OSError, PhxError):
         return False
@@ -281,9 +295,15 @@ class HookedFile:
     host read, and whatever phxmount could not do, through the real one."""
 
     def __init__(self, path: str, framework: str, device, backend: str, header: Header, mode: Mode,
-                 real: Callable, open_reader: Callable):
+                 real: Callable, open_reader: Callable, fd: Optional[int] = None):
         self.path, self.framework, self.device, self.backend = path, framework, device, backend
         self.header, self.mode, self._real, self._open_reader = header, mode, real, open_reader
+        # The descriptor the header was read from (None: none kept): each
+        # reader reads on a duplicate of it, as an open of a file on the
+        # mount is a FUSE round trip and a dup is not. Closed by close(),
+        # or when the file is collected unclosed.
+        self._fd = [fd]
+        weakref.finalize(self, _close_fd, self._fd)
         self.tensors: Dict[str, TensorInfo] = {t.name: t for t in header.tensors}
         self._sorted = sorted(self.tensors)
         self._lock = threading.RLock()
@@ -353,8 +373,9 @@ class HookedFile:
         with self._lock:
             readers, self._readers = list(self._readers.values()), {}
             stock, self._stock = self._stock, None
-        if readers:
-            closing.run(lambda: [r.close() for r in readers])
+            fd, self._fd[0] = self._fd[0], None
+        if readers or fd is not None:
+            closing.run(lambda: ([r.close() for r in readers], _close_fd([fd])))
         if stock is not None:
             stock.__exit__(None, None, None)
 
@@ -502,7 +523,10 @@ class HookedFile:
         av = mounts.availability(self.path, dev)
         if not av:
             raise RuntimeError(f"cuda:{dev}: {av.reason}")
-        r = self._open_reader(self.path, dev, av, self.header)
+        with self._lock:
+            fd = self._fd[0]
+            fd = os.dup(fd) if fd is not None else None
+        r = self._open_reader(self.path, dev, av, self.header, fd)
         with self._lock:
             if dev in self._readers:
                 r.close()
@@ -599,15 +623,27 @@ def _route(path: str, framework, device, backend, real) -> Optional[HookedFile]:
         return None  # mps, xpu, ...: not ours
     if is_cpu(device) and _mode.cpu_to is None and "transformers" not in sys.modules:
         return None  # host tensors, and no loader that could say otherwise
-    if not os.path.isfile(path) or not mounts.on_phxmount(path):
+    fd = mounts.open_if_phxmount(path) if os.path.isfile(path) else None
+    if fd is None:
         return None
-    header = read_header(path)
-    return HookedFile(path, framework, device, backend, header, _mode, real, _open_reader)
+    try:
+        header = read_header(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return HookedFile(path, framework, device, backend, header, _mode, real, _open_reader, fd)
 
 
-def _open_reader(path: str, dev: int, availability=None, header=None):
+def _open_reader(path: str, dev: int, availability=None, header=None, fd=None):
     from .torch_load import open_reader
-    return open_reader(path, dev, owned=True, availability=availability, header=header)
+    return open_reader(path, dev, owned=True, availability=availability, header=header, fd=fd)
+
+
+def _close_fd(box: list) -> None:
+    """Closes the descriptor box holds, once."""
+    fd, box[0] = box[0], None
+    if fd is not None:
+        os.close(fd)
 
 
 def _bind_spawn(orig: Callable) -> Callable:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Dict, Union
+from typing import Dict, Optional, Union
 
 from . import abi
 from .availability import available
@@ -124,11 +124,19 @@ class HostBackend(HostMemory):
         return host_result(mem[1], plan)
 
 
-def open_emu(path: Union[str, os.PathLike], threads: int = 2, owned: bool = True, **kw) -> SafeOpen:
+def open_emu(path: Union[str, os.PathLike], threads: int = 2, owned: bool = True, fd: Optional[int] = None,
+             availability=None, **kw) -> SafeOpen:
     """safe_open over the emulated device of an emu mount (tests, demos);
-    numpy results always own their memory (owned is accepted and moot)."""
+    numpy results always own their memory (owned is accepted and moot).
+    fd: a descriptor of path for the reads (closed with the reader);
+    availability: what available() said of path, when already asked."""
     backend = EmuBackend(cache_for(path, abi.VENDOR_EMU, 0))
-    return SafeOpen(Fetcher(path, backend, BatchIO(path, threads), **kw), available(path))
+    io = BatchIO(path, threads, fd=fd)
+    try:
+        return SafeOpen(Fetcher(path, backend, io, **kw), availability or available(path))
+    except BaseException:
+        io.close()
+        raise
 
 
 def open_host(path: Union[str, os.PathLike], threads: int = 2, owned: bool = True, **kw) -> SafeOpen:

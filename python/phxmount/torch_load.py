@@ -62,24 +62,31 @@ def route(path: PathLike, kind: str, index: int) -> Availability:
 def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Optional[Dict[str, object]] = None,
                 threads: int = 4, strategy: str = "auto", chunk: int = DEFAULT_CHUNK,
                 timeout: Optional[float] = DEFAULT_TIMEOUT, flush_bytes: int = 512 << 20,
-                availability: Optional[Availability] = None, header=None) -> SafeOpen:
+                availability: Optional[Availability] = None, header=None, fd: Optional[int] = None) -> SafeOpen:
     """A SafeOpen of path onto device with the torch backend the case
     needs: owned tensors, one arena (owned=False), or the caller's tensors.
     availability: what available() said of path's mount and this device,
     when the caller asked already (it is asked otherwise); header: the
-    file's header, when the caller read it already."""
-    kind, idx = parse_device(device)
-    av = availability if availability is not None and availability.ok and kind == "cuda" else route(path, kind, idx)
-    if av.ok:
-        cache = cuda_cache(path, idx)
-        backend = (GivenBackend(idx, cache, tensors) if tensors is not None
-                   else CudaBackend(idx, cache) if owned else ArenaBackend(idx, cache))
-        io = BatchIO(path, threads)
-    elif tensors is not None:
-        raise PhxError(errno.ENOTTY, f"load_into needs a phxmount mount with an NVIDIA GPU: {av.reason}")
-    else:
-        backend = HostTorchBackend("cpu" if kind == "cpu" else f"cuda:{idx}", pinned=kind == "cuda")
-        io = PreadIO(path, backend.views, threads)
+    file's header, when the caller read it already; fd: a descriptor of
+    path for the reads (the reader closes it, even when this fails),
+    saving an open of the file on the mount."""
+    try:
+        kind, idx = parse_device(device)
+        av = availability if availability is not None and availability.ok and kind == "cuda" else route(path, kind, idx)
+        if av.ok:
+            cache = cuda_cache(path, idx)
+            backend = (GivenBackend(idx, cache, tensors) if tensors is not None
+                       else CudaBackend(idx, cache) if owned else ArenaBackend(idx, cache))
+            io = BatchIO(path, threads, fd=fd)
+        elif tensors is not None:
+            raise PhxError(errno.ENOTTY, f"load_into needs a phxmount mount with an NVIDIA GPU: {av.reason}")
+        else:
+            backend = HostTorchBackend("cpu" if kind == "cpu" else f"cuda:{idx}", pinned=kind == "cuda")
+            io = PreadIO(path, backend.views, threads, fd=fd)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
     try:
         fetcher = Fetcher(path, backend, io, chunk=chunk, timeout=timeout, flush_bytes=flush_bytes, header=header,
                           strategy="exact" if isinstance(backend, ArenaBackend) else strategy)

@@ -252,8 +252,8 @@ class RoutingTest(MountedCase):
         hook.mounts.__init__()
         self.readers = []
 
-        def open_reader(path, dev, availability=None, header=None):  # the emulated device stands in for cuda:dev
-            r = open_emu(path)
+        def open_reader(path, dev, availability=None, header=None, fd=None):  # the emulated device stands in for cuda:dev
+            r = open_emu(path, fd=fd, header=header, availability=availability)
             self.readers.append(r)
             return r
         self.orig_open_reader = hook._open_reader
@@ -402,6 +402,27 @@ class RoutingTest(MountedCase):
         self.assertEqual(StockFile.served, 0)
         self.assertLess(self.batches() - b0, len(keys) // 2, "the guesses went together")
 
+    def test_one_open_a_file(self):
+        # An open of a file on the mount is a FUSE round trip (and slow
+        # while loads run): the header's descriptor serves the reads too.
+        self.gpu_ok()
+        hook.install(hook.Mode(True, "cuda:0"))
+        real, opened = os.open, []
+
+        def counting(path, *a, **k):
+            opened.append(os.fspath(path))
+            return real(path, *a, **k)
+        os.open = counting
+        try:
+            with self.fake.safe_open(self.path, "pt") as f:
+                for k in f.keys():
+                    self.assertTrue(same(f.get_tensor(k), self.arrays[k]), k)
+        finally:
+            os.open = real
+        self.assertEqual(opened.count(self.path), 1, opened)
+        hook.closing.drain()
+        self.assertEqual(StockFile.served, 0)
+
     def test_slice_guesses_from_threads(self):
         # Four threads asking for the rank's slices at once: every slice
         # right, every guess taken once (none started twice, none left).
@@ -453,8 +474,8 @@ class RoutingTest(MountedCase):
     def test_a_failing_read_falls_back_once(self):
         self.gpu_ok()
 
-        def broken(path, dev, availability=None, header=None):
-            r = open_emu(path)
+        def broken(path, dev, availability=None, header=None, fd=None):
+            r = open_emu(path, fd=fd)
 
             def fail(*a):
                 raise PhxError(5, "injected")

@@ -103,7 +103,7 @@ class RegCacheTest(MountedCase):
             for b in bufs:
                 b.close()
 
-    def test_threads_each_with_their_own_stream(self):
+    def test_threads_share_one_descriptor(self):
         rng = random.Random(9)
         bs, n = 16 << 10, 300
         src = [rng.randrange(len(self.data) // bs) for _ in range(n)]
@@ -116,12 +116,19 @@ class RegCacheTest(MountedCase):
             cols = Cols()
             for s, d in zip(src, slots):
                 cols.add(buf_id, d * bs, bs, s * bs)
-            with BatchIO(self.path, threads=4) as io:
+            given = os.open(self.path, os.O_RDONLY)
+            with BatchIO(self.path, threads=4, fd=given) as io:
                 wait_all([io.submit(part) for part in cols.split(40)], 30, "kv blocks")
                 self.assertEqual(io.calls, 8)
-                self.assertIn(len(io._handles), range(1, 5), "a descriptor per thread that ran")
+                self.assertEqual(io._h.fd, given, "the threads' ioctls went on the descriptor given")
+            with self.assertRaises(OSError, msg="the pool closes the descriptor it was given"):
+                os.fstat(given)
             for s, d in zip(src, slots):
                 self.assertEqual(bytes(buf.view[d * bs:(d + 1) * bs]), self.data[s * bs:(s + 1) * bs])
+            unused = os.open(self.path, os.O_RDONLY)
+            BatchIO(self.path, fd=unused).close()
+            with self.assertRaises(OSError, msg="a descriptor given to a pool that never ran stays open"):
+                os.fstat(unused)
         finally:
             close_caches()
             buf.close()
