@@ -32,7 +32,7 @@ class FakeIO(BatchIO):
         super().__init__("/nonexistent", threads=1)
         self.rec = Recorder(strided_ok)
 
-    def _open(self):
+    def _open(self, fd):
         return self.rec
 
 
