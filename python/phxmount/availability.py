@@ -64,13 +64,14 @@ def _mount_info(f: PhxFile, path, device: int):
         return Availability(False, f"CUDA device {device}: {e}", on_mount=True)
 
 
-def available(path: Union[str, os.PathLike], device: int = 0) -> Availability:
+def available(path: Union[str, os.PathLike], device: int = 0, fd: Optional[int] = None) -> Availability:
     """Is path on a phxmount mount, with an NVIDIA device, and a CUDA driver
     here? Asks the daemon (INFO ioctl, user.phx.info) rather than guessing,
     and reports the transport a load would take. device is this process's
-    CUDA ordinal; mount_device in the answer is the mount's index of it."""
+    CUDA ordinal; mount_device in the answer is the mount's index of it.
+    fd: a descriptor of path to ask on (left open), saving an open."""
     try:
-        f = PhxFile(path)
+        f = PhxFile(path) if fd is None else PhxFile(fd)
     except OSError as e:
         return Availability(False, f"cannot open {os.fspath(path)}: {e.strerror}")
     try:
@@ -81,7 +82,7 @@ def available(path: Union[str, os.PathLike], device: int = 0) -> Availability:
         return r
     info, idx = r
     try:
-        x = phx_info_xattr(path)
+        x = phx_info_xattr(path if fd is None else fd)
     except OSError:
         x = {}
     a = Availability(False, "", on_mount=True, vendor=info.vendor, transport=info.transport_name,

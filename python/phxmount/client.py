@@ -207,8 +207,9 @@ def mount_counters(path: Union[str, os.PathLike], device: int = 0) -> Dict[str, 
         return dict(f.info(device).counters)
 
 
-def phx_info_xattr(path: Union[str, os.PathLike]) -> Dict[str, str]:
-    """user.phx.info of a file or directory on the mount, as a dict."""
+def phx_info_xattr(path: Union[str, os.PathLike, int]) -> Dict[str, str]:
+    """user.phx.info of a file or directory on the mount (a path or a
+    descriptor), as a dict."""
     raw = os.getxattr(path, "user.phx.info")
     out = {}
     for line in raw.decode("utf-8", "replace").splitlines():

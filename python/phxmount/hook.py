@@ -210,13 +210,15 @@ class Mounts:
                 return None
         return fd
 
-    def availability(self, path: str, device: int):
+    def availability(self, path: str, device: int, fd: Optional[int] = None):
+        """available(path, device), asked once per file system and device
+        (on fd, a descriptor of path, when given)."""
         from .availability import available
         key = (os.stat(path).st_dev, device)
         with self.lock:
             av = self.gpu.get(key)
         if av is None:
-            av = available(path, device)
+            av = available(path, device, fd)
             with self.lock:
                 self.gpu[key] = av
         return av
@@ -520,12 +522,17 @@ class HookedFile:
             r = self._readers.get(dev)
             if r is not None:
                 return r
-        av = mounts.availability(self.path, dev)
-        if not av:
-            raise RuntimeError(f"cuda:{dev}: {av.reason}")
         with self._lock:
             fd = self._fd[0]
             fd = os.dup(fd) if fd is not None else None
+        try:
+            av = mounts.availability(self.path, dev, fd)
+            if not av:
+                raise RuntimeError(f"cuda:{dev}: {av.reason}")
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
         r = self._open_reader(self.path, dev, av, self.header, fd)
         with self._lock:
             if dev in self._readers:
