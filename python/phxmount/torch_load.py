@@ -23,7 +23,7 @@ from .batchio import BatchIO, PreadIO
 from .client import PhxError
 from .fetch import Fetcher, SafeOpen, select, stream
 from .loader import DEFAULT_TIMEOUT, LoadStats
-from .safetensors import DEFAULT_CHUNK
+from .safetensors import DEFAULT_CHUNK, read_header
 from .sharded import assign_devices, shard_files
 from .availability import Availability, available
 from .torch_mem import ArenaBackend, CudaBackend, GivenBackend, HostTorchBackend, cuda_cache, device_index
@@ -47,12 +47,12 @@ def parse_device(device) -> Tuple[str, int]:
     raise ValueError(f"device {device!r}: phxmount loads into CUDA devices (or the cpu)")
 
 
-def route(path: PathLike, kind: str, index: int) -> Availability:
+def route(path: PathLike, kind: str, index: int, fd: Optional[int] = None) -> Availability:
     """How a load of path onto the device goes; warns when not through
-    phxmount."""
+    phxmount. fd: a descriptor of path to ask on."""
     if kind == "cpu":
         return Availability(False, "device cpu: the bytes stay in host memory", fallback="pread into host memory")
-    av = available(path, index)
+    av = available(path, index, fd)
     if not av.ok:
         av.fallback = f"pread into pinned host memory, then a copy to cuda:{index}"
         warnings.warn(f"phxmount: {os.fspath(path)}: {av}", PhxFallbackWarning, stacklevel=3)
@@ -68,11 +68,18 @@ def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Option
     availability: what available() said of path's mount and this device,
     when the caller asked already (it is asked otherwise); header: the
     file's header, when the caller read it already; fd: a descriptor of
-    path for the reads (the reader closes it, even when this fails),
-    saving an open of the file on the mount."""
+    path for the reads (the reader closes it, even when this fails). The
+    file is opened once (an open of a file on the mount is a FUSE round
+    trip): that descriptor answers the availability check, gives the
+    header, and carries the reads."""
     try:
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if header is None:
+            header = read_header(fd)
         kind, idx = parse_device(device)
-        av = availability if availability is not None and availability.ok and kind == "cuda" else route(path, kind, idx)
+        av = (availability if availability is not None and availability.ok and kind == "cuda"
+              else route(path, kind, idx, fd))
         if av.ok:
             cache = cuda_cache(path, idx)
             backend = (GivenBackend(idx, cache, tensors) if tensors is not None
