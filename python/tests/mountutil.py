@@ -2,6 +2,7 @@
 backing directory (Mount), why the mount tests cannot run here (why_not),
 numpy (need_numpy), and a safetensors file of varied tensors (make_file)."""
 
+import contextlib
 import os
 import random
 import shutil
@@ -139,6 +140,22 @@ def make_file(path, seed=7, specs=SPECS, metadata=None):
     ts = [(n, dt, sh, bytes(b & 1 for b in data) if dt == "BOOL" else data) for n, dt, sh, data in ts]
     h = st.write_file(path, ts, metadata=metadata if metadata is not None else {"format": "pt"})
     return h, {name: (dt, shape, data) for name, dt, shape, data in ts}
+
+
+@contextlib.contextmanager
+def opens_counted():
+    """Yields the list of paths os.open is called with meanwhile (an open
+    of a file on the mount is a round trip to the daemon)."""
+    real, opened = os.open, []
+
+    def counting(path, *a, **k):
+        opened.append(os.fspath(path))
+        return real(path, *a, **k)
+    os.open = counting
+    try:
+        yield opened
+    finally:
+        os.open = real
 
 
 def as_array(dtype, shape, data):

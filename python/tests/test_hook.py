@@ -26,7 +26,7 @@ import threading
 import types
 import unittest
 
-from mountutil import WHY_NO_NUMPY, MountedCase, as_array, make_file, np, same, why_not
+from mountutil import WHY_NO_NUMPY, MountedCase, as_array, make_file, np, opens_counted, same, why_not
 
 from phxmount import hook  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
@@ -407,18 +407,10 @@ class RoutingTest(MountedCase):
         # while loads run): the header's descriptor serves the reads too.
         self.gpu_ok()
         hook.install(hook.Mode(True, "cuda:0"))
-        real, opened = os.open, []
-
-        def counting(path, *a, **k):
-            opened.append(os.fspath(path))
-            return real(path, *a, **k)
-        os.open = counting
-        try:
+        with opens_counted() as opened:
             with self.fake.safe_open(self.path, "pt") as f:
                 for k in f.keys():
                     self.assertTrue(same(f.get_tensor(k), self.arrays[k]), k)
-        finally:
-            os.open = real
         self.assertEqual(opened.count(self.path), 1, opened)
         hook.closing.drain()
         self.assertEqual(StockFile.served, 0)

@@ -7,7 +7,7 @@ CUDA one."""
 import os
 import unittest
 
-from mountutil import WHY_NO_NUMPY, MountedCase, as_array, make_file, same, why_not
+from mountutil import WHY_NO_NUMPY, MountedCase, as_array, make_file, opens_counted, same, why_not
 
 from phxmount import abi, torch_load  # noqa: E402
 from phxmount.availability import available  # noqa: E402
@@ -50,19 +50,11 @@ class OpenOnceTest(MountedCase):
         self.path = path
 
     def test_one_open(self):
-        real, opened = os.open, []
-
-        def counting(p, *a, **k):
-            opened.append(os.fspath(p))
-            return real(p, *a, **k)
-        os.open = counting
-        try:
+        with opens_counted() as opened:
             with torch_load.open_reader(self.path, 0, threads=4) as f:
                 for name, want in self.arrays.items():
                     self.assertTrue(same(f.get_tensor(name), want), name)
                 fd = f.fetcher.io._h.fd
-        finally:
-            os.open = real
         self.assertEqual(opened.count(self.path), 1, opened)
         self.assertEqual(self.asked, [fd], "the availability check asked on another descriptor")
         with self.assertRaises(OSError, msg="the reader's descriptor outlived it"):
