@@ -50,8 +50,9 @@ KVFILE=$WORK/backing/kv.bin
 REF=$CARRY/ref
 MNT=$WORK/mnt
 # The daemon's Prometheus endpoint (request and ioctl latencies; the
-# tensor-parallel tool's request probe reads it).
-METRICS=${PHX_GPU_METRICS:-127.0.0.1:9464}
+# tensor-parallel tool's request probe reads it): a free loopback port, the
+# URL read back from the daemon's log by mount_phx.
+METRICS_URL=
 # The device tool brings back at most 8 files from $OUT: the raw outputs
 # (logs, JSON, the reference programs' stdout) go to $RAW, packed into
 # $OUT/raw.tgz after every step (pack); $OUT keeps gpu-test.log, raw.tgz,
@@ -130,10 +131,16 @@ unmount() {
 mount_phx() {
 	mkdir -p "$MNT"
 	unmount
-	"$CARRY/phxmount" --vendor nvidia --metrics "$METRICS" "$@" "$WORK/backing" "$MNT" >>"$RAW/phxmount.log" 2>&1 &
+	local from
+	from=$(($(wc -l <"$RAW/phxmount.log" 2>/dev/null || echo 0) + 1))
+	"$CARRY/phxmount" --vendor nvidia --metrics 127.0.0.1:0 "$@" "$WORK/backing" "$MNT" >>"$RAW/phxmount.log" 2>&1 &
 	DAEMON=$!
 	# phxmount wait: the one readiness check (the INFO ioctl answers).
-	"$CARRY/phxmount" wait --timeout 10 "$MNT" >>"$RAW/phxmount.log" 2>&1 && return 0
+	if "$CARRY/phxmount" wait --timeout 10 "$MNT" >>"$RAW/phxmount.log" 2>&1; then
+		METRICS_URL=$(tail -n +"$from" "$RAW/phxmount.log" | grep -o 'metrics: serving http://[0-9.:]*/metrics' |
+			tail -1 | cut -d' ' -f3)
+		return 0
+	fi
 	fail "phxmount --vendor nvidia did not mount (see phxmount.log)"
 	tail -5 "$RAW/phxmount.log" | tee -a "$LOG"
 	return 1
@@ -222,7 +229,7 @@ tensor_parallel() {
 		done
 	fi
 	py_tool gpu_tp 600 run --mount-dir "$MNT" --backing-dir "$WORK/backing" --ckpt llama --out "$RAW/run-tp.json" \
-		--metrics-url "http://$METRICS/metrics" --ref-col "${outs[@]}"
+		${METRICS_URL:+--metrics-url "$METRICS_URL"} --ref-col "${outs[@]}"
 }
 
 # go_tests: the nvidia connector's tests and the phxfs suites on it.
