@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -36,6 +37,7 @@ func serve(c *config) int {
 	}
 	c.fs.Log = log
 	giveUpCapabilities(log) // re-executes the daemon without them, once
+	defer cpuProfile(log)()
 
 	src := &metricsSource{}
 	m, observe, err := newMetrics(c, src)
@@ -169,4 +171,34 @@ func newMetrics(c *config, src metrics.Source) (*metrics.Metrics, func(string, t
 		return nil, nil, err
 	}
 	return m, m.ObserveIoctl, nil
+}
+
+// EnvCPUProfile names a file for a CPU profile of the whole daemon, from
+// mount to exit (go tool pprof phxmount FILE): where a load's time goes on
+// a machine with no profiler of its own.
+const EnvCPUProfile = "PHXMOUNT_CPUPROFILE"
+
+// cpuProfile starts the profile EnvCPUProfile asks for and returns what
+// stops it (nothing to stop when none is asked for or it cannot start).
+func cpuProfile(log *logrus.Entry) func() {
+	path := os.Getenv(EnvCPUProfile)
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		log.Warnf("%s=%s: no CPU profile: %v", EnvCPUProfile, path, err)
+		if f != nil {
+			f.Close()
+		}
+		return func() {}
+	}
+	log.Infof("CPU profile of the daemon to %s (%s)", path, EnvCPUProfile)
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
