@@ -274,10 +274,18 @@ type batchFile struct {
 	lo, hi int64
 	n      int64 // transfers
 	dense  bool
-	hotMu  sync.Mutex
-	hot    map[int64]bool // residentProbe-aligned chunk -> wholly in the page cache when the batch asked
-	last   atomic.Int64   // 1 + the chunk last found wholly resident: most often the next transfer's too
+	// dense: what the batch found of each residentProbe-aligned chunk
+	// that [lo, hi) touches, from chunk lo/residentProbe on (chunkUnknown,
+	// chunkResident: wholly in the page cache, chunkNot); read by every
+	// worker for every transfer, so without a lock.
+	chunks []atomic.Uint32
 }
+
+const (
+	chunkUnknown = iota
+	chunkResident
+	chunkNot
+)
 
 // batchFiles maps a batch's descriptors to their batchFiles.
 type batchFiles map[int]*batchFile
@@ -306,6 +314,9 @@ func newBatchFiles(p *plan, maps *fileMaps) batchFiles {
 	}
 	for _, f := range t {
 		f.dense = (f.hi-f.lo)/f.n <= residentDense
+		if f.dense {
+			f.chunks = make([]atomic.Uint32, (f.hi-1)/residentProbe-f.lo/residentProbe+1)
+		}
 	}
 	return t
 }
@@ -367,30 +378,28 @@ func (t *batchFile) resident(x *xfer) (res, ok bool) {
 }
 
 // chunksResident reports whether every chunk x touches was wholly in the
-// page cache when the batch first asked; the batch asks once per chunk,
-// about the part of it the batch reads.
+// page cache when the batch first asked; the batch asks once per chunk
+// (two workers meeting an unknown chunk may both ask), about the part of
+// it the batch reads.
 func (t *batchFile) chunksResident(x *xfer) bool {
+	first := t.lo / residentProbe
 	for c := x.off / residentProbe; c*residentProbe < x.off+x.len; c++ {
-		if t.last.Load() == c+1 {
-			continue
+		if c < first || c-first >= int64(len(t.chunks)) {
+			return false // not a transfer of the batch: ask about its own pages
 		}
-		t.hotMu.Lock()
-		res, known := t.hot[c]
-		t.hotMu.Unlock()
-		if !known {
+		s := &t.chunks[c-first]
+		v := s.Load()
+		if v == chunkUnknown {
 			lo, hi := max(c*residentProbe, t.lo), min((c+1)*residentProbe, t.hi)
-			res = wholeResident(t.src, lo, hi-lo)
-			t.hotMu.Lock()
-			if t.hot == nil {
-				t.hot = map[int64]bool{}
+			v = chunkNot
+			if wholeResident(t.src, lo, hi-lo) {
+				v = chunkResident
 			}
-			t.hot[c] = res
-			t.hotMu.Unlock()
+			s.Store(v)
 		}
-		if !res {
+		if v != chunkResident {
 			return false
 		}
-		t.last.Store(c + 1)
 	}
 	return true
 }
