@@ -236,8 +236,7 @@ func (r *stagedReader) gatherGroup() {
 				if rd.bf.mapping != m {
 					return
 				}
-				x := &r.xfers[rd.i]
-				rd.res = int64(copy(r.slots[rd.slot][rd.at:][:x.len], m.b[min(x.off, m.size):min(x.off+x.len, m.size)]))
+				rd.res = gatherPieces(r.slots[rd.slot][rd.at:], m, &r.xfers[rd.i])
 				n++
 				bytes += rd.res
 			}
@@ -251,4 +250,21 @@ func (r *stagedReader) gatherGroup() {
 	}
 	r.l.stagedStats.gatheredReads.Add(n)
 	r.l.stagedStats.gatheredBytes.Add(bytes)
+}
+
+// gatherPieces copies x's pieces from the mapping m one after the other
+// into dst, up to the end of the mapped file, and returns the bytes copied:
+// a run of a column slice is one tight loop of copies.
+func gatherPieces(dst []byte, m *fileMap, x *xfer) int64 {
+	n := x.pieceLen()
+	var got int64
+	for j := range x.pieces() {
+		off := x.pieceOff(j)
+		c := int64(copy(dst[j*n:(j+1)*n], m.b[min(off, m.size):min(off+n, m.size)]))
+		got += c
+		if c < n {
+			break
+		}
+	}
+	return got
 }

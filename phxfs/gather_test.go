@@ -1,7 +1,9 @@
 package phxfs
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -244,5 +246,70 @@ func TestGatherEnv(t *testing.T) {
 	}
 	if got, _ := gatherMaxFrom(4096); got != 4096 {
 		t.Errorf("Config.GatherMax 4096 became %d", got)
+	}
+}
+
+// TestColumnSliceRuns: a column slice read through the staged transport is
+// planned as runs of its rows' pieces (a few xfers, not one per row),
+// spread over the workers, and lands byte for byte whether the file is hot
+// (gathered) or cold (read piece by piece); a slice that runs past the end
+// of the file stops there, with the bytes up to it.
+func TestColumnSliceRuns(t *testing.T) {
+	l, tm, fd, name := gatherLib(t, func(c *Config) { c.Workers = 4 })
+	const rows, row, piece = 1024, 4096, 700 // odd widths: the runs pack pieces at any byte
+	req := func(off int64, count int64) Request {
+		return Request{Fd: fd, Device: 0, DevAddr: tm.Addr(), Len: piece, FileOffset: off, Count: count,
+			FileStride: row, BufStride: piece}
+	}
+	file := make([]byte, 4*mib)
+	fillPattern(file, 0)
+	check := func(what string, want int64) {
+		t.Helper()
+		got := deviceBytes(t, tm.c, tm.m, 0, want)
+		for r := int64(0); r*piece < want; r++ {
+			n := min(piece, want-r*piece)
+			if off := 1000 + r*row; !bytes.Equal(got[r*piece:r*piece+n], file[off:off+n]) {
+				t.Fatalf("%s: row %d's piece differs from the file's bytes at %d", what, r, off)
+			}
+		}
+	}
+	p, err := l.prepare(false, []Request{req(1000, rows)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(p.xfers); n < 4 || n > rows/16 {
+		t.Errorf("%d rows planned as %d xfers: want a few runs, at least one a worker", rows, n)
+	}
+	l.finish(p)
+
+	for _, cold := range []bool{false, true} {
+		if cold {
+			dropCache(t, name)
+		}
+		s0 := l.StagedStats()
+		reqs := []Request{req(1000, rows)}
+		if failed, err := l.ReadBatch(reqs); failed != 0 || err != nil {
+			t.Fatalf("cold=%v: %d failed, %v: %s", cold, failed, err, describe(reqs))
+		}
+		check(fmt.Sprintf("cold=%v", cold), rows*piece)
+		s1 := l.StagedStats()
+		gathered, read := s1.GatheredReads > s0.GatheredReads, s1.BufferedReads > s0.BufferedReads
+		// Cold: the engine reads the runs, though the readahead of one
+		// run's reads may have cached the next whole.
+		if (!cold && (!gathered || read)) || (cold && !read) {
+			t.Errorf("cold=%v: gathered %v, read through the page cache %v", cold, gathered, read)
+		}
+	}
+
+	// 4 MiB file: rows past 1024 lie past its end; the slice stops in the
+	// row that crosses it (none does here: 4 MiB is 1024 whole rows).
+	reqs := []Request{req(1000, rows+8)}
+	if failed, err := l.ReadBatch(reqs); failed != 1 || err != nil || reqs[0].Result != rows*piece {
+		t.Fatalf("past the end: %d failed, %v, result %d, want %d", failed, err, reqs[0].Result, rows*piece)
+	}
+	check("past the end", rows*piece)
+	reqs = []Request{req(4*mib-row+3700, 3)} // the first piece crosses the end: 396 bytes of it
+	if failed, err := l.ReadBatch(reqs); failed != 1 || err != nil || reqs[0].Result != 396 {
+		t.Fatalf("crossing the end: %d failed, %v, result %d, want 396", failed, err, reqs[0].Result)
 	}
 }

@@ -17,7 +17,11 @@ import (
 // operation may be).
 
 // xfer is one engine transfer: one or more coalesced requests, or a piece
-// of a large one.
+// of a large one; or, for a strided read through the staged transport, a
+// run of count of its pieces, stride apart in the file and one after the
+// other in the device buffer (a column slice of every row: the run is
+// gathered from the page cache into a slot and copied to the device in
+// one piece, and costs the plan one xfer, not one per row).
 type xfer struct {
 	fd      int
 	off     int64
@@ -27,7 +31,21 @@ type xfer struct {
 	devAddr uint64
 	staged  bool
 	result  int64 // bytes moved or a negative errno; notRun until it ran
+	count   int64 // a run's pieces, each len/count bytes (0: one piece, len bytes)
+	stride  int64 // a run's file stride
 }
+
+// pieces is how many contiguous pieces of the file x moves.
+func (x *xfer) pieces() int64 { return max(x.count, 1) }
+
+// pieceLen is the length of each of x's pieces.
+func (x *xfer) pieceLen() int64 { return x.len / x.pieces() }
+
+// pieceOff is where x's piece j begins in the file.
+func (x *xfer) pieceOff(j int64) int64 { return x.off + j*x.stride }
+
+// end is where the last piece of x ends in the file.
+func (x *xfer) end() int64 { return x.pieceOff(x.pieces()-1) + x.pieceLen() }
 
 // notRun is the result of an xfer that no path has run yet. Every path
 // that runs an xfer sets its result; one still notRun when the plan ends
@@ -206,21 +224,70 @@ func (p *plan) pieceOf(t target, j int64) piece {
 // one bounce buffer. A request's segments are its pieces' parts, in order.
 func (l *Lib) cut(p *plan, targets []target) {
 	// One backing array for every request's segments and one for the
-	// xfers: most pieces make one of each.
-	var pieces int64
+	// xfers: most pieces (or runs) make one of each.
+	run := l.runBytes(p, targets)
+	var n int64
 	for _, t := range targets {
-		pieces += p.reqs[t.i].pieces()
+		rq := &p.reqs[t.i]
+		if k := l.runPieces(p, rq, t, run); k > 1 {
+			n += (rq.Count + k - 1) / k
+		} else {
+			n += rq.pieces()
+		}
 	}
-	segs := make([]segment, 0, pieces)
-	p.xfers = make([]xfer, 0, pieces)
+	segs := make([]segment, 0, n)
+	p.xfers = make([]xfer, 0, n)
 	for _, t := range targets {
 		start := len(segs)
-		n := p.reqs[t.i].pieces()
-		for j := int64(0); j < n; j++ {
-			segs = l.cutPiece(p, p.pieceOf(t, j), segs)
+		rq := &p.reqs[t.i]
+		if k := l.runPieces(p, rq, t, run); k > 1 {
+			segs = cutRuns(p, t, k, segs)
+		} else {
+			for j := int64(0); j < rq.pieces(); j++ {
+				segs = l.cutPiece(p, p.pieceOf(t, j), segs)
+			}
 		}
 		p.segs[t.i] = segs[start:len(segs):len(segs)]
 	}
+}
+
+// runBytes is the size of the runs a plan's strided requests are cut into:
+// an even share of the plan for each worker, so that one tensor's column
+// slice still spreads over them, from 64 KiB up to one slot.
+func (l *Lib) runBytes(p *plan, targets []target) int64 {
+	var total int64
+	for _, t := range targets {
+		total += p.reqs[t.i].Bytes()
+	}
+	return min(max(total/int64(max(l.pool.Workers(), 1)), 64<<10), l.cfg.BounceSize)
+}
+
+// runPieces is how many pieces of request rq each run holds (up to run
+// bytes), or 1 where rq is not read in runs: only a strided read through
+// the staged transport whose pieces are apart in the file, one after the
+// other in the buffer, and small enough to gather (the pieces of anything
+// else are xfers of their own, joined where they follow on).
+func (l *Lib) runPieces(p *plan, rq *Request, t target, run int64) int64 {
+	if p.write || !t.staged || rq.Count <= 1 || rq.FileStride <= rq.Len || rq.BufStride != rq.Len ||
+		rq.Len > l.cfg.GatherMax || rq.Len == 0 {
+		return 1
+	}
+	return max(min(run, l.cfg.BounceSize)/rq.Len, 1)
+}
+
+// cutRuns appends the runs of k pieces of the request of target t, and
+// their segments.
+func cutRuns(p *plan, t target, k int64, segs []segment) []segment {
+	rq := &p.reqs[t.i]
+	for j := int64(0); j < rq.Count; j += k {
+		n := min(k, rq.Count-j)
+		x := xfer{fd: rq.Fd, off: rq.FileOffset + j*rq.FileStride, len: n * rq.Len, count: n, stride: rq.FileStride,
+			dev: rq.Device, devAddr: t.devAddr + uint64(j*rq.BufStride), staged: true, result: notRun}
+		segs = append(segs, segment{x: len(p.xfers), n: x.len})
+		p.xfers = append(p.xfers, x)
+	}
+	p.staged = true
+	return segs
 }
 
 // cutPiece appends pc's xfers (or joins it to the last one) and its

@@ -305,12 +305,12 @@ func newBatchFiles(p *plan, maps *fileMaps) batchFiles {
 		}
 		if f == nil || f.src != x.fd {
 			if f = t[x.fd]; f == nil {
-				f = &batchFile{src: x.fd, fd: -1, maps: maps, lo: x.off, hi: x.off + x.len}
+				f = &batchFile{src: x.fd, fd: -1, maps: maps, lo: x.off, hi: x.end()}
 				t[x.fd] = f
 			}
 		}
-		f.lo, f.hi = min(f.lo, x.off), max(f.hi, x.off+x.len)
-		f.n++
+		f.lo, f.hi = min(f.lo, x.off), max(f.hi, x.end())
+		f.n += x.pieces()
 	}
 	for _, f := range t {
 		f.dense = (f.hi-f.lo)/f.n <= residentDense
@@ -374,7 +374,13 @@ func (t *batchFile) resident(x *xfer) (res, ok bool) {
 	if t.dense && t.chunksResident(x) {
 		return true, true
 	}
-	return resident(x.fd, x.off, x.len)
+	if x.pieces() > 1 {
+		// A run is gathered only if all of it is cached: its pieces
+		// spread over many pages, and a cold read's readahead leaves
+		// some of them cached ahead of the rest.
+		return wholeResident(x.fd, x.off, x.end()-x.off), !noCachestat.Load()
+	}
+	return resident(x.fd, x.off, x.end()-x.off)
 }
 
 // chunksResident reports whether every chunk x touches was wholly in the
@@ -383,7 +389,7 @@ func (t *batchFile) resident(x *xfer) (res, ok bool) {
 // it the batch reads.
 func (t *batchFile) chunksResident(x *xfer) bool {
 	first := t.lo / residentProbe
-	for c := x.off / residentProbe; c*residentProbe < x.off+x.len; c++ {
+	for c := x.off / residentProbe; c*residentProbe < x.end(); c++ {
 		if c < first || c-first >= int64(len(t.chunks)) {
 			return false // not a transfer of the batch: ask about its own pages
 		}
@@ -440,8 +446,8 @@ func (ts batchFiles) resident(x *xfer) (res, ok bool) {
 // read x buffered.
 func (ts batchFiles) directSpan(x *xfer, mode ODirect, cached bool, addr uintptr, capacity int64) (t *batchFile, start, head, span int64, ok bool) {
 	t = ts[x.fd]
-	if t == nil || t.broken.Load() || mode == ODirectNever || mode == ODirectAuto && cached {
-		return nil, 0, 0, 0, false
+	if t == nil || x.pieces() > 1 || t.broken.Load() || mode == ODirectNever || mode == ODirectAuto && cached {
+		return nil, 0, 0, 0, false // a run's pieces are gathered, or read through the page cache
 	}
 	t.once.Do(t.open)
 	if t.fd < 0 || int64(addr)%t.memAlign != 0 {
@@ -463,7 +469,7 @@ func (ts batchFiles) directSpan(x *xfer, mode ODirect, cached bool, addr uintptr
 // by one).
 func (ts batchFiles) gatherable(x *xfer, resident bool, limit int64) *batchFile {
 	t := ts[x.fd]
-	if t == nil || x.len > limit || !resident {
+	if t == nil || x.pieceLen() > limit || !resident {
 		return nil
 	}
 	t.mapOnce.Do(func() { t.mapping, _ = t.maps.acquire(t.src) })

@@ -14,20 +14,21 @@ import (
 // steps (go tool trace; free when no trace runs).
 var bg = context.Background()
 
-// minStagedOps is the least number of xfers a worker is given: a read
+// minStagedOps is the least number of pieces a worker is given: a read
 // costs a few microseconds whatever its size, so many small ones (a column
 // slice is one per row) spread over workers by count as well as by bytes.
 const minStagedOps = 64
 
 // stagedWorkers is how many workers a staged plan of these xfers uses:
-// each gets at least Config.StagedShare bytes or minStagedOps xfers.
+// each gets at least Config.StagedShare bytes or minStagedOps pieces.
 func (l *Lib) stagedWorkers(xs []xfer) int {
-	var bytes int64
+	var bytes, pieces int64
 	for i := range xs {
 		bytes += xs[i].len
+		pieces += xs[i].pieces()
 	}
 	share := l.cfg.StagedShare
-	n := max(int((bytes+share-1)/share), (len(xs)+minStagedOps-1)/minStagedOps)
+	n := max(int((bytes+share-1)/share), int((pieces+minStagedOps-1)/minStagedOps))
 	return max(min(n, len(xs), l.pool.Workers()), 1)
 }
 
@@ -174,7 +175,8 @@ type slotRead struct {
 	span   int64
 	direct bool
 	gather bool
-	op     int   // the engine operation (not gathered)
+	op     int   // the first engine operation (not gathered)
+	ops    int   // and how many: one a piece
 	res    int64 // a gather's result
 }
 
@@ -229,7 +231,7 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 		// Whether the page cache holds x is asked once, and only where
 		// the answer picks the path.
 		res, known := false, false
-		if r.mode == ODirectAuto || x.len <= r.l.cfg.GatherMax {
+		if r.mode == ODirectAuto || x.pieceLen() <= r.l.cfg.GatherMax {
 			res, known = r.bf.resident(x)
 		}
 		if t, start, head, span, ok := r.bf.directSpan(x, r.mode, res || !known, addrOf(buf), size); ok {
@@ -237,7 +239,7 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 			if rd.at+span > size && !first {
 				return k
 			}
-			rd.bf, rd.head, rd.span, rd.direct, rd.op = t, head, span, true, len(r.ops)
+			rd.bf, rd.head, rd.span, rd.direct, rd.op, rd.ops = t, head, span, true, len(r.ops), 1
 			r.ops = append(r.ops, ioengine.Op{Fd: t.fd, Addr: addrOf(buf[rd.at:]), Len: span, Off: start})
 		} else {
 			rd.at = alignUp(pos, packAlign)
@@ -248,8 +250,8 @@ func (r *stagedReader) pack(slot int, idx []int, k, dev int) int {
 				rd.bf, rd.gather = t, true
 				r.gathers++
 			} else {
-				rd.op = len(r.ops)
-				r.ops = append(r.ops, ioengine.Op{Fd: x.fd, Addr: addrOf(buf[rd.at:]), Len: x.len, Off: x.off})
+				rd.op, rd.ops = len(r.ops), int(x.pieces())
+				r.ops = appendPieceOps(r.ops, x, buf[rd.at:])
 			}
 		}
 		pos = rd.at + max(rd.span, x.len)
@@ -272,7 +274,7 @@ func (r *stagedReader) scatter(s connector.Stream, slot, n, m int, runErr error)
 			off, got = rd.at, rd.res
 			r.xfers[rd.i].result = got
 		} else {
-			off, got = r.land(rd, r.ops[rd.op].Result, runErr)
+			off, got = r.land(rd, piecesResult(r.ops[rd.op:rd.op+rd.ops]), runErr)
 		}
 		if got > 0 {
 			pieces = append(pieces, connector.Piece{Off: off, Dev: r.xfers[rd.i].devAddr, Len: got})
@@ -315,15 +317,46 @@ func (r *stagedReader) land(rd *slotRead, got int64, runErr error) (int64, int64
 
 // readBuffered reads x through the page cache into buf.
 func (l *Lib) readBuffered(eng ioengine.Engine, x *xfer, buf []byte) int64 {
-	op := []ioengine.Op{{Fd: x.fd, Addr: addrOf(buf), Len: x.len, Off: x.off}}
-	if err := eng.Run(op); err != nil {
+	ops := appendPieceOps(nil, x, buf)
+	if err := eng.Run(ops); err != nil {
 		return -int64(errs.Errno(err))
 	}
-	if op[0].Result > 0 {
+	got := piecesResult(ops)
+	if got > 0 {
 		l.stagedStats.bufferedReads.Add(1)
-		l.stagedStats.bufferedBytes.Add(op[0].Result)
+		l.stagedStats.bufferedBytes.Add(got)
 	}
-	return op[0].Result
+	return got
+}
+
+// appendPieceOps appends an engine read of each piece of x, landing one
+// after the other in buf.
+func appendPieceOps(ops []ioengine.Op, x *xfer, buf []byte) []ioengine.Op {
+	n := x.pieceLen()
+	for j := range x.pieces() {
+		ops = append(ops, ioengine.Op{Fd: x.fd, Addr: addrOf(buf[j*n:]), Len: n, Off: x.pieceOff(j)})
+	}
+	return ops
+}
+
+// piecesResult is the result of an xfer read piece by piece (ops, in
+// order), as one read of it would say: the bytes up to the first short
+// piece (end of file), or the errno of a first piece that failed.
+func piecesResult(ops []ioengine.Op) int64 {
+	var got int64
+	for _, op := range ops {
+		if op.Result < 0 {
+			if got == 0 {
+				return op.Result
+			}
+			break
+		}
+		got += op.Result
+		if op.Result < op.Len {
+			break
+		}
+	}
+	return got
 }
 
 // addrOf is where a slot's (or any buffer's) bytes start, for the engine.
