@@ -323,6 +323,7 @@ class HookedFile:
         # index), None once a guess for it was wrong; the guesses started
         # and not yet asked for, by name: (plan key, bytes).
         self._roles: Dict[str, Optional[tuple]] = {}
+        self._role_of = {n: _role(n) for n in self._sorted}
         self._guessed: Dict[str, tuple] = {}
         self._guessed_bytes = 0
         self._asked: set = set()
@@ -449,10 +450,10 @@ class HookedFile:
                 # Taken, or started after this request missed it (another
                 # thread's guess): either way nothing of it is left to take.
                 reader.drop(guess[0])
-            role = _role(name)
+            role = self._role_of[name]
             if guess and guess[0] != plan.key:
                 reader.drop(guess[0])  # and every other guess for the role: wrong alike
-                for k in [k for k in self._guessed if _role(k) == role]:
+                for k in [k for k in self._guessed if self._role_of[k] == role]:
                     other = self._guessed.pop(k)
                     if other:
                         self._guessed_bytes -= other[1]
@@ -465,7 +466,7 @@ class HookedFile:
             i = self._index[name]
             items = []
             for k in self._sorted[i + 1:i + 1 + SLICE_SCAN]:
-                seen = self._roles.get(_role(k))
+                seen = self._roles.get(self._role_of[k])
                 if seen and seen[0] == tuple(self.tensors[k].shape) and not (
                         k in self._guessed or k in self._asked or k in skip):
                     items.append((k, seen[1]))
