@@ -251,21 +251,15 @@ func (l *Lib) cut(p *plan, targets []target) {
 	}
 }
 
-// runsPerWorker is how many runs of a plan's strided requests each worker
-// gets: several, so that runs of unequal tensors (and workers that start
-// late) still share the work evenly.
-const runsPerWorker = 4
-
 // runBytes is the size of the runs a plan's strided requests are cut into:
-// an even share of the plan, runsPerWorker for each worker, so that one
-// tensor's column slice still spreads over them, from 64 KiB up to one
-// slot.
+// an even share of the plan for each worker, so that one tensor's column
+// slice still spreads over them, from 64 KiB up to one slot.
 func (l *Lib) runBytes(p *plan, targets []target) int64 {
 	var total int64
 	for _, t := range targets {
 		total += p.reqs[t.i].Bytes()
 	}
-	return min(max(total/int64(runsPerWorker*max(l.pool.Workers(), 1)), 64<<10), l.cfg.BounceSize)
+	return min(max(total/int64(max(l.pool.Workers(), 1)), 64<<10), l.cfg.BounceSize)
 }
 
 // runPieces is how many pieces of request rq each run holds (up to run
