@@ -27,8 +27,9 @@ Each measurement is one fresh Python process (imports outside the clock):
   (the checkpoint's files read with 8 threads, O_DIRECT 16 MiB and buffered
   1 MiB, caches dropped before each; the better one) in the same run;
 * first load: a fresh mount, a fresh process, phxmount.load_safetensors of
-  every file (in parallel); the pinned host-to-device ceiling measured in a
-  fresh process beside it.
+  every file (in parallel; the name imported before the clock, as a
+  program imports it at its start); the pinned host-to-device ceiling
+  measured in a fresh process beside it.
 
 Rows (gpu_rows.row; every ratio higher-is-better): hf_from_pretrained_hot
 (stock s / hooked s, target 6), hf_from_pretrained_cold (hooked GB/s /
@@ -198,14 +199,16 @@ _TD = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 def first_load(args) -> dict:
     import torch
-    import phxmount
+    # What a program does at its start: from phxmount import load_safetensors
+    # (the package imports its loading modules at that name's first use).
+    from phxmount import LoadStats, load_safetensors
     files = ckpt_files(args.dir)
     t0 = time.perf_counter()
     res = [None] * len(files)
-    stats = [phxmount.LoadStats() for _ in files]
+    stats = [LoadStats() for _ in files]
 
     def one(i):
-        res[i] = phxmount.load_safetensors(files[i], device=0, stats=stats[i])
+        res[i] = load_safetensors(files[i], device=0, stats=stats[i])
     in_threads(one, len(files))
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
