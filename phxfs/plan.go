@@ -226,22 +226,23 @@ func (l *Lib) cut(p *plan, targets []target) {
 	// One backing array for every request's segments and one for the
 	// xfers: most pieces (or runs) make one of each.
 	run := l.runBytes(p, targets)
+	ks := make([]int64, len(targets)) // pieces a run, 1: no runs
 	var n int64
-	for _, t := range targets {
+	for i, t := range targets {
 		rq := &p.reqs[t.i]
-		if k := l.runPieces(p, rq, t, run); k > 1 {
-			n += (rq.Count + k - 1) / k
+		if ks[i] = l.runPieces(p, rq, t, run); ks[i] > 1 {
+			n += (rq.Count + ks[i] - 1) / ks[i]
 		} else {
 			n += rq.pieces()
 		}
 	}
 	segs := make([]segment, 0, n)
 	p.xfers = make([]xfer, 0, n)
-	for _, t := range targets {
+	for i, t := range targets {
 		start := len(segs)
 		rq := &p.reqs[t.i]
-		if k := l.runPieces(p, rq, t, run); k > 1 {
-			segs = cutRuns(p, t, k, segs)
+		if ks[i] > 1 {
+			segs = cutRuns(p, t, ks[i], segs)
 		} else {
 			for j := int64(0); j < rq.pieces(); j++ {
 				segs = l.cutPiece(p, p.pieceOf(t, j), segs)

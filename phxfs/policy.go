@@ -272,7 +272,7 @@ type batchFile struct {
 	// and dense says they lie close enough together that asking the page
 	// cache by chunk costs less than asking by transfer (resident).
 	lo, hi int64
-	n      int64 // transfers
+	n      int64 // pieces of the batch's transfers (a run's count each)
 	dense  bool
 	// dense: what the batch found of each residentProbe-aligned chunk
 	// that [lo, hi) touches, from chunk lo/residentProbe on (chunkUnknown,
