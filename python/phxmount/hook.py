@@ -451,8 +451,7 @@ class HookedFile:
                 # thread's guess): either way nothing of it is left to take.
                 reader.drop(guess[0])
             role = self._role_of[name]
-            if guess and guess[0] != plan.key:
-                reader.drop(guess[0])  # and every other guess for the role: wrong alike
+            if guess and guess[0] != plan.key:  # wrong: so are the role's other guesses
                 for k in [k for k in self._guessed if self._role_of[k] == role]:
                     other = self._guessed.pop(k)
                     if other:
