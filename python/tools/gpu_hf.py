@@ -389,7 +389,8 @@ def build_rows(r) -> list:
             note="safe_open(device='cpu'), get_tensor per key, copy_ into GPU tensors allocated before the clock"),
         row("first_load_fresh_mount", ok(r.get("first"), "gbps"), ok(r.get("pinned"), "gbps"),
             T["first_load_fresh_mount"],
-            "pinned H2D copy, 1 GiB, torch", note="load_safetensors of every file at once, fresh process, fresh mount"),
+            "pinned H2D copy, 1 GiB, torch", note="load_safetensors of every file at once, fresh process, fresh mount; "
+                                                  "the name imported before the clock; the CUDA context made before it"),
         row("hook_peak_memory", ok(hk, "peak_reserved"), ok(st, "peak_reserved"), T["hook_peak_memory"],
             "stock from_pretrained's peak reserved", unit="bytes", smaller=True,
             note="torch.cuda.max_memory_reserved after the load, fresh process each; ratio = stock / hooked"),
