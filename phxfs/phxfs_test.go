@@ -63,9 +63,18 @@ func blockedRead(t *testing.T, l *Lib, dev int, addr uint64, n int64) (b *Batch,
 	var once sync.Once
 	feed = func() { once.Do(func() { close(gate) }) }
 	t.Cleanup(feed)
+	before := l.Stats().Batches
 	b, err := l.SubmitRead([]Request{{Fd: fd, Device: dev, DevAddr: addr, Len: n}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// In flight means taken off the queue by the dispatcher, not merely
+	// queued: callers count the queue's free slots after this.
+	for deadline := time.Now().Add(10 * time.Second); l.Stats().Batches == before; {
+		if time.Now().After(deadline) {
+			t.Fatal("the dispatcher never took the blocked batch off the queue")
+		}
+		time.Sleep(time.Millisecond)
 	}
 	return b, feed
 }
