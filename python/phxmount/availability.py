@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Tuple, Union
 
 from . import abi, cuda
 from .client import PhxError, PhxFile, phx_info_xattr
@@ -104,3 +105,40 @@ def available(path: Union[str, os.PathLike], device: int = 0, fd: Optional[int] 
                 f"phxmount, transport {info.transport_name}: {how}; engine {info.engine}, {info.workers} workers"
                 + (f", bounce {info.bounce_size >> 20} MiB" if info.transport_name == "staged" else ""))
     return a
+
+
+class Known:
+    """available()'s answers, remembered per file system (st_dev) and
+    device for the life of the process: the loaders ask once, not on every
+    file (an INFO ioctl per device of the mount to find this process's GPU
+    by PCI address, and a user.phx.info read: about 0.3 ms a file, more
+    with more GPUs). Only answers the daemon gave are remembered (ok, or
+    the mount's INFO said why not): a file system that is not a mount, or
+    a failure, is asked again next time. phxmount.available() always asks
+    afresh."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._answers: Dict[Tuple[int, int], Availability] = {}
+
+    def get(self, path: Union[str, os.PathLike], device: int = 0, fd: Optional[int] = None) -> Availability:
+        """available(path, device, fd), or what it said of path's file
+        system and device before."""
+        key = (os.fstat(fd).st_dev if fd is not None else os.stat(path).st_dev, device)
+        with self._lock:
+            a = self._answers.get(key)
+        if a is None:
+            a = available(path, device, fd)
+            if a.ok or a.info is not None:
+                with self._lock:
+                    self._answers[key] = a
+        return a
+
+    def forget(self) -> None:
+        """Drops every remembered answer (a mount restarted on the same
+        path with other devices, say)."""
+        with self._lock:
+            self._answers.clear()
+
+
+known = Known()

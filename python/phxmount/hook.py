@@ -178,13 +178,12 @@ def is_cpu(device) -> bool:
 
 class Mounts:
     """Whether a file is on a phxmount mount (one INFO ioctl per file
-    system, remembered by st_dev), and whether a device of this process
-    can load from it (availability.available, remembered per device)."""
+    system, remembered by st_dev). Whether a device of this process can
+    load from it is availability.known's to remember."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.phx: Dict[int, bool] = {}
-        self.gpu: Dict[tuple, object] = {}
 
     def open_if_phxmount(self, path: str) -> Optional[int]:
         """A read-only descriptor of path when it is on a phxmount mount
@@ -209,19 +208,6 @@ class Mounts:
                 os.close(fd)
                 return None
         return fd
-
-    def availability(self, path: str, device: int, fd: Optional[int] = None):
-        """available(path, device), asked once per file system and device
-        (on fd, a descriptor of path, when given)."""
-        from .availability import available
-        key = (os.stat(path).st_dev, device)
-        with self.lock:
-            av = self.gpu.get(key)
-        if av is None:
-            av = available(path, device, fd)
-            with self.lock:
-                self.gpu[key] = av
-        return av
 
 
 def _statfs_type(path: str) -> int:
@@ -525,8 +511,9 @@ class HookedFile:
         with self._lock:
             fd = self._fd[0]
             fd = os.dup(fd) if fd is not None else None
+        from .availability import known
         try:
-            av = mounts.availability(self.path, dev, fd)
+            av = known.get(self.path, dev, fd)
             if not av:
                 raise RuntimeError(f"cuda:{dev}: {av.reason}")
         except BaseException:

@@ -12,6 +12,7 @@ object says how and why. Nothing falls back silently."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import time
@@ -25,7 +26,7 @@ from .fetch import Fetcher, SafeOpen, select, stream
 from .loader import DEFAULT_TIMEOUT, LoadStats
 from .safetensors import DEFAULT_CHUNK, read_header
 from .sharded import assign_devices, shard_files
-from .availability import Availability, available
+from .availability import Availability, known
 from .torch_mem import ArenaBackend, CudaBackend, GivenBackend, HostTorchBackend, cuda_cache, device_index
 
 PathLike = Union[str, os.PathLike]
@@ -48,13 +49,14 @@ def parse_device(device) -> Tuple[str, int]:
 
 
 def route(path: PathLike, kind: str, index: int, fd: Optional[int] = None) -> Availability:
-    """How a load of path onto the device goes; warns when not through
+    """How a load of path onto the device goes (asked once per file
+    system and device: availability.known); warns when not through
     phxmount. fd: a descriptor of path to ask on."""
     if kind == "cpu":
         return Availability(False, "device cpu: the bytes stay in host memory", fallback="pread into host memory")
-    av = available(path, index, fd)
+    av = known.get(path, index, fd)
     if not av.ok:
-        av.fallback = f"pread into pinned host memory, then a copy to cuda:{index}"
+        av = dataclasses.replace(av, fallback=f"pread into pinned host memory, then a copy to cuda:{index}")
         warnings.warn(f"phxmount: {os.fspath(path)}: {av}", PhxFallbackWarning, stacklevel=3)
     return av
 

@@ -12,7 +12,7 @@ from .client import PhxError
 from .loader import DEFAULT_TIMEOUT
 from .safetensors import DEFAULT_CHUNK
 from .savefile import SaveStats, Source, save
-from .availability import available
+from .availability import known
 from .dtypes import st_dtype
 from .torch_mem import cuda_cache, device_index, locate_tensor
 
@@ -35,7 +35,7 @@ def save_safetensors(tensors: Dict[str, object], path: Union[str, os.PathLike],
         items.append((name, t if t.is_contiguous() else t.contiguous()))
     where = os.path.dirname(os.path.abspath(os.fspath(path)))
     devs = sorted({device_index(t) for _, t in items}) or [0]
-    av = available(where, devs[0])
+    av = known.get(where, devs[0])
     if not av.ok:
         raise PhxError(errno.ENOTTY, f"save_safetensors writes through a phxmount mount with an NVIDIA GPU: "
                                      f"{av.reason} (safetensors.torch.save_file writes anywhere)")

@@ -29,6 +29,7 @@ import unittest
 from mountutil import WHY_NO_NUMPY, MountedCase, as_array, make_file, np, opens_counted, same, why_not
 
 from phxmount import hook  # noqa: E402
+from phxmount.availability import known  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
 from phxmount.safetensors import read_header  # noqa: E402
@@ -250,6 +251,7 @@ class RoutingTest(MountedCase):
         self.err = io.StringIO()
         hook.report.__init__(self.err)
         hook.mounts.__init__()
+        known.forget()
         self.readers = []
 
         def open_reader(path, dev, availability=None, header=None, fd=None):  # the emulated device stands in for cuda:dev
@@ -266,6 +268,7 @@ class RoutingTest(MountedCase):
         hook.uninstall()
         hook._open_reader = self.orig_open_reader
         hook.mounts.__init__()
+        known.forget()
         for k, v in self.saved.items():
             if v is None:
                 sys.modules.pop(k, None)
@@ -273,8 +276,7 @@ class RoutingTest(MountedCase):
                 sys.modules[k] = v
 
     def gpu_ok(self):
-        key = (os.stat(self.path).st_dev, 0)
-        hook.mounts.gpu[key] = Ok()
+        known._answers[(os.stat(self.path).st_dev, 0)] = Ok()  # the emulated device stands in for cuda:0
 
     @property
     def path(self):

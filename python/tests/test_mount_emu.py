@@ -12,7 +12,8 @@ from unittest import mock
 from mountutil import MountedCase, make_file, why_not
 
 import phxmount  # noqa: E402
-from phxmount import abi  # noqa: E402
+from phxmount import abi, availability  # noqa: E402
+from phxmount.availability import known  # noqa: E402
 from phxmount.client import EmuBuffer, PhxError, PhxFile  # noqa: E402
 from phxmount.loader import LoadStats, load_safetensors_emu  # noqa: E402
 
@@ -45,6 +46,30 @@ class EmuMountTest(MountedCase):
         off = phxmount.available(self.m.backing)
         self.assertFalse(off.ok or off.on_mount)
         self.assertIn("not on a phxmount mount", off.reason)
+
+    def test_known_asks_a_mount_once(self):
+        known.forget()
+        self.addCleanup(known.forget)
+        with mock.patch.object(availability, "available", wraps=availability.available) as asked:
+            a = known.get(self.path)
+            self.assertFalse(a.ok)
+            self.assertEqual(a.vendor, "emu")
+            before = self.counters()["ioctl_calls"]
+            with open(self.m.path("small.bin"), "rb") as f:  # another file of the mount, by descriptor
+                self.assertIs(known.get(self.m.path("small.bin"), 0, f.fileno()), a)
+            self.assertIs(known.get(self.path), a)
+            self.assertEqual(asked.call_count, 1)
+            # Only the counters' own INFO reached the daemon.
+            self.assertEqual(self.counters()["ioctl_calls"] - before, 1)
+            known.get(self.path, 1)
+            self.assertEqual(asked.call_count, 2, "another device is asked on its own")
+            # Off the mount nothing is remembered; available() itself always asks.
+            for _ in range(2):
+                self.assertFalse(known.get(self.m.backing).on_mount)
+            self.assertEqual(asked.call_count, 4)
+        c0 = self.counters()["ioctl_calls"]
+        self.assertTrue(phxmount.available(self.path).on_mount)
+        self.assertGreater(self.counters()["ioctl_calls"] - c0, 1)
 
     def test_load_one_batch(self):
         s = LoadStats()
