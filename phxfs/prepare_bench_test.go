@@ -7,7 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// BenchmarkPrepare408 times planning one KV-cache batch: 409 scattered
+// BenchmarkPrepare409 times planning one KV-cache batch: 409 scattered
 // 16 KiB blocks (prepare and the holds' release).
 func BenchmarkPrepare409(b *testing.B) {
 	l, c := newLib(b, setup{"sync", Staged}, 1)
