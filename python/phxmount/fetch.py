@@ -39,7 +39,13 @@ from .slicing import CostModel, Plan, choose, fit, level_runs, shard_index
 MAX_EXTENTS = 409
 PROBE_MAX = 32 << 20  # bytes the planner's measurement reads at most
 PROBE_MIN, PROBE_MIN_PIECES = 64 << 10, 8  # below that it would measure noise
-_costs: Dict[tuple, CostModel] = {}  # the measured cost model of each file (device, inode) and I/O kind
+# The measured cost model of each file system (st_dev: a mount) and I/O
+# kind: what an extent and a byte cost is the storage's and the daemon's,
+# not a file's, so a process measures once, not once per file (each
+# measurement allocates and registers scratch memory and reads four times:
+# an engine's rank loading 2-100 files would pay it in every file's first
+# sharded request).
+_costs: Dict[tuple, CostModel] = {}
 
 
 class Pending:
@@ -87,8 +93,8 @@ class Fetcher:
         self.header = header if header is not None else read_header(self.path)
         self.tensors: Dict[str, TensorInfo] = {t.name: t for t in self.header.tensors}
         st = os.stat(self.path)
-        self._cost_key = (st.st_dev, st.st_ino, getattr(io, "kind", ""))
-        self.cost = _costs.get(self._cost_key) or CostModel()  # measured once a file and I/O kind
+        self._cost_key = (st.st_dev, getattr(io, "kind", ""))
+        self.cost = _costs.get(self._cost_key) or CostModel()
         self._probes = 0
         self.plans: List[Plan] = []  # every plan started, in order
         self.read_bytes = 0  # bytes requested from the I/O
@@ -149,9 +155,10 @@ class Fetcher:
             b.waiting = b.waiting[-1:]  # only the last request can have extents left
 
     def calibrate(self, plan: Plan) -> bool:
-        """Measures this file's cost per extent and bandwidth by reading
-        the first pieces of plan's exact extents, then the one extent that
-        covers them (a few MiB at most), each the best of two."""
+        """Measures the cost per extent and bandwidth of this file's file
+        system and I/O by reading the first pieces of plan's exact
+        extents, then the one extent that covers them (a few MiB at most),
+        each the best of two."""
         self._probes += 1
         self.backend.prepare(())
         es = DTYPE_SIZES[plan.dtype]
@@ -179,7 +186,7 @@ class Fetcher:
         t_big = min(_timed(self.io.run, big) for _ in range(2))
         self.backend.release(mem)
         self.cost = _costs[self._cost_key] = fit(len(pieces), length, t_small, span, t_big,
-                                                 f"{plan.name}, {self.io.kind} I/O")
+                                                 f"{os.path.basename(self.path)}: {plan.name}, {self.io.kind} I/O")
         return True
 
     def close(self) -> None:

@@ -15,7 +15,8 @@ one piece covering the rest:
   column slice: whole rows, then a slice on the device).
 
 choose() picks the level with the least estimated time under a CostModel
-(per-extent cost and bandwidth, measured on the file by fetch.Fetcher) and
+(per-extent cost and bandwidth, measured on the file system by
+fetch.Fetcher) and
 says why. Pieces that follow on in both the file and the destination are
 coalesced (extents.coalesce).
 """
@@ -181,7 +182,7 @@ def fit(k: int, small: int, t_small: float, big: int, t_big: float, what: str) -
     if inv_bw <= 0:
         inv_bw = t_big / big if big else 1 / CostModel.bytes_per_s
     extent = max(0.0, (t_small - k * small * inv_bw) / k)
-    return CostModel(extent, 1 / inv_bw, source=f"measured on this file: {k} x {small} B in {t_small * 1e3:.3f} ms, "
+    return CostModel(extent, 1 / inv_bw, source=f"measured: {k} x {small} B in {t_small * 1e3:.3f} ms, "
                                                  f"1 x {big} B in {t_big * 1e3:.3f} ms ({what})")
 
 

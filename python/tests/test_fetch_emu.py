@@ -15,6 +15,7 @@ import unittest
 from mountutil import SPECS, WHY_NO_NUMPY, MountedCase, as_array, make_file, np, same, why_not
 
 from phxmount.client import PhxError  # noqa: E402
+from phxmount import fetch  # noqa: E402
 from phxmount.fetch import select, stream  # noqa: E402
 import phxmount  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
@@ -33,6 +34,7 @@ class FetchEmuTest(MountedCase):
     def populate(cls, backing):
         cls.header, ts = make_file(os.path.join(backing, "model.safetensors"), metadata={"format": "pt", "k": "v"})
         cls.arrays = {n: as_array(*v) for n, v in ts.items()}
+        shutil.copy(os.path.join(backing, "model.safetensors"), os.path.join(backing, "copy.safetensors"))
 
     @property
     def path(self):
@@ -110,13 +112,26 @@ class FetchEmuTest(MountedCase):
             self.assertEqual(d.get("ioctl_bytes_read", 0), nbytes, (rank, world))
         self.assertEqual(sorted(got), sorted(self.arrays))
 
-    def test_the_planner_measures_this_file(self):
+    def test_the_planner_measures_once_per_mount(self):
+        fetch._costs.pop((os.stat(self.path).st_dev, "mount"), None)  # an earlier mount's, on a reused st_dev
+        idx = (slice(None), slice(0, 1000))
         with open_emu(self.path) as f:
-            p = f.explain("wide", (slice(None), slice(0, 1000)))
-            self.assertTrue(f.fetcher.cost.source.startswith("measured on this file"), f.fetcher.cost.source)
+            b0 = self.counters()["lib_batches"]
+            p = f.explain("wide", idx)
+            self.assertGreater(self.counters()["lib_batches"] - b0, 0, "no measurement")
+            self.assertTrue(f.fetcher.cost.source.startswith("measured: "), f.fetcher.cost.source)
+            self.assertIn("model.safetensors: wide", f.fetcher.cost.source)
             self.assertIn("exact: 16 extent(s) of 1000 B", p.why)
             self.assertIn("whole rows then slice on the device", p.why)
             self.assertTrue(same(f.get_slice("wide")[:, :1000], self.arrays["wide"][:, :1000]))
+            model = f.fetcher.cost
+        # Another file of the mount: its first request is its own BATCH alone.
+        with open_emu(self.m.path("copy.safetensors")) as g:
+            self.assertIs(g.fetcher.cost, model)
+            b0 = self.counters()["lib_batches"]
+            self.assertTrue(same(g.get_slice("wide")[idx], self.arrays["wide"][idx]))
+            self.assertEqual(self.counters()["lib_batches"] - b0, 1)
+            self.assertEqual(g.explain("wide", idx).why, p.why)
 
     def test_stream_in_order(self):
         with open_emu(self.path) as f:
