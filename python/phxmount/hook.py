@@ -310,6 +310,7 @@ class HookedFile:
         # and not yet asked for, by name: (plan key, bytes).
         self._roles: Dict[str, Optional[tuple]] = {}
         self._role_of = {n: _role(n) for n in self._sorted}
+        self._shape_of = {t.name: tuple(t.shape) for t in header.tensors}
         self._guessed: Dict[str, tuple] = {}
         self._guessed_bytes = 0
         self._asked: set = set()
@@ -424,9 +425,11 @@ class HookedFile:
         """get_slice in key order (an engine loading its tensor-parallel
         rank): the slices of the next keys, guessed from the last slice of
         the same role (the name with its layer numbers taken out) and the
-        same shape, up to the window's bytes, start while this one is read.
-        A guess the caller does not take stops the guessing for its role;
-        what its guesses started is dropped."""
+        same shape (in this file, or, for a role this file has not been
+        asked for yet, in the files before: slices_seen), up to the
+        window's bytes, start while this one is read. A guess the caller
+        does not take stops the guessing for its role in this file; what
+        its guesses started is dropped."""
         name = plan.name
         with self._lock:
             self._asked.add(name)
@@ -436,7 +439,8 @@ class HookedFile:
                 # Taken, or started after this request missed it (another
                 # thread's guess): either way nothing of it is left to take.
                 reader.drop(guess[0])
-            role = self._role_of[name]
+            role, shape = self._role_of[name], self._shape_of[name]
+            slices_seen.learn(role, shape, dev, index)
             if guess and guess[0] != plan.key:  # wrong: so are the role's other guesses
                 for k in [k for k in self._guessed if self._role_of[k] == role]:
                     other = self._guessed.pop(k)
@@ -446,15 +450,21 @@ class HookedFile:
                 self._roles[role] = None
             if role in self._roles and self._roles[role] is None:
                 return
-            self._roles[role] = (tuple(plan.info.shape), index)
-            skip = self._started.get(dev, set()) | set(self._deferred.get(dev, ()))
+            self._roles[role] = (shape, index)
+            started, deferred = self._started.get(dev, ()), self._deferred.get(dev, ())
             i = self._index[name]
             items = []
             for k in self._sorted[i + 1:i + 1 + SLICE_SCAN]:
-                seen = self._roles.get(self._role_of[k])
-                if seen and seen[0] == tuple(self.tensors[k].shape) and not (
-                        k in self._guessed or k in self._asked or k in skip):
-                    items.append((k, seen[1]))
+                if k in self._guessed or k in self._asked or k in started or k in deferred:
+                    continue
+                kr, ks = self._role_of[k], self._shape_of[k]
+                if kr in self._roles:
+                    seen = self._roles[kr]
+                    idx = seen[1] if seen is not None and seen[0] == ks else None
+                else:
+                    idx = slices_seen.get(kr, ks, dev)
+                if idx is not None:
+                    items.append((k, idx))
                     self._guessed[k] = ()  # being planned: another thread's scan leaves it
         plans, room = [], self.window - self._guessed_bytes
         for k, idx in items:
@@ -558,6 +568,35 @@ def _role(name: str) -> str:
     """A tensor's role: its name with the layer (and expert) numbers taken
     out ("model.layers.#.self_attn.o_proj.weight")."""
     return _NUMBER.sub("#", name)
+
+
+class SliceMemory:
+    """The last slice asked of each role and shape for each device, in any
+    file: an engine
+    loading its tensor-parallel rank asks the same slices of every file of
+    a checkpoint, so a file's first request starts the guesses of its
+    roles at once, rather than after the first slice of each role in that
+    file has been read, one at a time. A file whose own requests taught it
+    otherwise follows its own (HookedFile._slices_ahead)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.index: Dict[tuple, object] = {}
+
+    def get(self, role: str, shape: tuple, dev: int):
+        with self.lock:
+            return self.index.get((role, shape, dev))
+
+    def learn(self, role: str, shape: tuple, dev: int, index) -> None:
+        with self.lock:
+            self.index[(role, shape, dev)] = index
+
+    def forget(self) -> None:
+        with self.lock:
+            self.index.clear()
+
+
+slices_seen = SliceMemory()
 
 
 class Closing:
@@ -751,6 +790,7 @@ def uninstall() -> None:
     """Turns the hook off and puts the real functions back (tests)."""
     global _mode, _finder
     _mode = Mode(False)
+    slices_seen.forget()
     if _finder is not None:
         sys.meta_path.remove(_finder)
         _finder = None

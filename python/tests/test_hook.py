@@ -240,6 +240,7 @@ class RoutingTest(MountedCase):
         shutil.copy(os.path.join(backing, "m.safetensors"), os.path.join(os.path.dirname(backing), "off.safetensors"))
         _, ts = make_file(os.path.join(backing, "layers.safetensors"), specs=LAYERS)
         cls.layers = {n: as_array(*v) for n, v in ts.items()}
+        shutil.copy(os.path.join(backing, "layers.safetensors"), os.path.join(backing, "layers2.safetensors"))
 
     def setUp(self):
         self.saved = {k: sys.modules.get(k) for k in ("safetensors", "transformers")}
@@ -403,6 +404,41 @@ class RoutingTest(MountedCase):
             self.assertEqual(r._landing, {}, "a guess was not taken")
         self.assertEqual(StockFile.served, 0)
         self.assertLess(self.batches() - b0, len(keys) // 2, "the guesses went together")
+
+    def test_the_next_file_is_guessed_from_its_first_slice(self):
+        # A checkpoint's second file: its roles were learned in the first,
+        # so its first request starts the guesses of every role.
+        self.gpu_ok()
+        hook.install(hook.Mode(True, "cuda:0"))
+        for n, path in enumerate((self.m.path("layers.safetensors"), self.m.path("layers2.safetensors"))):
+            with self.fake.safe_open(path, "pt") as f:
+                keys = f.keys()
+                for j, k in enumerate(keys):
+                    got = f.get_slice(k)[self.rank_index(k)]
+                    self.assertTrue(same(got, self.layers[k][self.rank_index(k)]), k)
+                    if n == 1 and j == 0:
+                        r = self.readers[-1]
+                        ahead = [x for x in keys[1:] if r.landing(x, self.rank_index(x))]
+                        self.assertEqual(ahead, keys[1:], "a role learned in the first file not guessed")
+                self.assertEqual(self.readers[-1]._landing, {}, "a guess was not taken")
+        self.assertEqual(self.readers[1].served_from_prefetch, len(keys) - 1)
+        self.assertEqual(StockFile.served, 0)
+
+    def test_another_rank_in_the_next_file(self):
+        # The first file's slices guessed wrong for the second (another
+        # rank): every slice is still right, and the wrong guesses go.
+        self.gpu_ok()
+        hook.install(hook.Mode(True, "cuda:0"))
+        other = {"attn.q.weight": (slice(0, 16),), "attn.o.weight": (slice(None), slice(0, 64)),
+                 "norm.weight": Ellipsis}
+        for path, rank in ((self.m.path("layers.safetensors"), RANK), (self.m.path("layers2.safetensors"), other)):
+            with self.fake.safe_open(path, "pt") as f:
+                for k in f.keys():
+                    idx = rank[k.split(".", 3)[3]]
+                    self.assertTrue(same(f.get_slice(k)[idx], self.layers[k][idx]), k)
+                self.assertEqual(self.readers[-1]._landing, {}, "a wrong guess was kept")
+                self.assertEqual(f._guessed, {})
+        self.assertEqual(StockFile.served, 0)
 
     def test_one_open_a_file(self):
         # An open of a file on the mount is a FUSE round trip (and slow
