@@ -62,6 +62,7 @@ class RegCache:
         self._by_base: Dict[int, Entry] = {}
         self._lock = threading.RLock()
         self.hits = self.registered = self.stale = 0
+        self.register_seconds = 0.0  # spent in REGISTER ioctls (the export and the daemon's import)
         self._pruned = 0.0  # time.monotonic() of the last prune
 
     def get(self, alloc: Alloc) -> Entry:
@@ -78,7 +79,9 @@ class RegCache:
             if size == 0 or alloc.base % PAGE:
                 raise ValueError(f"allocation {alloc.base:#x}+{alloc.size} cannot be registered: it must start "
                                  f"on a 64 KiB boundary and hold at least 64 KiB")
+            t0 = time.perf_counter()
             r = self.ctl.register(self.vendor, self.device, alloc.export(), size)
+            self.register_seconds += time.perf_counter() - t0
             e = Entry(r.id, alloc.base, size, alloc.key, r.transport_name)
             self._by_base[alloc.base] = e
             self.registered += 1

@@ -139,8 +139,9 @@ def _stats(stats: Optional[LoadStats], f: SafeOpen, plans, t0: float, t1: float)
         stats.extra[kind] = sum(1 for p in plans if p.strategy == kind)
     cache = getattr(fe.backend, "cache", None)
     if cache is not None:  # what this load registered, and found registered
-        reg0, hits0 = fe.backend.counts0
-        stats.extra.update(registered=cache.registered - reg0, cache_hits=cache.hits - hits0, cached=len(cache))
+        reg0, hits0, secs0 = fe.backend.counts0
+        stats.extra.update(registered=cache.registered - reg0, cache_hits=cache.hits - hits0, cached=len(cache),
+                           register_s=cache.register_seconds - secs0)
 
 
 def load_safetensors(path: PathLike, device=0, chunk: int = DEFAULT_CHUNK,

@@ -212,7 +212,7 @@ class CudaBackend:
 
     def __init__(self, device: int, cache: RegCache):
         self.device, self.cache = device, cache
-        self.counts0 = (cache.registered, cache.hits)  # for a load's stats
+        self.counts0 = (cache.registered, cache.hits, cache.register_seconds)  # for a load's stats
 
     def prepare(self, plans) -> None:
         import torch

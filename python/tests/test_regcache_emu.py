@@ -44,8 +44,15 @@ class RegCacheTest(MountedCase):
         try:
             a = emu_alloc(buf)
             n0 = mount_counters(self.m.mnt)["buffers_registered"]
-            ids = {c.locate(a, a.base + k * 4096, 4096)[0] for k in range(10)}
+            ids = set()
+            t0 = time.perf_counter()
+            ids.add(c.locate(a, a.base, 4096)[0])
+            spent = time.perf_counter() - t0
+            self.assertTrue(0 < c.register_seconds <= spent, (c.register_seconds, spent))
+            secs = c.register_seconds
+            ids |= {c.locate(a, a.base + k * 4096, 4096)[0] for k in range(1, 10)}
             self.assertEqual((len(ids), c.registered, c.hits), (1, 1, 9))
+            self.assertEqual(c.register_seconds, secs, "a hit counted as REGISTER time")
             self.assertEqual(mount_counters(self.m.mnt)["buffers_registered"], n0 + 1)
             with self.assertRaises(ValueError):
                 c.locate(a, a.base + MiB - 10, 11)
