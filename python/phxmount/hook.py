@@ -484,10 +484,23 @@ class HookedFile:
                 del self._guessed[k]
             plans = [p for p in plans if p.name in live]
             for p in plans:
-                self._guessed[p.name] = (p.key, p.read_bytes)
+                self._guessed[p.name] = (p.key, p.read_bytes, p)
                 self._guessed_bytes += p.read_bytes
             if plans:  # under the lock: a request that pops a guess finds it started
                 reader.prefetch_planned(plans)
+
+    def _guessed_plan(self, name: str, index):
+        """The plan of the guess started for name, when it guessed index:
+        a request the guess answers is not planned again."""
+        with self._lock:
+            g = self._guessed.get(name)
+        if not g or index is None:
+            return None
+        try:
+            hit = g[2].index == index
+        except Exception:  # noqa: BLE001: an index whose == is not a truth (an array)
+            return None
+        return g[2] if hit is True else None
 
     def _gpu(self, info: TensorInfo, index, dev: int):
         """info[index] on dev through phxmount; the real safetensors (and a
@@ -500,7 +513,7 @@ class HookedFile:
             self._fall_back(e)
             return self._stock_to(info, index, dev)
         try:
-            plan = reader.fetcher.plan(info.name, index)
+            plan = self._guessed_plan(info.name, index) or reader.fetcher.plan(info.name, index)
         except (IndexError, TypeError, ValueError):
             return self._stock_to(info, index, dev)
         try:

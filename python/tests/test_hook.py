@@ -25,12 +25,14 @@ import textwrap
 import threading
 import types
 import unittest
+from unittest import mock
 
 from mountutil import WHY_NO_NUMPY, MountedCase, as_array, make_file, np, opens_counted, same, why_not
 
 from phxmount import hook  # noqa: E402
 from phxmount.availability import known  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
+from phxmount.fetch import Fetcher  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
 from phxmount.safetensors import read_header  # noqa: E402
 
@@ -410,18 +412,27 @@ class RoutingTest(MountedCase):
         # so its first request starts the guesses of every role.
         self.gpu_ok()
         hook.install(hook.Mode(True, "cuda:0"))
+        planned = []
+        real_plan = Fetcher.plan
+
+        def plan(fe, name, index=None):
+            planned.append(name)
+            return real_plan(fe, name, index)
         for n, path in enumerate((self.m.path("layers.safetensors"), self.m.path("layers2.safetensors"))):
-            with self.fake.safe_open(path, "pt") as f:
+            with self.fake.safe_open(path, "pt") as f, mock.patch.object(Fetcher, "plan", plan):
                 keys = f.keys()
                 for j, k in enumerate(keys):
                     got = f.get_slice(k)[self.rank_index(k)]
                     self.assertTrue(same(got, self.layers[k][self.rank_index(k)]), k)
                     if n == 1 and j == 0:
                         r = self.readers[-1]
+                        planned.clear()
                         ahead = [x for x in keys[1:] if r.landing(x, self.rank_index(x))]
                         self.assertEqual(ahead, keys[1:], "a role learned in the first file not guessed")
+                        planned.clear()
                 self.assertEqual(self.readers[-1]._landing, {}, "a guess was not taken")
         self.assertEqual(self.readers[1].served_from_prefetch, len(keys) - 1)
+        self.assertEqual(planned, [], "a request its guess answered was planned again")
         self.assertEqual(StockFile.served, 0)
 
     def test_another_rank_in_the_next_file(self):
