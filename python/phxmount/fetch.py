@@ -114,9 +114,12 @@ class Fetcher:
             p = choose(info, index, self.cost, self.strategy, self.max_temp)
         return p
 
-    def start(self, plans: Iterable[Plan], timeout: Optional[float] = None) -> List[Pending]:
+    def start(self, plans: Iterable[Plan], timeout: Optional[float] = None,
+              flush_bytes: Optional[int] = None) -> List[Pending]:
         """Starts every plan; the reads of the first overlap the allocation
-        and registration of the next."""
+        and registration of the next. flush_bytes: the reads go in tasks
+        of about that many bytes (default the fetcher's): smaller tasks
+        land the first plans sooner, larger ones cost fewer ioctls."""
         plans = list(plans)
         self.backend.prepare(plans)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -131,13 +134,13 @@ class Fetcher:
             p.cols(buf_id, off, self.header.data_start, self.chunk, into=b.cols)
             b.nbytes += p.read_bytes
             b.waiting.append(pend)
-            self._flush(b, final=False)
+            self._flush(b, final=False, flush_bytes=flush_bytes)
         self._flush(b, final=True)
         return out
 
-    def _flush(self, b: _Batch, final: bool) -> None:
+    def _flush(self, b: _Batch, final: bool, flush_bytes: Optional[int] = None) -> None:
         n, te = len(b.cols), self.task_extents
-        whole = final or b.nbytes >= self.flush_bytes
+        whole = final or b.nbytes >= (flush_bytes or self.flush_bytes)
         upto = n if whole else n - n % te
         if upto == 0:
             return
@@ -312,10 +315,11 @@ class SafeOpen:
             plans = [self.fetcher.plan(*((it, None) if isinstance(it, str) else it)) for it in items]
         return self.prefetch_planned(plans)
 
-    def prefetch_planned(self, plans: List[Plan]) -> List[Plan]:
-        """prefetch of plans already made (fetcher.plan)."""
+    def prefetch_planned(self, plans: List[Plan], flush_bytes: Optional[int] = None) -> List[Plan]:
+        """prefetch of plans already made (fetcher.plan), in tasks of about
+        flush_bytes (Fetcher.start)."""
         with self._lock:
-            for p, pend in zip(plans, self.fetcher.start(plans)):
+            for p, pend in zip(plans, self.fetcher.start(plans, flush_bytes=flush_bytes)):
                 self._landing.setdefault(p.key, []).append(pend)
         return plans
 

@@ -89,6 +89,21 @@ class FetchEmuTest(MountedCase):
             name, idx = (it, ()) if isinstance(it, str) else (it[0], it[1] or ())
             self.assertTrue(same(g, self.arrays[name][idx]), it)
 
+    def test_prefetch_in_tasks_of_flush_bytes(self):
+        # One task (one BATCH here) for the lot by default; a task about
+        # every flush_bytes when asked, so the first plans land first.
+        names = ["embed", "w1", "bias", "w2", "wide"]
+        for flush, tasks in ((None, 1), (1, len(names))):
+            with open_emu(self.path) as f:
+                plans = [f.fetcher.plan(n) for n in names]
+                b0 = self.counters()["lib_batches"]
+                f.prefetch_planned(plans, flush_bytes=flush)
+                f.wait_prefetched()
+                self.assertEqual(self.counters()["lib_batches"] - b0, tasks, flush)
+                for n in names:
+                    self.assertTrue(same(f.get_tensor(n), self.arrays[n]), (n, flush))
+                self.assertEqual(f.served_from_prefetch, len(names))
+
     def test_rank_shards(self):
         for dim in (0, 1):
             for world in (2, 4, 8):
