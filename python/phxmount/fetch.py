@@ -46,6 +46,8 @@ PROBE_MIN, PROBE_MIN_PIECES = 64 << 10, 8  # below that it would measure noise
 # an engine's rank loading 2-100 files would pay it in every file's first
 # sharded request).
 _costs: Dict[tuple, CostModel] = {}
+_measuring = threading.Lock()  # one measurement at a time: a fetcher that comes second waits for the model
+_DEFAULT_COST = CostModel()
 
 
 class Pending:
@@ -94,7 +96,6 @@ class Fetcher:
         self.tensors: Dict[str, TensorInfo] = {t.name: t for t in self.header.tensors}
         st = os.stat(self.path)
         self._cost_key = (st.st_dev, getattr(io, "kind", ""))
-        self.cost = _costs.get(self._cost_key) or CostModel()
         self._probes = 0
         self.plans: List[Plan] = []  # every plan started, in order
         self.read_bytes = 0  # bytes requested from the I/O
@@ -105,13 +106,22 @@ class Fetcher:
             raise KeyError(f"{self.path} has no tensor {name!r}")
         return t
 
+    @property
+    def cost(self) -> CostModel:
+        """The model plans are chosen under: the one measured on this
+        file's file system and I/O kind (by any fetcher), else defaults."""
+        return _costs.get(self._cost_key) or _DEFAULT_COST
+
     def plan(self, name: str, index=None) -> Plan:
         """The plan for a tensor (index None) or a slice of it."""
         info = self.info(name)
         p = choose(info, index, self.cost, self.strategy, self.max_temp)
         if (self.strategy == "auto" and len(p.alternatives) > 1 and self._cost_key not in _costs
-                and self._probes < 3 and self.calibrate(p)):
-            p = choose(info, index, self.cost, self.strategy, self.max_temp)
+                and self._probes < 3):
+            with _measuring:  # fetchers of several files at once (a rank's files in threads) measure once
+                measured = self._cost_key in _costs or self.calibrate(p)
+            if measured:
+                p = choose(info, index, self.cost, self.strategy, self.max_temp)
         return p
 
     def start(self, plans: Iterable[Plan], timeout: Optional[float] = None,
@@ -188,8 +198,8 @@ class Fetcher:
         t_small = min(_timed(self.io.run, small) for _ in range(2))
         t_big = min(_timed(self.io.run, big) for _ in range(2))
         self.backend.release(mem)
-        self.cost = _costs[self._cost_key] = fit(len(pieces), length, t_small, span, t_big,
-                                                 f"{os.path.basename(self.path)}: {plan.name}, {self.io.kind} I/O")
+        _costs[self._cost_key] = fit(len(pieces), length, t_small, span, t_big,
+                                     f"{os.path.basename(self.path)}: {plan.name}, {self.io.kind} I/O")
         return True
 
     def close(self) -> None:

@@ -10,7 +10,9 @@ missing."""
 import os
 import random
 import shutil
+import threading
 import unittest
+from unittest import mock
 
 from mountutil import SPECS, WHY_NO_NUMPY, MountedCase, as_array, make_file, np, same, why_not
 
@@ -147,6 +149,36 @@ class FetchEmuTest(MountedCase):
             self.assertTrue(same(g.get_slice("wide")[idx], self.arrays["wide"][idx]))
             self.assertEqual(self.counters()["lib_batches"] - b0, 1)
             self.assertEqual(g.explain("wide", idx).why, p.why)
+
+    def test_fetchers_of_one_mount_measure_once(self):
+        # A rank's files opened together and asked at once from threads:
+        # one measurement, which every fetcher of the mount then plans with.
+        fetch._costs.pop((os.stat(self.path).st_dev, "mount"), None)
+        idx = (slice(None), slice(0, 1000))
+        real = fetch.Fetcher.calibrate
+        with open_emu(self.path) as f, open_emu(self.m.path("copy.safetensors")) as g, \
+                mock.patch.object(fetch.Fetcher, "calibrate", autospec=True, side_effect=real) as measured:
+            self.assertFalse(f.fetcher.cost.source.startswith("measured"))
+            both = threading.Barrier(2)
+            got, errs = {}, []
+
+            def ask(x):
+                try:
+                    both.wait()
+                    got[x] = x.get_slice("wide")[idx]
+                except Exception as e:  # noqa: BLE001
+                    errs.append(e)
+            ts = [threading.Thread(target=ask, args=(x,)) for x in (f, g)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            self.assertEqual(errs, [])
+            self.assertEqual(measured.call_count, 1)
+            self.assertIs(f.fetcher.cost, g.fetcher.cost)
+            self.assertTrue(g.fetcher.cost.source.startswith("measured: "), g.fetcher.cost.source)
+            for x in (f, g):
+                self.assertTrue(same(got[x], self.arrays["wide"][idx]))
 
     def test_stream_in_order(self):
         with open_emu(self.path) as f:
