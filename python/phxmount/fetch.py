@@ -318,12 +318,13 @@ class SafeOpen:
         """The plan a request would get (what it reads, and why)."""
         return self.fetcher.plan(name, index)
 
-    def prefetch(self, items: Iterable) -> List[Plan]:
+    def prefetch(self, items: Iterable, flush_bytes: Optional[int] = None) -> List[Plan]:
         """Starts many requests at once: names, or (name, index) pairs;
-        later get_tensor / get_slice calls for them take what landed."""
+        later get_tensor / get_slice calls for them take what landed.
+        flush_bytes: in tasks of about that many bytes (Fetcher.start)."""
         with self._lock:
             plans = [self.fetcher.plan(*((it, None) if isinstance(it, str) else it)) for it in items]
-        return self.prefetch_planned(plans)
+        return self.prefetch_planned(plans, flush_bytes)
 
     def prefetch_planned(self, plans: List[Plan], flush_bytes: Optional[int] = None) -> List[Plan]:
         """prefetch of plans already made (fetcher.plan), in tasks of about

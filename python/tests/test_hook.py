@@ -329,6 +329,18 @@ class RoutingTest(MountedCase):
         self.assertEqual(self.batches() - b0, 1, "one plan for the whole file: one BATCH")
         self.assertIn("through phxmount", self.err.getvalue())
 
+    def test_what_starts_together_goes_in_tasks(self):
+        # PHXMOUNT_HOOK_TASK bytes a task: 1 makes every tensor its own
+        # BATCH, so the first lands without waiting for the rest.
+        self.gpu_ok()
+        with mock.patch.dict(os.environ, {hook.TASK_ENV: "1"}):
+            b0 = self.batches()
+            with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:
+                got = f.get_tensors()
+        for n, want in self.arrays.items():
+            self.assertTrue(same(got[n], want), n)
+        self.assertEqual(self.batches() - b0, sum(1 for n, a in self.arrays.items() if a.nbytes))
+
     def test_transformers_pattern(self):
         self.gpu_ok()
         b0 = self.batches()
