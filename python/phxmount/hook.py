@@ -32,11 +32,11 @@ read: get_tensors (load_file), or transformers, which asks for a slice of
 every tensor before it reads any (the tensors bound to one GPU so far start
 together), in tasks of PHXMOUNT_HOOK_TASK bytes (default 128 MiB) so that
 the first tensors land first. get_tensor in key order reads ahead
-PHXMOUNT_HOOK_WINDOW bytes (default 1 GiB) of the next tensors; get_slice in key order (an engine
-loading its tensor-parallel rank) reads ahead the slices it will ask for,
-guessed from the last slice of each role (a name without its layer
-numbers) and shape: a wrong guess is dropped and not made again for that
-role.
+PHXMOUNT_HOOK_WINDOW bytes (default 1 GiB) of the next tensors; get_slice
+in key order (an engine loading its tensor-parallel rank) reads ahead the
+slices it will ask for, guessed from the last slice of each role (a name
+without its layer numbers) and shape, in this file or the ones before: a
+wrong guess is dropped and not made again for that role in that file.
 
 Nothing fails where safetensors would have worked: whatever phxmount cannot
 do (no CUDA driver here, a registration refused, a read error) is done by
@@ -67,7 +67,7 @@ DEFAULT_WINDOW = 1 << 30
 # transformers bound) goes to the daemon in tasks of about this many bytes.
 # The client's threads keep four tasks in flight and the daemon shares its
 # workers among them, so the first tensor asked for lands when its task
-# does: 4 x 512 MiB of reads (the fetcher's default task) would come
+# does: up to 4 x 512 MiB of reads (the fetcher's default task) would come
 # first, some 45 ms at the GPU machine's 45 GB/s, against 12 ms at 128 MiB.
 TASK_ENV = "PHXMOUNT_HOOK_TASK"
 DEFAULT_TASK = 128 << 20
