@@ -443,8 +443,10 @@ class HookedFile:
         same shape (in this file, or, for a role this file has not been
         asked for yet, in the files before: slices_seen), up to the
         window's bytes, start while this one is read. A guess the caller
-        does not take stops the guessing for its role in this file; what
-        its guesses started is dropped."""
+        does not take is dropped with the rest of its role's; one this
+        file's own requests taught stops the guessing for the role in this
+        file, one the files before taught is replaced by what the caller
+        asked."""
         name = plan.name
         with self._lock:
             self._asked.add(name)
@@ -462,7 +464,9 @@ class HookedFile:
                     if other:
                         self._guessed_bytes -= other[1]
                         reader.drop(other[0])
-                self._roles[role] = None
+                if role in self._roles:  # this file's own guess: its slices of the role vary
+                    self._roles[role] = None
+                # else the files before guessed it (another rank's, say): this request teaches the file
             if role in self._roles and self._roles[role] is None:
                 return
             self._roles[role] = (shape, index)

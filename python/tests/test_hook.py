@@ -461,6 +461,9 @@ class RoutingTest(MountedCase):
                     self.assertTrue(same(f.get_slice(k)[idx], self.layers[k][idx]), k)
                 self.assertEqual(self.readers[-1]._landing, {}, "a wrong guess was kept")
                 self.assertEqual(f._guessed, {})
+        # A guess from the first file that missed taught the second, rather
+        # than stopping its guesses: only the roles' first requests waited.
+        self.assertGreaterEqual(self.readers[-1].served_from_prefetch, len(f.keys()) - 3)
         self.assertEqual(StockFile.served, 0)
 
     def test_one_open_a_file(self):
