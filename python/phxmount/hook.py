@@ -36,7 +36,8 @@ PHXMOUNT_HOOK_WINDOW bytes (default 1 GiB) of the next tensors; get_slice
 in key order (an engine loading its tensor-parallel rank) reads ahead the
 slices it will ask for, guessed from the last slice of each role (a name
 without its layer numbers) and shape, in this file or the ones before: a
-wrong guess is dropped and not made again for that role in that file.
+wrong guess is dropped, and one the file's own requests taught is not made
+again for that role in that file.
 
 Nothing fails where safetensors would have worked: whatever phxmount cannot
 do (no CUDA driver here, a registration refused, a read error) is done by
