@@ -46,7 +46,10 @@ PROBE_MIN, PROBE_MIN_PIECES = 64 << 10, 8  # below that it would measure noise
 # an engine's rank loading 2-100 files would pay it in every file's first
 # sharded request).
 _costs: Dict[tuple, CostModel] = {}
-_measuring = threading.Lock()  # one measurement at a time: a fetcher that comes second waits for the model
+# One measurement of a key at a time: a fetcher that comes second waits for
+# the first's model (a lock per key: a stuck mount holds up only its own).
+_measuring: Dict[tuple, threading.Lock] = {}
+_measuring_lock = threading.Lock()
 _DEFAULT_COST = CostModel()
 
 
@@ -118,7 +121,9 @@ class Fetcher:
         p = choose(info, index, self.cost, self.strategy, self.max_temp)
         if (self.strategy == "auto" and len(p.alternatives) > 1 and self._cost_key not in _costs
                 and self._probes < 3):
-            with _measuring:  # fetchers of several files at once (a rank's files in threads) measure once
+            with _measuring_lock:
+                once = _measuring.setdefault(self._cost_key, threading.Lock())
+            with once:  # fetchers of several files at once (a rank's files in threads) measure once
                 measured = self._cost_key in _costs or self.calibrate(p)
             if measured:
                 p = choose(info, index, self.cost, self.strategy, self.max_temp)
