@@ -124,7 +124,10 @@ class Known:
     def get(self, path: Union[str, os.PathLike], device: int = 0, fd: Optional[int] = None) -> Availability:
         """available(path, device, fd), or what it said of path's file
         system and device before."""
-        key = (os.fstat(fd).st_dev if fd is not None else os.stat(path).st_dev, device)
+        try:
+            key = (os.fstat(fd).st_dev if fd is not None else os.stat(path).st_dev, device)
+        except OSError:
+            return available(path, device, fd)  # says why, as it would have
         with self._lock:
             a = self._answers.get(key)
         if a is None:

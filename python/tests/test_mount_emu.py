@@ -67,6 +67,9 @@ class EmuMountTest(MountedCase):
             for _ in range(2):
                 self.assertFalse(known.get(self.m.backing).on_mount)
             self.assertEqual(asked.call_count, 4)
+            gone = known.get(os.path.join(self.m.mnt, "no-such-dir", "x.safetensors"))
+            self.assertFalse(gone.ok)
+            self.assertIn("cannot open", gone.reason)
         c0 = self.counters()["ioctl_calls"]
         self.assertTrue(phxmount.available(self.path).on_mount)
         self.assertGreater(self.counters()["ioctl_calls"] - c0, 1)
