@@ -37,6 +37,13 @@ from .safetensors import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo, read_he
 from .slicing import CostModel, Plan, choose, fit, level_runs, shard_index
 
 MAX_EXTENTS = 409
+# Requests read in the order they are consumed (stream(), the hook's
+# read-ahead) go to the I/O in tasks of about this many bytes. The client's
+# threads keep four tasks in flight and the daemon shares its workers among
+# them, so the first request lands when its task does: with the fetcher's
+# default task (flush_bytes, 512 MiB) up to 2 GiB of reads would come first,
+# some 45 ms at the GPU machine's 45 GB/s, against 12 ms at 128 MiB.
+IN_ORDER_TASK = 128 << 20
 PROBE_MAX = 32 << 20  # bytes the planner's measurement reads at most
 PROBE_MIN, PROBE_MIN_PIECES = 64 << 10, 8  # below that it would measure noise
 # The measured cost model of each file system (st_dev: a mount) and I/O
@@ -257,7 +264,7 @@ def _shard_of(shard, t: TensorInfo):
 
 def stream(fetcher: Fetcher, plans: List[Plan], window: int):
     """Yields (name, result) in plan order, keeping up to window bytes of
-    requests in flight ahead of the one yielded."""
+    requests in flight ahead of the one yielded, in tasks of IN_ORDER_TASK."""
     q: deque = deque()
     i, inflight = 0, 0
     while i < len(plans) or q:
@@ -267,7 +274,7 @@ def stream(fetcher: Fetcher, plans: List[Plan], window: int):
             inflight += plans[i].read_bytes
             i += 1
         if group:
-            q.extend(zip(group, fetcher.start(group)))
+            q.extend(zip(group, fetcher.start(group, flush_bytes=IN_ORDER_TASK)))
         p, pend = q.popleft()
         inflight -= p.read_bytes
         yield p.name, pend.result()

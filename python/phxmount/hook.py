@@ -65,13 +65,9 @@ ENV = "PHXMOUNT_HOOK"
 WINDOW_ENV = "PHXMOUNT_HOOK_WINDOW"
 DEFAULT_WINDOW = 1 << 30
 # What starts together (a window of get_tensor's read-ahead, every tensor
-# transformers bound) goes to the daemon in tasks of about this many bytes.
-# The client's threads keep four tasks in flight and the daemon shares its
-# workers among them, so the first tensor asked for lands when its task
-# does: up to 4 x 512 MiB of reads (the fetcher's default task) would come
-# first, some 45 ms at the GPU machine's 45 GB/s, against 12 ms at 128 MiB.
+# transformers bound) goes to the daemon in tasks of this many bytes
+# (default fetch.IN_ORDER_TASK).
 TASK_ENV = "PHXMOUNT_HOOK_TASK"
-DEFAULT_TASK = 128 << 20
 SLICE_SCAN = 64  # keys ahead a slice's guesses look at
 # The guesses a request starts go to the daemon in tasks of about this many
 # bytes, not as one: the next slice asked for lands with its own task
@@ -320,7 +316,7 @@ class HookedFile:
         self._expect = 0  # get_tensor in key order: the index of the next key
         self._ahead_to = 0  # keys before this index have been read ahead
         self.window = int(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW))
-        self.task = int(os.environ.get(TASK_ENV, DEFAULT_TASK))
+        self.task = int(os.environ.get(TASK_ENV, 0))  # 0: fetch.IN_ORDER_TASK
         # Slices read ahead (_slices_ahead): each role's last slice (shape,
         # index), None once a guess for it was wrong; the guesses started
         # and not yet asked for, by name: (plan key, bytes).
@@ -583,7 +579,8 @@ class HookedFile:
             self._started.setdefault(dev, set()).update(names)
         if names:
             report.started()
-            reader.prefetch(names, flush_bytes=self.task)
+            from .fetch import IN_ORDER_TASK
+            reader.prefetch(names, flush_bytes=self.task or IN_ORDER_TASK)
 
     def _fall_back(self, e: BaseException) -> None:
         with self._lock:

@@ -180,6 +180,18 @@ class FetchEmuTest(MountedCase):
             for x in (f, g):
                 self.assertTrue(same(got[x], self.arrays["wide"][idx]))
 
+    def test_stream_goes_in_tasks(self):
+        # Everything inside the window starts at once, in tasks of
+        # IN_ORDER_TASK bytes: at 1 byte, one BATCH a tensor.
+        names = ["embed", "w1", "bias", "w2", "wide"]
+        with open_emu(self.path) as f, mock.patch.object(fetch, "IN_ORDER_TASK", 1):
+            plans = [f.fetcher.plan(n) for n in names]
+            b0 = self.counters()["lib_batches"]
+            got = dict(stream(f.fetcher, plans, window=1 << 30))
+            self.assertEqual(self.counters()["lib_batches"] - b0, len(names))
+        for n in names:
+            self.assertTrue(same(got[n], self.arrays[n]), n)
+
     def test_stream_in_order(self):
         with open_emu(self.path) as f:
             plans = select(f.fetcher, names=lambda n: n != "odd", shard=(1, 1, 3))
