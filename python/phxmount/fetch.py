@@ -264,7 +264,8 @@ def _shard_of(shard, t: TensorInfo):
 
 def stream(fetcher: Fetcher, plans: List[Plan], window: int):
     """Yields (name, result) in plan order, keeping up to window bytes of
-    requests in flight ahead of the one yielded, in tasks of IN_ORDER_TASK."""
+    requests in flight ahead of the one yielded, in tasks of IN_ORDER_TASK
+    (or the fetcher's flush_bytes, where smaller)."""
     q: deque = deque()
     i, inflight = 0, 0
     while i < len(plans) or q:
@@ -274,7 +275,7 @@ def stream(fetcher: Fetcher, plans: List[Plan], window: int):
             inflight += plans[i].read_bytes
             i += 1
         if group:
-            q.extend(zip(group, fetcher.start(group, flush_bytes=IN_ORDER_TASK)))
+            q.extend(zip(group, fetcher.start(group, flush_bytes=min(fetcher.flush_bytes, IN_ORDER_TASK))))
         p, pend = q.popleft()
         inflight -= p.read_bytes
         yield p.name, pend.result()

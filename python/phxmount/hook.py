@@ -580,7 +580,7 @@ class HookedFile:
         if names:
             report.started()
             from .fetch import IN_ORDER_TASK
-            reader.prefetch(names, flush_bytes=self.task or IN_ORDER_TASK)
+            reader.prefetch(names, flush_bytes=self.task or min(reader.fetcher.flush_bytes, IN_ORDER_TASK))
 
     def _fall_back(self, e: BaseException) -> None:
         with self._lock:
