@@ -28,7 +28,7 @@ TS          := $(BIN)/testsummary
 SKIPS       := $(BIN)/test-skips
 STRICT      ?=
 
-.PHONY: all build install acceptance deps testsummary vet unit integration python-test test stress module-test demo bench-engine bench-mount gpu-build gpu-test fuzz clean
+.PHONY: all build install acceptance deps testsummary vet unit integration python-test test stress module-test demo bench-engine bench-mount bench-hook gpu-build gpu-test fuzz clean
 
 all: build
 
@@ -141,6 +141,11 @@ bench-engine: build
 
 bench-mount: build
 	bash scripts/bench-mount.sh
+
+# The hook's engines' loop against the same slices read in bulk (emulated
+# device, root).
+bench-hook: build
+	cd python && PHXMOUNT_BIN=$(CURDIR)/$(BIN)/phxmount python3 tests/bench_hook_loop.py
 
 # Tier 4: the GPU path (build here; runs where there is a GPU, else SKIP).
 gpu-test:

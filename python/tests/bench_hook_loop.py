@@ -1,0 +1,217 @@
+"""The hooked engines' loop on the emulated device, against the same bytes
+read as one plan a file, in the same run (make bench-hook; root).
+
+An engine loading its tensor-parallel rank asks safetensors for a slice of
+every key in order (world 8, rank 7 here, on a two-file Llama-shaped
+checkpoint: q/k/v/gate/up and the embeddings split on dim 0, o/down on dim
+1, norms whole). With the hook on, those requests go through phxmount and
+the hook guesses the slices to come. The baseline reads exactly the same
+slices with no hook: one plan a file, every request started at once, the
+same mount, readers and page cache (hot: each side runs several times
+first). The ratio is what the hook's guessing, planning and waiting cost
+over the bytes themselves.
+
+The emulated device's memory is one memfd registered once, carved up per
+request, standing in for torch's caching allocator (the tests' EmuBackend
+registers every allocation, which would dominate). Not a GPU figure: the
+GPU machine measures the loop against stock safetensors (gpu_tp.py).
+
+    PHXMOUNT_BIN=bin/phxmount python3 python/tests/bench_hook_loop.py [--reps N]
+"""
+
+import argparse
+import io
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import types
+
+from mountutil import Mount, make_file, why_not
+
+from phxmount import abi, hook  # noqa: E402
+from phxmount.availability import Availability, known  # noqa: E402
+from phxmount.batchio import BatchIO  # noqa: E402
+from phxmount.client import EmuBuffer  # noqa: E402
+from phxmount.fetch import Fetcher, SafeOpen  # noqa: E402
+from phxmount.hostbackends import emu_alloc  # noqa: E402
+from phxmount.regcache import cache_for  # noqa: E402
+from phxmount.slicing import shard_index  # noqa: E402
+
+RANK, WORLD = 7, 8
+DIM0 = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
+        "embed_tokens.weight", "lm_head.weight")
+DIM1 = ("o_proj.weight", "down_proj.weight")
+
+
+def llama(hidden=1024, inter=2816, layers=12, vocab=4096):
+    """(name, dtype, shape) of a small Llama's tensors."""
+    specs = [("model.embed_tokens.weight", "BF16", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        specs += [(p + "self_attn.q_proj.weight", "BF16", (hidden, hidden)),
+                  (p + "self_attn.k_proj.weight", "BF16", (hidden // 4, hidden)),
+                  (p + "self_attn.v_proj.weight", "BF16", (hidden // 4, hidden)),
+                  (p + "self_attn.o_proj.weight", "BF16", (hidden, hidden)),
+                  (p + "mlp.gate_proj.weight", "BF16", (inter, hidden)),
+                  (p + "mlp.up_proj.weight", "BF16", (inter, hidden)),
+                  (p + "mlp.down_proj.weight", "BF16", (hidden, inter)),
+                  (p + "input_layernorm.weight", "BF16", (hidden,)),
+                  (p + "post_attention_layernorm.weight", "BF16", (hidden,))]
+    return specs + [("model.norm.weight", "BF16", (hidden,)), ("lm_head.weight", "BF16", (vocab, hidden))]
+
+
+def rank_index(name, shape):
+    """The rank's index of a tensor, as an engine's loader takes it."""
+    dim = 0 if name.endswith(DIM0) else 1 if name.endswith(DIM1) else None
+    return shard_index(shape, dim, RANK, WORLD) if dim is not None and len(shape) == 2 else Ellipsis
+
+
+class Pool:
+    """Destinations carved out of one registered emu buffer, reused round
+    robin (what the caching allocator's cached segments are to a load)."""
+
+    def __init__(self, cache, buf: EmuBuffer):
+        self.cache, self.buf, self.at = cache, buf, 0
+        a = emu_alloc(buf)
+        self.id, self.base = cache.locate(a, a.base, buf.size)
+
+    def prepare(self, plans):
+        pass
+
+    def alloc(self, plan):
+        n = -(-max(plan.read_bytes, 1) // 256) * 256
+        if self.at + n > self.buf.size:
+            self.at = 0
+        at, self.at = self.at, self.at + n
+        return at, plan.read_bytes
+
+    def scratch(self, nbytes):
+        return self.alloc(types.SimpleNamespace(read_bytes=nbytes))
+
+    def locate(self, mem):
+        return self.id, self.base + mem[0]
+
+    def finish(self, mem, plan):
+        return self.buf.view[mem[0]:mem[0] + mem[1]]
+
+    def release(self, mem):
+        pass
+
+
+def no_stock(*a, **kw):
+    raise AssertionError("the hook fell back to safetensors: the benchmark would time the stand-in")
+
+
+class Bench:
+    def __init__(self, files, pool_bytes=256 << 20):
+        self.files = files
+        self.buf = EmuBuffer(pool_bytes)
+        self.fake = types.ModuleType("safetensors")
+        self.fake.safe_open = no_stock
+        self.saved = {k: sys.modules.get(k) for k in ("safetensors", "transformers")}
+        sys.modules["safetensors"] = self.fake
+        sys.modules["transformers"] = types.ModuleType("transformers")
+        hook.report.__init__(io.StringIO())
+        self.orig_open_reader = hook._open_reader
+        hook._open_reader = self.open_reader
+
+    def open_reader(self, path, dev, availability=None, header=None, fd=None):
+        pool = Pool(cache_for(path, abi.VENDOR_EMU, 0), self.buf)
+        return SafeOpen(Fetcher(path, pool, BatchIO(path, 4, fd=fd), header=header), availability)
+
+    def hooked(self):
+        """One hooked loop, as a fresh process would run it: (seconds,
+        [(name, seconds of its get_slice[...])])."""
+        hook.install(hook.Mode(True, "cuda:0"))
+        stands_in = Availability(True, "the emulated device stands in for cuda:0", on_mount=True, transport="staged")
+        known._answers[(os.stat(self.files[0]).st_dev, 0)] = stands_in
+        per = []
+        t0 = time.perf_counter()
+        for p in self.files:
+            with self.fake.safe_open(p, "pt") as f:
+                for k in f.keys():
+                    s = f.get_slice(k)
+                    t = time.perf_counter()
+                    s[rank_index(k, tuple(s.get_shape()))]
+                    per.append((k, time.perf_counter() - t))
+        secs = time.perf_counter() - t0
+        hook.closing.drain()
+        hook.uninstall()  # forgets what the loop taught: the next one starts as a fresh process
+        known.forget()
+        return secs, per
+
+    def bulk(self):
+        """The same slices, one plan a file started at once, no hook."""
+        t0 = time.perf_counter()
+        for p in self.files:
+            r = self.open_reader(p, 0)
+            ts = r.fetcher.header.tensors
+            plans = [r.fetcher.plan(t.name, rank_index(t.name, tuple(t.shape))) for t in ts]
+            for x in r.fetcher.start(plans):
+                x.result()
+            r.close()
+        return time.perf_counter() - t0
+
+    def close(self):
+        hook._open_reader = self.orig_open_reader
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        self.buf.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    why = why_not()
+    if why:
+        print(f"SKIP: {why}")
+        return 0
+    work = tempfile.mkdtemp(prefix="phxbench-hook-", dir="/var/tmp")
+    backing = os.path.join(work, "backing")
+    os.mkdir(backing)
+    specs = llama()
+    half = len(specs) // 2
+    make_file(os.path.join(backing, "model-1.safetensors"), specs=specs[:half])
+    make_file(os.path.join(backing, "model-2.safetensors"), specs=specs[half:])
+    m = Mount(backing, staged=True, workers=2)
+    b = None
+    try:
+        files = [m.path("model-1.safetensors"), m.path("model-2.safetensors")]
+        b = Bench(files)
+        for _ in range(3):  # the page cache, the planner's model, the threads: warm on both sides
+            b.bulk(), b.hooked()
+        bulk, loops = [], []
+        for _ in range(args.reps):  # interleaved: the machine's noise falls on both sides
+            bulk.append(b.bulk())
+            loops.append(b.hooked())
+        nb, nl = statistics.median(bulk), statistics.median(s for s, _ in loops)
+        first = len(specs[:half])
+        per = [sorted(x for _, x in p) for _, p in loops]
+        served = statistics.median(statistics.median(p) for p in per)
+        sums = [(sum(x for _, x in p[:first]), sum(x for _, x in p[first:])) for _, p in loops]
+        waits = [(sum(x > 5e-4 for _, x in p[:first]), sum(x > 5e-4 for _, x in p[first:])) for _, p in loops]
+        print(f"world {WORLD}, rank {RANK}, {len(specs)} tensors in 2 files, emulated staged device, hot, "
+              f"medians of {args.reps}")
+        print(f"  bulk (the rank's slices, one plan a file, no hook): {nb * 1e3:.1f} ms")
+        print(f"  hooked engines' loop (get_slice in key order):     {nl * 1e3:.1f} ms = {nl / nb:.2f}x the bulk read")
+        print(f"  first file's get_slice calls {statistics.median(s[0] for s in sums) * 1e3:.1f} ms "
+              f"({statistics.median(w[0] for w in waits):.0f} over 0.5 ms), second file's "
+              f"{statistics.median(s[1] for s in sums) * 1e3:.1f} ms ({statistics.median(w[1] for w in waits):.0f})")
+        print(f"  a get_slice call, median: {served * 1e6:.0f} us")
+    finally:
+        if b is not None:
+            b.close()
+        m.close()
+        shutil.rmtree(work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
