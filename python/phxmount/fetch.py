@@ -122,6 +122,12 @@ class Fetcher:
         file's file system and I/O kind (by any fetcher), else defaults."""
         return _costs.get(self._cost_key) or _DEFAULT_COST
 
+    @property
+    def in_order_task(self) -> int:
+        """The task size of requests consumed in order: IN_ORDER_TASK, or
+        flush_bytes where smaller."""
+        return min(self.flush_bytes, IN_ORDER_TASK)
+
     def plan(self, name: str, index=None) -> Plan:
         """The plan for a tensor (index None) or a slice of it."""
         info = self.info(name)
@@ -264,8 +270,8 @@ def _shard_of(shard, t: TensorInfo):
 
 def stream(fetcher: Fetcher, plans: List[Plan], window: int):
     """Yields (name, result) in plan order, keeping up to window bytes of
-    requests in flight ahead of the one yielded, in tasks of IN_ORDER_TASK
-    (or the fetcher's flush_bytes, where smaller)."""
+    requests in flight ahead of the one yielded, in tasks of
+    fetcher.in_order_task."""
     q: deque = deque()
     i, inflight = 0, 0
     while i < len(plans) or q:
@@ -275,7 +281,7 @@ def stream(fetcher: Fetcher, plans: List[Plan], window: int):
             inflight += plans[i].read_bytes
             i += 1
         if group:
-            q.extend(zip(group, fetcher.start(group, flush_bytes=min(fetcher.flush_bytes, IN_ORDER_TASK))))
+            q.extend(zip(group, fetcher.start(group, flush_bytes=fetcher.in_order_task)))
         p, pend = q.popleft()
         inflight -= p.read_bytes
         yield p.name, pend.result()

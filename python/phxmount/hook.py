@@ -66,7 +66,7 @@ WINDOW_ENV = "PHXMOUNT_HOOK_WINDOW"
 DEFAULT_WINDOW = 1 << 30
 # What starts together (a window of get_tensor's read-ahead, every tensor
 # transformers bound) goes to the daemon in tasks of this many bytes
-# (default fetch.IN_ORDER_TASK).
+# (default Fetcher.in_order_task).
 TASK_ENV = "PHXMOUNT_HOOK_TASK"
 SLICE_SCAN = 64  # keys ahead a slice's guesses look at
 # The guesses a request starts go to the daemon in tasks of about this many
@@ -316,7 +316,7 @@ class HookedFile:
         self._expect = 0  # get_tensor in key order: the index of the next key
         self._ahead_to = 0  # keys before this index have been read ahead
         self.window = int(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW))
-        self.task = int(os.environ.get(TASK_ENV, 0))  # 0: fetch.IN_ORDER_TASK
+        self.task = int(os.environ.get(TASK_ENV, 0))  # 0: the reader's (Fetcher.in_order_task)
         # Slices read ahead (_slices_ahead): each role's last slice (shape,
         # index), None once a guess for it was wrong; the guesses started
         # and not yet asked for, by name: (plan key, bytes).
@@ -579,8 +579,7 @@ class HookedFile:
             self._started.setdefault(dev, set()).update(names)
         if names:
             report.started()
-            from .fetch import IN_ORDER_TASK
-            reader.prefetch(names, flush_bytes=self.task or min(reader.fetcher.flush_bytes, IN_ORDER_TASK))
+            reader.prefetch(names, flush_bytes=self.task or reader.fetcher.in_order_task)
 
     def _fall_back(self, e: BaseException) -> None:
         with self._lock:
@@ -602,12 +601,11 @@ def _role(name: str) -> str:
 
 class SliceMemory:
     """The last slice asked of each role and shape for each device, in any
-    file: an engine
-    loading its tensor-parallel rank asks the same slices of every file of
-    a checkpoint, so a file's first request starts the guesses of its
-    roles at once, rather than after the first slice of each role in that
-    file has been read, one at a time. A file whose own requests taught it
-    otherwise follows its own (HookedFile._slices_ahead)."""
+    file: an engine loading its tensor-parallel rank asks the same slices
+    of every file of a checkpoint, so a file's first request starts the
+    guesses of its roles at once, rather than after the first slice of each
+    role in that file has been read, one at a time. A file whose own
+    requests taught it otherwise follows its own (HookedFile._slices_ahead)."""
 
     def __init__(self):
         self.lock = threading.Lock()
