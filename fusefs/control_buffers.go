@@ -84,7 +84,7 @@ func (s *ControlServer) checkRegister(c Caller, req client.RegisterReq, log *log
 	case req.Vendor != client.VendorAny && req.Vendor != s.vendor:
 		log.Warnf("register refused: handle of vendor %s on a %s mount", req.Vendor, s.conn.Vendor())
 		return unix.ENODEV
-	case req.Device > 1<<16:
+	case req.Device > client.MaxDevice:
 		return unix.ENODEV
 	case req.Size == 0 || req.Size > client.MaxOffset:
 		return unix.EINVAL

@@ -31,14 +31,14 @@ type ControlConfig struct {
 	// active, and why; nil reports "unknown" (see SetPassthrough).
 	Passthrough func() (bool, string)
 	// MaxBuffersPerProcess bounds the live buffers of one process (default
-	// 4096; EMFILE past it).
+	// client.DefaultMaxBuffersPerProcess; EMFILE past it).
 	MaxBuffersPerProcess int
-	// MaxBuffers bounds the live buffers of the mount (default 65536;
-	// ENFILE past it).
+	// MaxBuffers bounds the live buffers of the mount (default
+	// client.DefaultMaxBuffers; ENFILE past it).
 	MaxBuffers int
 	// MaxRegisteredBytes bounds the bytes the mount's live buffers register
-	// (default 16 TiB, an eighth of the daemon's address space, which
-	// imports map; ENOMEM past it).
+	// (default client.DefaultMaxRegisteredBytes, an eighth of the daemon's
+	// address space, which imports map; ENOMEM past it).
 	MaxRegisteredBytes int64
 	// Log receives the control's log lines; nil uses logrus' standard logger.
 	Log *logrus.Entry
@@ -95,9 +95,9 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 	if cfg.Lib == nil {
 		return nil, errs.New(unix.EINVAL, "control: no phxfs library")
 	}
-	defaults.Set(&cfg.MaxBuffersPerProcess, 4096)
-	defaults.Set(&cfg.MaxBuffers, 65536)
-	defaults.Set(&cfg.MaxRegisteredBytes, 16<<40)
+	defaults.Set(&cfg.MaxBuffersPerProcess, client.DefaultMaxBuffersPerProcess)
+	defaults.Set(&cfg.MaxBuffers, client.DefaultMaxBuffers)
+	defaults.Set(&cfg.MaxRegisteredBytes, client.DefaultMaxRegisteredBytes)
 	log := cfg.Log
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())

@@ -93,6 +93,9 @@ type target struct {
 // and plans the engine transfers. Requests that fail the checks get their
 // errno as Result and never reach the engine.
 func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
+	if n := batchPieces(reqs); n > MaxBatchPieces {
+		return nil, errs.New(unix.E2BIG, "phxfs: a batch of more than %d pieces", MaxBatchPieces)
+	}
 	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs)), held: make([]*Registration, 0, len(reqs)),
 		trans: make([]Transport, len(reqs))}
 	targets, err := l.resolve(p)
