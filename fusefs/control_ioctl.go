@@ -414,7 +414,8 @@ func (s *ControlServer) holdExtents(c Caller, f *OpenFile, write bool, reqs []cl
 
 // bufferFor is the live buffer extent r names, or the errno that refuses
 // r (docs/abi.md's order): ENOENT no such buffer, EPERM another owner's,
-// EFAULT the extent leaves the buffer. The caller holds s.mu.
+// EACCES a read into memory shared read-only, EFAULT the extent leaves
+// the buffer. The caller holds s.mu.
 func (s *ControlServer) bufferFor(c Caller, write bool, r client.IOReq) (*buffer, unix.Errno) {
 	b := s.bufs[r.ID]
 	switch {
@@ -422,6 +423,8 @@ func (s *ControlServer) bufferFor(c Caller, write bool, r client.IOReq) (*buffer
 		return nil, unix.ENOENT
 	case !b.ownedBy(c):
 		return nil, unix.EPERM
+	case !write && b.reg.ReadOnly():
+		return nil, unix.EACCES
 	case r.BufEnd() > uint64(b.reg.Size()):
 		return nil, unix.EFAULT
 	}

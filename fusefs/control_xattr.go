@@ -272,6 +272,9 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 		return e
 	}
 	defer b.reg.Release()
+	if b.reg.ReadOnly() {
+		return unix.EACCES // shared read-only: nothing may be loaded into it
+	}
 	bsize := uint64(b.reg.Size())
 	if r.offset > bsize {
 		return unix.EFAULT
