@@ -65,6 +65,9 @@ type ControlServer struct {
 	procs  map[int]*proc
 	nextID uint64
 	closed bool
+	// shutdown: the daemon began shutting down (BeginShutdown): new
+	// registrations get ESHUTDOWN, live buffers serve until Close.
+	shutdown bool
 
 	// Registrations in progress (reserve) and the bytes of live ones.
 	pending      map[int]int // by tgid
@@ -139,6 +142,21 @@ func (s *ControlServer) passthrough() (known, active bool, why string) {
 	return true, active, why
 }
 
+// BeginShutdown says that the daemon began shutting down (the unmount
+// started): from now on REGISTER gets ESHUTDOWN, while the buffers already
+// registered keep serving their owners' I/O, which Close drains. Clients
+// still attached see their requests served until the mount goes.
+func (s *ControlServer) BeginShutdown() {
+	s.mu.Lock()
+	first := !s.shutdown
+	s.shutdown = true
+	live := len(s.bufs)
+	s.mu.Unlock()
+	if first {
+		s.log.Infof("shutting down: new registrations get ESHUTDOWN; %d live buffers serve until the unmount ends", live)
+	}
+}
+
 // Close releases every buffer and stops the reaper. The library
 // is the caller's to close afterwards.
 func (s *ControlServer) Close() error {
@@ -147,7 +165,7 @@ func (s *ControlServer) Close() error {
 		s.mu.Unlock()
 		return nil
 	}
-	s.closed = true
+	s.closed, s.shutdown = true, true
 	var all []*buffer
 	for _, b := range s.bufs {
 		all = append(all, b)

@@ -259,3 +259,32 @@ func TestRegisterSparseMemfd(t *testing.T) {
 		t.Fatalf("REGISTER of its allocated 1 MiB: %v", errno)
 	}
 }
+
+// TestRegisterAfterShutdownBegan: once the daemon began shutting down
+// (the unmount started), REGISTER gets ESHUTDOWN, while a buffer
+// registered before keeps serving its owner and can be deregistered.
+func TestRegisterAfterShutdownBegan(t *testing.T) {
+	e := newCtlEnv(t, false, false)
+	f, data := patternFile(t, 1<<20, unix.O_RDONLY)
+	m := e.alloc(t, 1<<20)
+	r, errno := e.register(t, e.me, f, m)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	var sn ShutdownNotifier = e.s
+	sn.BeginShutdown()
+	if _, errno := e.register(t, e.me, f, e.alloc(t, 1<<20)); errno != unix.ESHUTDOWN {
+		t.Fatalf("REGISTER after shutdown began: %v, want ESHUTDOWN", errno)
+	}
+	poison(m.Bytes())
+	if n, errno := e.read(e.me, f, client.IOReq{ID: r.ID, Length: 64 << 10, FileOffset: 8}); errno != 0 || n != 64<<10 ||
+		!bytes.Equal(m.Bytes()[:64<<10], data[8:8+64<<10]) {
+		t.Fatalf("READ into a live buffer while shutting down: %d, %v", n, errno)
+	}
+	if _, errno := e.ioctl(e.me, f, client.CmdDeregister, client.EncodeDeregister(r.ID)); errno != 0 {
+		t.Fatalf("DEREGISTER while shutting down: %v", errno)
+	}
+	if in := e.info(t, f); in.Counters.BuffersRegistered != 1 {
+		t.Errorf("%d registrations counted, want the one before shutdown", in.Counters.BuffersRegistered)
+	}
+}
