@@ -2,7 +2,9 @@ package fusefs
 
 import (
 	"bytes"
+	"encoding/binary"
 	"runtime"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -184,6 +186,110 @@ func TestStridedLargestBatchBounded(t *testing.T) {
 		t.Logf("staged %v: a write of %d pieces allocated %d bytes (%d a piece)", staged, client.MaxPieces, n, n/client.MaxPieces)
 		if n > 1024*client.MaxPieces {
 			t.Errorf("staged %v: a write of %d pieces allocated %d bytes", staged, client.MaxPieces, n)
+		}
+	}
+}
+
+// TestEveryLimitHasItsErrno walks docs/abi.md's table of limits
+// (client.Limits): for each, a request at the limit is served (or refused
+// for another reason that shows the limit did not decide) and one past it
+// gets the table's errno. A limit added to the table without a check here
+// fails.
+func TestEveryLimitHasItsErrno(t *testing.T) {
+	e := newCtlEnv(t, false, false)
+	f, _ := patternFile(t, 1<<20, unix.O_RDWR)
+	m := e.alloc(t, 1<<20)
+	r, errno := e.register(t, e.me, f, m)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	plain := func(n int) unix.Errno { // a batch of n one-byte extents, in a payload of capacity n
+		reqs := make([]client.IOReq, n)
+		for i := range reqs {
+			reqs[i] = client.IOReq{ID: r.ID, BufOffset: uint64(i), Length: 1, FileOffset: uint64(i)}
+		}
+		b := make([]byte, client.BatchSize(n))
+		if enc, err := client.EncodeBatch(min(n, client.MaxExtents), reqs[:min(n, client.MaxExtents)]); err == nil {
+			copy(b, enc)
+		}
+		binary.LittleEndian.PutUint32(b[8:], uint32(n))
+		_, errno := e.ioctl(e.me, f, client.CmdBatch(false, n), b)
+		return unix.Errno(errno)
+	}
+	strided := func(n int) unix.Errno {
+		reqs := make([]client.IOReq, min(n, client.MaxStridedExtents))
+		for i := range reqs {
+			reqs[i] = client.IOReq{ID: r.ID, BufOffset: uint64(i), Length: 1, FileOffset: uint64(i), Count: 1}
+		}
+		b := make([]byte, client.StridedBatchSize(n))
+		enc, _ := client.EncodeStridedBatch(len(reqs), reqs)
+		copy(b, enc)
+		binary.LittleEndian.PutUint32(b[8:], uint32(n))
+		_, errno := e.ioctl(e.me, f, client.CmdStridedBatch(false, n), b)
+		return unix.Errno(errno)
+	}
+	pieces := func(n uint64) unix.Errno {
+		got, _ := e.stridedErrno(t, f, false, []client.IOReq{{ID: r.ID, Length: 1, Count: n, FileStride: 1, BufStride: 1}})
+		return got
+	}
+	read := func(off uint64) unix.Errno {
+		_, errno := e.read(e.me, f, client.IOReq{ID: r.ID, Length: 0, FileOffset: off})
+		return unix.Errno(errno)
+	}
+	device := func(dev uint32) unix.Errno {
+		h, _ := m.Export()
+		_, errno := e.ioctl(e.me, f, client.CmdRegister, client.EncodeRegister(client.RegisterReq{Vendor: client.VendorEmu, Device: dev, Size: 1 << 20, Handle: h}))
+		_, ierrno := e.ioctl(e.me, f, client.CmdInfo, client.EncodeInfoReq(int32(dev)))
+		if errno != ierrno {
+			return unix.Errno(0xdead) // REGISTER and INFO disagree
+		}
+		return unix.Errno(errno)
+	}
+	load := func(n int) unix.Errno {
+		v := "token=00000000000000000000000000000000,offset=0"
+		v += strings.Repeat(" ", n-len(v))
+		return unix.Errno(e.s.SetXattr(e.me, XattrTarget{Name: "pattern"}, XattrLoad, []byte(v)))
+	}
+	checks := map[string]struct {
+		at, past         func() unix.Errno
+		atWant, pastWant unix.Errno // what the request at the limit gets
+	}{
+		// The ioctl's size is 14 bits of the command: a capacity past the
+		// largest does not fit it, and its size bits are not 16 + 40k.
+		"max_ioctl_size":      {func() unix.Errno { return plain(client.MaxExtents) }, func() unix.Errno { return plain(client.MaxExtents + 1) }, 0, unix.EINVAL},
+		"max_extents":         {func() unix.Errno { return plain(client.MaxExtents) }, func() unix.Errno { return plain(client.MaxExtents + 1) }, 0, unix.EINVAL},
+		"max_strided_extents": {func() unix.Errno { return strided(client.MaxStridedExtents) }, func() unix.Errno { return strided(client.MaxStridedExtents + 1) }, 0, unix.EINVAL},
+		"max_pieces":          {func() unix.Errno { return pieces(client.MaxPieces) }, func() unix.Errno { return pieces(client.MaxPieces + 1) }, 0, unix.E2BIG},
+		"max_offset":          {func() unix.Errno { return read(client.MaxOffset) }, func() unix.Errno { return read(client.MaxOffset + 1) }, 0, unix.EINVAL},
+		// Device 65,536 is asked about (the emu connector has one device).
+		"max_device":     {func() unix.Errno { return device(client.MaxDevice) }, func() unix.Errno { return device(client.MaxDevice + 1) }, unix.ENODEV, unix.ENODEV},
+		"max_load_value": {func() unix.Errno { return load(client.MaxLoadValue) }, func() unix.Errno { return load(client.MaxLoadValue + 1) }, unix.EKEYREJECTED, unix.EINVAL},
+	}
+	// The registration limits are mount options: TestMountLimits and
+	// TestConcurrentRegistersKeepTheProcessLimit run at and past them; here,
+	// that the control's defaults are the table's.
+	options := map[string]int64{"max_buffers_per_process": int64(e.s.cfg.MaxBuffersPerProcess),
+		"max_buffers": int64(e.s.cfg.MaxBuffers), "max_registered_bytes": e.s.cfg.MaxRegisteredBytes}
+	for _, l := range client.Limits() {
+		if v, ok := options[l.Name]; l.Option {
+			if !ok || uint64(v) != l.Value {
+				t.Errorf("option %s: the control's default is %d, the table's %d", l.Name, v, l.Value)
+			}
+			continue
+		}
+		c, ok := checks[l.Name]
+		if !ok {
+			t.Errorf("limit %s has no check here", l.Name)
+			continue
+		}
+		if got := c.at(); got != c.atWant {
+			t.Errorf("%s: at the limit: %v, want %v", l.Name, got, c.atWant)
+		}
+		if c.pastWant != l.Errno {
+			t.Errorf("%s: the check wants %v past the limit, the table says %v", l.Name, c.pastWant, l.Errno)
+		}
+		if got := c.past(); got != l.Errno {
+			t.Errorf("%s: past the limit: %v, want %v", l.Name, got, l.Errno)
 		}
 	}
 }
