@@ -212,6 +212,14 @@ func TestReadOnlyShare(t *testing.T) {
 		if _, errno := e.read(e.me, f, client.IOReq{ID: r.ID, Length: 4096}); errno != unix.EACCES {
 			t.Errorf("staged %v: READ into it: %v, want EACCES", staged, errno)
 		}
+		// docs/abi.md's order: EPERM, then EACCES, then EFAULT.
+		if _, errno := e.read(e.me, f, client.IOReq{ID: r.ID, BufOffset: size, Length: 4096}); errno != unix.EACCES {
+			t.Errorf("staged %v: READ into it past its end: %v, want EACCES", staged, errno)
+		}
+		other := Caller{Tgid: e.me.Tgid + 1, UID: e.me.UID}
+		if _, errno := e.read(other, f, client.IOReq{ID: r.ID, Length: 4096}); errno != unix.EPERM {
+			t.Errorf("staged %v: READ into it by another process: %v, want EPERM", staged, errno)
+		}
 		b, _ := client.EncodeBatch(1, []client.IOReq{{ID: r.ID, Length: 4096}})
 		out, errno := e.ioctl(e.me, f, client.CmdBatch(false, 1), b)
 		res := []int64{0}
