@@ -284,3 +284,40 @@ func registerFd(f *client.File, fd int, size int64) error {
 	_, err := f.Register(client.VendorEmu, 0, h, size)
 	return err
 }
+
+// TestStridedClientSplitsPieces: an extent of more pieces than one ioctl
+// may carry, and a batch of many, go through the Go client as several
+// ioctls; every piece lands, and each extent's result is its own.
+func TestStridedClientSplitsPieces(t *testing.T) {
+	const rows = client.MaxPieces + 1000
+	_, data, path := startEmuFile(t, rows*8)
+	f := openClient(t, path, unix.O_RDONLY)
+	m := emuBuffer(t, 0, 2<<20)
+	b := register(t, f, m)
+	ext := []client.Extent{
+		{Buffer: b.ID, Len: 4, FileOffset: 2, Count: rows, FileStride: 8, BufStride: 4},
+		{Buffer: b.ID, BufOffset: 1 << 20, Len: 4, Count: client.MaxPieces - 10, FileStride: 8, BufStride: 4},
+		{Buffer: b.ID + 100, Len: 4, Count: 3, FileStride: 8, BufStride: 4},
+	}
+	failed, err := f.ReadStrided(ext)
+	if err != nil || failed != 1 {
+		t.Fatalf("ReadStrided: %d failed, %v", failed, err)
+	}
+	if ext[0].Result != 4*rows || ext[1].Result != 4*(client.MaxPieces-10) || ext[2].Result != -int64(unix.ENOENT) {
+		t.Fatalf("results %d %d %d", ext[0].Result, ext[1].Result, ext[2].Result)
+	}
+	mem := m.Bytes()
+	for j := 0; j < rows; j++ {
+		if !bytes.Equal(mem[4*j:4*j+4], data[8*j+2:8*j+6]) {
+			t.Fatalf("piece %d of the first extent differs", j)
+		}
+	}
+	for j := 0; j < client.MaxPieces-10; j++ {
+		if !bytes.Equal(mem[1<<20+4*j:1<<20+4*j+4], data[8*j:8*j+4]) {
+			t.Fatalf("piece %d of the second extent differs", j)
+		}
+	}
+	if in, err := f.Info(); err != nil || in.Counters.IoctlRejected != 0 {
+		t.Errorf("ioctls refused: %v, %v", in.Counters.IoctlRejected, err)
+	}
+}
