@@ -2,6 +2,12 @@ package client
 
 // READ, WRITE and the batches (docs/abi.md).
 
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
 // IOReq is one extent: a READ or WRITE request, or one entry of a batch. An
 // entry of a strided batch moves Count pieces of Length bytes: piece j
 // between FileOffset + j*FileStride and BufOffset + j*BufStride. Count is
@@ -35,14 +41,21 @@ func (r IOReq) BufEnd() uint64 { return r.BufOffset + (r.Pieces()-1)*r.BufStride
 
 // Valid checks that an extent's numbers are representable (EINVAL
 // otherwise): every offset and length, and the file end, below 2^63 and,
-// for a strided extent, strides no shorter than a piece, so that pieces do
-// not overlap, and no stride that carries a piece past 2^63. Bounds
-// against the buffer are the daemon's business (EFAULT).
+// for a strided extent, pieces that are not empty, strides no shorter
+// than a piece, so that pieces do not overlap, and no stride that carries
+// a piece past 2^63. Bounds against the buffer are the daemon's business
+// (EFAULT); how many pieces one ioctl may carry is the batch's
+// (MaxPieces, E2BIG).
 func (r IOReq) Valid() error {
 	if r.BufOffset > MaxOffset || r.Length > MaxOffset || r.FileOffset > MaxOffset {
 		return einval("extent offsets and lengths must be below 2^63")
 	}
 	if r.Pieces() > 1 {
+		if r.Length == 0 {
+			// Nothing to move, but a piece each to walk: refused, so
+			// that no count costs the daemon without bytes to show.
+			return einval("strided extent of %d empty pieces", r.Pieces())
+		}
 		if r.FileStride < r.Length || r.BufStride < r.Length {
 			return einval("strided extent: strides %d (file) and %d (buffer) shorter than a piece of %d", r.FileStride, r.BufStride, r.Length)
 		}
@@ -144,9 +157,26 @@ func (l batchLayout) encode(capacity int, reqs []IOReq) ([]byte, error) {
 func DecodeBatch(b []byte) (reqs []IOReq, bad []error, err error) { return plainBatch.decode(b) }
 
 // DecodeStridedBatch is DecodeBatch for a strided batch; an extent whose
-// count is 0 is bad too.
+// count is 0 is bad too. A batch whose extents' counts sum past MaxPieces
+// is refused as a whole (an error wrapping E2BIG), before any extent is
+// decoded.
 func DecodeStridedBatch(b []byte) (reqs []IOReq, bad []error, err error) {
 	return stridedBatch.decode(b)
+}
+
+// stridedPieces is the pieces the first n extents of a strided batch
+// payload move (the sum of their counts), saturating at 2^64 - 1: what
+// MaxPieces bounds.
+func stridedPieces(b []byte, n int) uint64 {
+	var sum uint64
+	for i := 0; i < n; i++ {
+		c := le.Uint64(b[BatchHeader+i*StridedExtentSize+32:])
+		if sum+c < sum {
+			return ^uint64(0)
+		}
+		sum += c
+	}
+	return sum
 }
 
 func (l batchLayout) decode(b []byte) (reqs []IOReq, bad []error, err error) {
@@ -166,6 +196,11 @@ func (l batchLayout) decode(b []byte) (reqs []IOReq, bad []error, err error) {
 	}
 	if !zero(b[BatchHeader+int(n)*l.extent:]) {
 		return nil, nil, einval("%s: slots past the count must be zero", l.what)
+	}
+	if l.extent == StridedExtentSize {
+		if p := stridedPieces(b, int(n)); p > MaxPieces {
+			return nil, nil, fmt.Errorf("phx: %s of %d pieces, more than the %d one ioctl may move: %w", l.what, p, MaxPieces, unix.E2BIG)
+		}
 	}
 	reqs = make([]IOReq, n)
 	bad = make([]error, n)

@@ -63,6 +63,9 @@ func TestStridedValid(t *testing.T) {
 		{"buffer end past 2^63: the buffer's bounds decide", IOReq{Length: 2, BufOffset: 1 << 62, Count: 2, FileStride: 2, BufStride: 1<<62 - 2}, true},
 		{"buffer stride that overflows", IOReq{Length: 1, BufOffset: 1 << 62, Count: 3, FileStride: 1, BufStride: 1 << 62}, false},
 		{"ends exactly at 2^63-1", IOReq{Length: 1, FileOffset: MaxOffset - 11, Count: 11, FileStride: 1, BufStride: 1}, true},
+		{"empty pieces", IOReq{Length: 0, Count: 2}, false},
+		{"2^32 empty pieces at zero strides", IOReq{ID: 7, Count: 1 << 32}, false},
+		{"one empty piece", IOReq{Length: 0, Count: 1}, true},
 	} {
 		if err := c.r.Valid(); (err == nil) != c.ok {
 			t.Errorf("%s: Valid = %v", c.name, err)
@@ -103,6 +106,43 @@ func TestStridedBatchRoundTrip(t *testing.T) {
 	}
 	if _, err := EncodeStridedBatch(MaxStridedExtents+1, nil); err == nil {
 		t.Errorf("capacity past MaxStridedExtents")
+	}
+}
+
+// TestStridedBatchPieces: a strided batch carries at most MaxPieces
+// pieces, its extents' counts summed (overflowing sums included): past it
+// the whole batch is E2BIG, and no extent is decoded.
+func TestStridedBatchPieces(t *testing.T) {
+	piece := func(count uint64) IOReq {
+		return IOReq{ID: 3, Length: 1, Count: count, FileStride: 2, BufStride: 1}
+	}
+	for _, c := range []struct {
+		name string
+		reqs []IOReq
+		ok   bool
+	}{
+		{"one extent of MaxPieces", []IOReq{piece(MaxPieces)}, true},
+		{"one extent of MaxPieces + 1", []IOReq{piece(MaxPieces + 1)}, false},
+		{"two extents summing to MaxPieces", []IOReq{piece(MaxPieces - 10), piece(10)}, true},
+		{"two extents summing past it", []IOReq{piece(MaxPieces - 10), piece(11)}, false},
+		{"counts that overflow 2^64", []IOReq{piece(1<<64 - 1), piece(2)}, false},
+		{"2^32 empty pieces, a made-up buffer", []IOReq{{ID: 12345, Count: 1 << 32}}, false},
+		{"2^26 one-byte pieces", []IOReq{{ID: 1, Length: 1, Count: 1 << 26, FileStride: 1, BufStride: 1}}, false},
+		{"a count-0 extent counts nothing", []IOReq{piece(MaxPieces), {ID: 1, Length: 5}}, true},
+	} {
+		b, err := EncodeStridedBatch(len(c.reqs), c.reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs, bad, err := DecodeStridedBatch(b)
+		switch {
+		case c.ok && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case !c.ok && !errors.Is(err, unix.E2BIG):
+			t.Errorf("%s: err %v, want E2BIG", c.name, err)
+		case !c.ok && (reqs != nil || bad != nil):
+			t.Errorf("%s: refused, but %d extents decoded", c.name, len(reqs))
+		}
 	}
 }
 

@@ -201,8 +201,10 @@ func (f *File) ReadBatch(ext []Extent) (int, error) { return f.batch(plainBatch,
 func (f *File) WriteBatch(ext []Extent) (int, error) { return f.batch(plainBatch, true, ext) }
 
 // ReadStrided is ReadBatch for strided extents (BATCH_READ_STRIDED, at
-// most MaxStridedExtents an ioctl): one extent moves a column slice of
-// every row. A Count of 0 is taken as 1.
+// most MaxStridedExtents extents and MaxPieces pieces an ioctl; an extent
+// of more pieces is sent as several, and its Result sums theirs as one
+// extent's would): one extent moves a column slice of every row. A Count
+// of 0 is taken as 1.
 func (f *File) ReadStrided(ext []Extent) (int, error) { return f.batch(stridedBatch, false, ext) }
 
 // WriteStrided is ReadStrided for writes.
@@ -219,47 +221,65 @@ func classFor(l batchLayout, n int) int {
 	return min(BatchClasses[len(BatchClasses)-1], l.max)
 }
 
+// part is an extent as an ioctl carries it: the caller's extent of, or,
+// for a strided extent of more than MaxPieces pieces, a run of its pieces.
+type part struct {
+	of  int
+	req IOReq
+	bad bool // a negative field: the ioctl carrying it is EINVAL
+}
+
+// partsOf cuts the caller's extents into the parts ioctls carry.
+func partsOf(strided bool, ext []Extent) []part {
+	parts := make([]part, 0, len(ext))
+	for i, e := range ext {
+		bad := e.BufOffset < 0 || e.Len < 0 || e.FileOffset < 0 || e.Count < 0 || e.FileStride < 0 || e.BufStride < 0
+		r := IOReq{ID: e.Buffer, BufOffset: uint64(e.BufOffset), Length: uint64(e.Len), FileOffset: uint64(e.FileOffset)}
+		if !strided {
+			parts = append(parts, part{i, r, bad})
+			continue
+		}
+		r.Count, r.FileStride, r.BufStride = uint64(max(e.Count, 1)), uint64(e.FileStride), uint64(e.BufStride)
+		for j := uint64(0); j < r.Count; j += MaxPieces {
+			p := r
+			p.Count = min(MaxPieces, r.Count-j)
+			p.FileOffset += j * r.FileStride
+			p.BufOffset += j * r.BufStride
+			parts = append(parts, part{i, p, bad})
+		}
+	}
+	return parts
+}
+
+// nextGroup is how many parts from parts[0] one ioctl carries: up to the
+// largest capacity, and, strided, up to MaxPieces pieces.
+func nextGroup(l batchLayout, parts []part) int {
+	maxc := classFor(l, l.max)
+	var pieces uint64
+	n := 0
+	for n < len(parts) && n < maxc {
+		p := parts[n].req.Pieces()
+		if l.extent == StridedExtentSize && n > 0 && pieces+p > MaxPieces {
+			break
+		}
+		pieces += p
+		n++
+	}
+	return n
+}
+
 func (f *File) batch(l batchLayout, write bool, ext []Extent) (int, error) {
 	op := l.what + " read"
 	if write {
 		op = l.what + " write"
 	}
-	strided := l.extent == StridedExtentSize
-	failed := 0
+	parts := partsOf(l.extent == StridedExtentSize, ext)
+	results := make([]int64, len(parts))
 	var first error
-	maxc := classFor(l, l.max)
-	reqs := make([]IOReq, 0, min(len(ext), maxc))
-	results := make([]int64, 0, min(len(ext), maxc))
-	for start := 0; start < len(ext); start += maxc {
-		part := ext[start:min(start+maxc, len(ext))]
-		reqs = reqs[:0]
-		bad := false
-		for _, e := range part {
-			if e.BufOffset < 0 || e.Len < 0 || e.FileOffset < 0 || e.Count < 0 || e.FileStride < 0 || e.BufStride < 0 {
-				bad = true
-			}
-			r := IOReq{ID: e.Buffer, BufOffset: uint64(e.BufOffset), Length: uint64(e.Len), FileOffset: uint64(e.FileOffset)}
-			if strided {
-				r.Count, r.FileStride, r.BufStride = uint64(max(e.Count, 1)), uint64(e.FileStride), uint64(e.BufStride)
-			}
-			reqs = append(reqs, r)
-		}
-		var err error
-		if bad {
-			err = &Error{Op: op, Path: f.path, Errno: unix.EINVAL}
-		} else {
-			capacity := classFor(l, len(part))
-			var b []byte
-			b, err = l.encode(capacity, reqs)
-			if err == nil {
-				err = f.ioctl(op, l.cmd(write, capacity), b)
-			}
-			if err == nil {
-				results = results[:len(part)]
-				_, err = l.decodeResp(b, results)
-			}
-		}
-		if err != nil {
+	for start := 0; start < len(parts); {
+		n := nextGroup(l, parts[start:])
+		group, res := parts[start:start+n], results[start:start+n]
+		if err := f.sendGroup(l, write, op, group, res); err != nil {
 			if first == nil {
 				first = err
 			}
@@ -267,20 +287,65 @@ func (f *File) batch(l batchLayout, write bool, ext []Extent) (int, error) {
 			if e, ok := err.(*Error); ok {
 				en = int64(e.Errno)
 			}
-			for i := range part {
-				part[i].Result = -en
+			for i := range res {
+				res[i] = -en
 			}
-			failed += len(part)
-			continue
 		}
-		for i := range part {
-			part[i].Result = results[i]
-			if results[i] != part[i].want() {
-				failed++
+		start += n
+	}
+	return foldParts(ext, parts, results), first
+}
+
+// sendGroup sends one ioctl of parts and fills res with their results.
+func (f *File) sendGroup(l batchLayout, write bool, op string, group []part, res []int64) error {
+	reqs := make([]IOReq, len(group))
+	for i, p := range group {
+		if p.bad {
+			return &Error{Op: op, Path: f.path, Errno: unix.EINVAL}
+		}
+		reqs[i] = p.req
+	}
+	capacity := classFor(l, len(reqs))
+	b, err := l.encode(capacity, reqs)
+	if err == nil {
+		err = f.ioctl(op, l.cmd(write, capacity), b)
+	}
+	if err == nil {
+		_, err = l.decodeResp(b, res)
+	}
+	return err
+}
+
+// foldParts sets each extent's Result from its parts', in order, as the
+// daemon folds pieces: their bytes up to the first that fell short, or the
+// errno of a first part that failed. It returns the extents that did not
+// move exactly their bytes.
+func foldParts(ext []Extent, parts []part, results []int64) int {
+	stopped := make([]bool, len(ext))
+	for i := range ext {
+		ext[i].Result = 0
+	}
+	for k, p := range parts {
+		e, r := &ext[p.of], results[k]
+		switch {
+		case stopped[p.of]:
+		case r < 0:
+			if e.Result == 0 {
+				e.Result = r
 			}
+			stopped[p.of] = true
+		default:
+			e.Result += r
+			stopped[p.of] = uint64(r) != p.req.Bytes()
 		}
 	}
-	return failed, first
+	failed := 0
+	for i := range ext {
+		if ext[i].Result != ext[i].want() {
+			failed++
+		}
+	}
+	return failed
 }
 
 // Info asks the daemon what a GPU-direct read through this file would do on

@@ -7,34 +7,40 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/abi.md's generated counter table")
+var update = flag.Bool("update", false, "rewrite docs/abi.md's generated tables (counters, limits)")
 
-const (
-	docBegin = "<!-- counters: generated from client/counters.go; `go test ./client -run TestCounterDoc -update` rewrites it -->\n"
-	docEnd   = "<!-- end of counters -->"
-)
+// abiDoc is the ABI's documentation, whose tables are generated here.
+const abiDoc = "../docs/abi.md"
 
-// TestCounterDoc: docs/abi.md's counter table is the one counters.go makes.
-func TestCounterDoc(t *testing.T) {
-	const path = "../docs/abi.md"
-	b, err := os.ReadFile(path)
+// checkGenerated checks that abiDoc holds want between the marker lines
+// begin (which names the test that rewrites it) and end; with -update it
+// rewrites that part.
+func checkGenerated(t *testing.T, begin, end, want, test string) {
+	t.Helper()
+	b, err := os.ReadFile(abiDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	doc := string(b)
-	i, j := strings.Index(doc, docBegin), strings.Index(doc, docEnd)
+	i, j := strings.Index(doc, begin), strings.Index(doc, end)
 	if i < 0 || j < i {
-		t.Fatalf("%s has no counter table between %q and %q", path, docBegin, docEnd)
+		t.Fatalf("%s has no generated table between %q and %q", abiDoc, begin, end)
 	}
-	want := docBegin + CounterDoc()
+	want = begin + want
 	if got := doc[i:j]; got != want {
 		if !*update {
-			t.Fatalf("%s's counter table is stale; run: go test ./client -run TestCounterDoc -update", path)
+			t.Fatalf("%s's table is stale; run: go test ./client -run %s -update", abiDoc, test)
 		}
-		if err := os.WriteFile(path, []byte(doc[:i]+want+doc[j:]), 0644); err != nil {
+		if err := os.WriteFile(abiDoc, []byte(doc[:i]+want+doc[j:]), 0644); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestCounterDoc: docs/abi.md's counter table is the one counters.go makes.
+func TestCounterDoc(t *testing.T) {
+	checkGenerated(t, "<!-- counters: generated from client/counters.go; `go test ./client -run TestCounterDoc -update` rewrites it -->\n",
+		"<!-- end of counters -->", CounterDoc(), "TestCounterDoc")
 }
 
 // TestCounterNames: names are unique snake_case, and Each walks them in

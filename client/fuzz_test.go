@@ -130,17 +130,28 @@ func FuzzDecodeStridedBatch(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add(make([]byte, StridedBatchSize(2)))
+	huge, _ := EncodeStridedBatch(2, []IOReq{{ID: 7, Count: 1 << 32}, {ID: 7, Length: 1, Count: 1 << 26, FileStride: 1, BufStride: 1}})
+	f.Add(huge)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		reqs, bad, err := DecodeStridedBatch(b)
+		if errors.Is(err, unix.E2BIG) {
+			return // too many pieces: the one other error a strided batch has
+		}
 		mustEINVAL(t, err)
 		if err != nil {
 			return
 		}
+		var pieces uint64
 		for i, e := range bad {
 			mustEINVAL(t, e)
-			if e == nil && (reqs[i].Count == 0 || reqs[i].End() > MaxOffset || reqs[i].BufEnd() < reqs[i].BufOffset) {
+			pieces += reqs[i].Count
+			if e == nil && (reqs[i].Count == 0 || reqs[i].End() > MaxOffset || reqs[i].BufEnd() < reqs[i].BufOffset ||
+				(reqs[i].Count > 1 && reqs[i].Length == 0)) {
 				t.Fatalf("extent %d accepted: %+v", i, reqs[i])
 			}
+		}
+		if pieces > MaxPieces {
+			t.Fatalf("a batch of %d pieces accepted", pieces)
 		}
 		again, err := EncodeStridedBatch((len(b)-BatchHeader)/StridedExtentSize, reqs)
 		if err != nil || !bytes.Equal(again, b) {

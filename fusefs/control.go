@@ -61,5 +61,12 @@ type Control interface {
 	Released(f *OpenFile)
 }
 
+// ShutdownNotifier is a Control that wants to know when the daemon begins
+// shutting down (Unmount calls BeginShutdown first): from then on it
+// refuses new registrations (ESHUTDOWN) and lets live I/O drain.
+type ShutdownNotifier interface {
+	BeginShutdown()
+}
+
 // XattrPrefix marks the virtual names that never reach a backing file.
 const XattrPrefix = "user.phx."

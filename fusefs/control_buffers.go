@@ -84,7 +84,7 @@ func (s *ControlServer) checkRegister(c Caller, req client.RegisterReq, log *log
 	case req.Vendor != client.VendorAny && req.Vendor != s.vendor:
 		log.Warnf("register refused: handle of vendor %s on a %s mount", req.Vendor, s.conn.Vendor())
 		return unix.ENODEV
-	case req.Device > 1<<16:
+	case req.Device > client.MaxDevice:
 		return unix.ENODEV
 	case req.Size == 0 || req.Size > client.MaxOffset:
 		return unix.EINVAL
@@ -105,7 +105,7 @@ func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
 		live += len(p.bufs)
 	}
 	switch {
-	case s.closed:
+	case s.shutdown:
 		return unix.ESHUTDOWN
 	case live >= s.cfg.MaxBuffersPerProcess:
 		return unix.EMFILE
@@ -149,7 +149,7 @@ func (s *ControlServer) importBuffer(c Caller, f *OpenFile, dev int, size int64,
 func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.Entry) unix.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.shutdown {
 		b.reg.Close()
 		return unix.ESHUTDOWN
 	}

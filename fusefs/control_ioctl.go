@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"syscall"
 	"time"
@@ -143,12 +144,14 @@ func (s *ControlServer) serveBatch(r request) unix.Errno {
 // result per strided extent. Reads go to the library as they are (one
 // request of many pieces); a write is the caller's write(2) of each piece
 // (the file size limit and set-ID clearing apply piece by piece), and its
-// result sums them.
+// result sums them. The decoder has bounded the pieces (client.MaxPieces,
+// E2BIG), and a write's extents are checked against their buffers before
+// any piece of them is made.
 func (s *ControlServer) serveStridedBatch(r request) unix.Errno {
 	_, write := client.IsBatch(r.nr)
 	reqs, bad, err := client.DecodeStridedBatch(r.in)
 	if err != nil {
-		return unix.EINVAL
+		return decodeErrno(err)
 	}
 	if e := s.checkMode(r.f, write); e != 0 {
 		return e
@@ -156,6 +159,7 @@ func (s *ControlServer) serveStridedBatch(r request) unix.Errno {
 	refuse := refusals(bad)
 	var res []int64
 	if write {
+		s.refuseUnserved(r.c, true, reqs, refuse)
 		pieces, pieceRefuse, of := expandPieces(reqs, refuse)
 		res = s.counted(reqs, foldPieces(len(reqs), of, pieces, s.moveExtents(r.c, r.f, true, pieces, pieceRefuse)))
 	} else {
@@ -163,6 +167,19 @@ func (s *ControlServer) serveStridedBatch(r request) unix.Errno {
 	}
 	client.EncodeStridedBatchResp(r.out, r.in, res)
 	return 0
+}
+
+// One strided ioctl is one library batch: the ABI's bound on its pieces
+// must fit the library's.
+var _ [phxfs.MaxBatchPieces - client.MaxPieces]struct{}
+
+// decodeErrno is the errno of a decoder's error: the one it wraps (E2BIG
+// for too many pieces), EINVAL for any other malformed struct.
+func decodeErrno(err error) unix.Errno {
+	if errors.Is(err, unix.E2BIG) {
+		return unix.E2BIG
+	}
+	return unix.EINVAL
 }
 
 // refusals turns the decoder's per-extent errors into errnos (EINVAL).
@@ -176,15 +193,37 @@ func refusals(bad []error) []unix.Errno {
 	return refuse
 }
 
+// refuseUnserved refuses (in refuse) the extents their buffers cannot
+// serve, as holdExtents would, without holding anything: what is refused
+// here costs nothing more.
+func (s *ControlServer) refuseUnserved(c Caller, write bool, reqs []client.IOReq, refuse []unix.Errno) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, r := range reqs {
+		if refuse[i] == 0 {
+			_, refuse[i] = s.bufferFor(c, write, r)
+		}
+	}
+}
+
 // expandPieces makes every piece of the strided extents a plain extent;
 // of gives each piece's extent. A refused extent stays one refused piece.
 func expandPieces(reqs []client.IOReq, refuse []unix.Errno) (pieces []client.IOReq, pieceRefuse []unix.Errno, of []int) {
+	n := 0
 	for i, r := range reqs {
-		n := r.Pieces()
 		if refuse[i] != 0 {
-			n = 1
+			n++
+		} else {
+			n += int(r.Pieces()) // at most client.MaxPieces in all
 		}
-		for j := uint64(0); j < n; j++ {
+	}
+	pieces, pieceRefuse, of = make([]client.IOReq, 0, n), make([]unix.Errno, 0, n), make([]int, 0, n)
+	for i, r := range reqs {
+		k := r.Pieces()
+		if refuse[i] != 0 {
+			k = 1
+		}
+		for j := uint64(0); j < k; j++ {
 			pieces = append(pieces, client.IOReq{ID: r.ID, BufOffset: r.BufOffset + j*r.BufStride,
 				Length: r.Length, FileOffset: r.FileOffset + j*r.FileStride})
 			pieceRefuse = append(pieceRefuse, refuse[i])
@@ -299,7 +338,7 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 	preqs := make([]phxfs.Request, 0, len(reqs))
 	idx := make([]int, 0, len(reqs))
 
-	held := s.holdExtents(c, f, reqs, refuse, res, &preqs, &idx)
+	held := s.holdExtents(c, f, write, reqs, refuse, res, &preqs, &idx)
 	defer func() {
 		for _, b := range held {
 			b.reg.Release()
@@ -342,7 +381,7 @@ func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []clien
 // buffer and the caller (res gets -errno), holds the registration of each
 // buffer named (once; the caller releases them) and appends a library
 // request for each extent that passed, with its index.
-func (s *ControlServer) holdExtents(c Caller, f *OpenFile, reqs []client.IOReq, refuse []unix.Errno, res []int64, preqs *[]phxfs.Request, idx *[]int) []*buffer {
+func (s *ControlServer) holdExtents(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno, res []int64, preqs *[]phxfs.Request, idx *[]int) []*buffer {
 	var held []*buffer
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -351,16 +390,9 @@ func (s *ControlServer) holdExtents(c Caller, f *OpenFile, reqs []client.IOReq, 
 			res[i] = -int64(refuse[i])
 			continue
 		}
-		b := s.bufs[r.ID]
-		switch {
-		case b == nil:
-			res[i] = -int64(unix.ENOENT)
-			continue
-		case !b.ownedBy(c):
-			res[i] = -int64(unix.EPERM)
-			continue
-		case r.BufEnd() > uint64(b.reg.Size()):
-			res[i] = -int64(unix.EFAULT)
+		b, e := s.bufferFor(c, write, r)
+		if e != 0 {
+			res[i] = -int64(e)
 			continue
 		}
 		if !slices.Contains(held, b) {
@@ -378,4 +410,23 @@ func (s *ControlServer) holdExtents(c Caller, f *OpenFile, reqs []client.IOReq, 
 			Count: int64(r.Count), FileStride: int64(r.FileStride), BufStride: int64(r.BufStride)})
 	}
 	return held
+}
+
+// bufferFor is the live buffer extent r names, or the errno that refuses
+// r (docs/abi.md's order): ENOENT no such buffer, EPERM another owner's,
+// EACCES a read into memory shared read-only, EFAULT the extent leaves
+// the buffer. The caller holds s.mu.
+func (s *ControlServer) bufferFor(c Caller, write bool, r client.IOReq) (*buffer, unix.Errno) {
+	b := s.bufs[r.ID]
+	switch {
+	case b == nil:
+		return nil, unix.ENOENT
+	case !b.ownedBy(c):
+		return nil, unix.EPERM
+	case !write && b.reg.ReadOnly():
+		return nil, unix.EACCES
+	case r.BufEnd() > uint64(b.reg.Size()):
+		return nil, unix.EFAULT
+	}
+	return b, 0
 }

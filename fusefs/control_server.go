@@ -31,14 +31,14 @@ type ControlConfig struct {
 	// active, and why; nil reports "unknown" (see SetPassthrough).
 	Passthrough func() (bool, string)
 	// MaxBuffersPerProcess bounds the live buffers of one process (default
-	// 4096; EMFILE past it).
+	// client.DefaultMaxBuffersPerProcess; EMFILE past it).
 	MaxBuffersPerProcess int
-	// MaxBuffers bounds the live buffers of the mount (default 65536;
-	// ENFILE past it).
+	// MaxBuffers bounds the live buffers of the mount (default
+	// client.DefaultMaxBuffers; ENFILE past it).
 	MaxBuffers int
 	// MaxRegisteredBytes bounds the bytes the mount's live buffers register
-	// (default 16 TiB, an eighth of the daemon's address space, which
-	// imports map; ENOMEM past it).
+	// (default client.DefaultMaxRegisteredBytes, an eighth of the daemon's
+	// address space, which imports map; ENOMEM past it).
 	MaxRegisteredBytes int64
 	// Log receives the control's log lines; nil uses logrus' standard logger.
 	Log *logrus.Entry
@@ -65,6 +65,9 @@ type ControlServer struct {
 	procs  map[int]*proc
 	nextID uint64
 	closed bool
+	// shutdown: the daemon began shutting down (BeginShutdown): new
+	// registrations get ESHUTDOWN, live buffers serve until Close.
+	shutdown bool
 
 	// Registrations in progress (reserve) and the bytes of live ones.
 	pending      map[int]int // by tgid
@@ -95,9 +98,9 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 	if cfg.Lib == nil {
 		return nil, errs.New(unix.EINVAL, "control: no phxfs library")
 	}
-	defaults.Set(&cfg.MaxBuffersPerProcess, 4096)
-	defaults.Set(&cfg.MaxBuffers, 65536)
-	defaults.Set(&cfg.MaxRegisteredBytes, 16<<40)
+	defaults.Set(&cfg.MaxBuffersPerProcess, client.DefaultMaxBuffersPerProcess)
+	defaults.Set(&cfg.MaxBuffers, client.DefaultMaxBuffers)
+	defaults.Set(&cfg.MaxRegisteredBytes, client.DefaultMaxRegisteredBytes)
 	log := cfg.Log
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
@@ -139,6 +142,21 @@ func (s *ControlServer) passthrough() (known, active bool, why string) {
 	return true, active, why
 }
 
+// BeginShutdown says that the daemon began shutting down (the unmount
+// started): from now on REGISTER gets ESHUTDOWN, while the buffers already
+// registered keep serving their owners' I/O, which Close drains. Clients
+// still attached see their requests served until the mount goes.
+func (s *ControlServer) BeginShutdown() {
+	s.mu.Lock()
+	first := !s.shutdown
+	s.shutdown = true
+	live := len(s.bufs)
+	s.mu.Unlock()
+	if first {
+		s.log.Infof("shutting down: new registrations get ESHUTDOWN; %d live buffers serve until the unmount ends", live)
+	}
+}
+
 // Close releases every buffer and stops the reaper. The library
 // is the caller's to close afterwards.
 func (s *ControlServer) Close() error {
@@ -147,7 +165,7 @@ func (s *ControlServer) Close() error {
 		s.mu.Unlock()
 		return nil
 	}
-	s.closed = true
+	s.closed, s.shutdown = true, true
 	var all []*buffer
 	for _, b := range s.bufs {
 		all = append(all, b)

@@ -23,7 +23,7 @@ const (
 // info gathers INFO's answer for device dev; fd (the daemon's descriptor on
 // the file asked about, or -1) gives the O_DIRECT alignment.
 func (s *ControlServer) info(dev int, fd int, cache func() CacheInfo) (client.Info, unix.Errno) {
-	if dev < 0 || dev > 1<<16 {
+	if dev < 0 || dev > client.MaxDevice {
 		return client.Info{}, unix.ENODEV
 	}
 	if err := s.openDevice(dev); err != nil {
@@ -212,7 +212,7 @@ type loadReq struct {
 func parseLoad(v []byte) (loadReq, error) {
 	var r loadReq
 	s := strings.TrimRight(string(v), "\x00\n")
-	if s == "" || len(s) > 512 {
+	if s == "" || len(s) > client.MaxLoadValue {
 		return r, errs.New(unix.EINVAL, "user.phx.load: empty or oversized value")
 	}
 	seen := map[string]bool{}
@@ -272,6 +272,9 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 		return e
 	}
 	defer b.reg.Release()
+	if b.reg.ReadOnly() {
+		return unix.EACCES // shared read-only: nothing may be loaded into it
+	}
 	bsize := uint64(b.reg.Size())
 	if r.offset > bsize {
 		return unix.EFAULT

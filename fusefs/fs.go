@@ -228,8 +228,12 @@ func (f *FS) Backing() string { return f.backing }
 func (f *FS) Wait() { f.server.Wait() }
 
 // Unmount unmounts the overlay (retrying while it is busy, then lazily).
+// The control is told first that shutdown began (ShutdownNotifier).
 func (f *FS) Unmount() error {
 	f.unmountOnce.Do(func() {
+		if sn, ok := f.ctl.(ShutdownNotifier); ok {
+			sn.BeginShutdown()
+		}
 		var err error
 		for i := 0; i < 5; i++ {
 			if err = f.server.Unmount(); err == nil {

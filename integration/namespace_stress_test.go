@@ -285,9 +285,11 @@ func stressSeconds(t *testing.T) time.Duration {
 }
 
 // stressRoots are where a stress run works: the roots of its two writers
-// (the backing directory or the mount), where it reads, and the backing
-// directory itself (the mutator's and the stale creator's).
-type stressRoots struct{ write0, write1, read, backing string }
+// (the backing directory or the mount), where it reads, the backing
+// directory itself (the mutator's and the stale creator's), and the
+// hostile client's file through the mount ("" for none:
+// namespace_stress_hostile_test.go).
+type stressRoots struct{ write0, write1, read, backing, hostile string }
 
 // runStress runs one writer on each of r's two write roots, the mutator on
 // the backing directory, the stale creator, and readers on r.read (root
@@ -316,6 +318,10 @@ func runStress(t *testing.T, r stressRoots, d time.Duration) {
 		cred := asUser(uid)
 		kids = append(kids, startChildTest(t, "TestStressHelperChild", cred, "stress-reader", r.read, strconv.Itoa(int(d/time.Millisecond))))
 	}
+	var hostile *child
+	if r.hostile != "" {
+		hostile = startChildTest(t, "TestStressHelperChild", asUser(nobody), "stress-hostile", r.hostile, strconv.Itoa(int(d/time.Millisecond)))
+	}
 	var tally stressTally
 	var rg sync.WaitGroup
 	for i := 0; i < 2; i++ {
@@ -332,6 +338,13 @@ func runStress(t *testing.T, r stressRoots, d time.Duration) {
 				t.Errorf("child: %s", l)
 			}
 			t.Errorf("a reader of another uid saw wrong results: %s", line)
+		}
+	}
+	if hostile != nil {
+		line := hostile.expect(t, "HOSTILE")
+		t.Logf("hostile client (uid %d): %s", nobody, line)
+		if !strings.HasSuffix(line, "bad=0") {
+			t.Errorf("the hostile client got answers docs/abi.md does not promise: %s", line)
 		}
 	}
 	close(stop)
@@ -360,7 +373,11 @@ func runStress(t *testing.T, r stressRoots, d time.Duration) {
 	eventually(t, "the stress tree after the writers stopped", func() string { return stressDiff(r.backing, r.read) })
 }
 
-// TestNamespaceStress replaces names under readers of several uids: on the
+// TestNamespaceStress replaces names under readers of several uids, and,
+// in every mode through the mount, a hostile client of uid 65534 sends
+// oversized strided batches and REGISTERs of huge sparse memfds
+// (namespace_stress_hostile_test.go), which the daemon must answer as
+// docs/abi.md says and live through: on the
 // backing directory natively (to check the harness); through the mount
 // under both passthrough modes with entry_timeout=0 and attr_timeout=0,
 // with one writer on the backing directory and one through the mount; and
@@ -381,7 +398,7 @@ func TestNamespaceStress(t *testing.T) {
 		os.Chmod(filepath.Dir(dir), 0755)
 		os.Chmod(dir, 0755)
 		stressPopulate(t, dir)
-		runStress(t, stressRoots{dir, dir, dir, dir}, min(d, 2*time.Second))
+		runStress(t, stressRoots{dir, dir, dir, dir, ""}, min(d, 2*time.Second))
 	})
 	const zero = "allow_other,entry_timeout=0,attr_timeout=0"
 	for _, m := range []struct {
@@ -395,13 +412,20 @@ func TestNamespaceStress(t *testing.T) {
 		{"classic-cached", []string{"--passthrough", "off", "-o", "allow_other"}, false},
 	} {
 		t.Run(m.name, func(t *testing.T) {
-			dm := startDaemon(t, withArgs(m.args...))
+			// The emulated device on any machine: the hostile client's
+			// buffers are emu memfds.
+			dm := startDaemon(t, withArgs(append([]string{"--vendor", "emu"}, m.args...)...))
+			// A daemon the hostile client makes allocate without bound dies
+			// of it, and the test fails, before the machine runs out.
+			capDaemonMemory(t, dm, 2<<30)
 			stressPopulate(t, dm.Backing)
+			stressPopulateHostile(t, dm.Backing)
 			first := dm.Mnt
 			if m.backingSide {
 				first = dm.Backing
 			}
-			runStress(t, stressRoots{first, dm.Mnt, dm.Mnt, dm.Backing}, d)
+			runStress(t, stressRoots{first, dm.Mnt, dm.Mnt, dm.Backing, filepath.Join(dm.Mnt, stressHostileName)}, d)
+			dm.alive(t, "under the stress")
 			if !dm.Mounted() {
 				t.Fatalf("the daemon died:\n%s", dm.Stderr())
 			}
@@ -437,6 +461,9 @@ func TestStressHelperChild(t *testing.T) {
 	case "stress-reader":
 	case "stale-creator":
 		staleCreatorChild()
+		os.Exit(0)
+	case "stress-hostile":
+		stressHostileChild(strings.Split(os.Getenv("PHX_CHILD_ARGS"), "\x1f"))
 		os.Exit(0)
 	default:
 		t.Skip("helper process for TestNamespaceStress (runs only when re-executed)")

@@ -14,11 +14,11 @@ type device struct {
 	lib   *Lib
 	index int
 	info  connector.DeviceInfo
-	refs  int             // client references (Open calls not yet Closed)
-	io    users           // I/O holding one of its registrations; closing: the last Close drains it
-	regs  []*Registration // by address
-	kdev  kernelDevice    // the kernel module's device, nil without it
-	kerr  error           // why there is no kdev (the module's absence or refusal)
+	refs  int          // client references (Open calls not yet Closed)
+	io    users        // I/O holding one of its registrations; closing: the last Close drains it
+	regs  []*region    // by address
+	kdev  kernelDevice // the kernel module's device, nil without it
+	kerr  error        // why there is no kdev (the module's absence or refusal)
 }
 
 // OpenDevice opens device index, or adds a client reference to it. An open

@@ -13,11 +13,14 @@
 // extents to ReadBatch as Requests. From there:
 //
 //  1. Registration (mem.go). Device memory is registered once (RegMem, or
-//     Import for memory another process exported): a Registration is the
-//     one object for it, with one life. It knows its transport and, for
-//     the kmod and host transports, the host address where I/O lands.
-//     Transfers hold it; the deregistration that drops its last reference
-//     waits for the holds to drain (users.go), then unmaps it.
+//     Import for memory another process exported): a region is the one
+//     object for it, with one life, and each RegMem or Import returns a
+//     Registration, a reference to it. The region knows its transport
+//     and, for the kmod and host transports, the host address where I/O
+//     lands. Transfers hold it; closing a reference waits for the holds
+//     taken through it (a caller's own I/O), and the last reference's
+//     close waits for every hold to drain (users.go), then unmaps it.
+//     Memory imported read-only is never read into (EACCES).
 //  2. Plan (plan.go). prepare resolves each Request (resolve: check it,
 //     hold its registration, find where its bytes go; a request whose
 //     buffer does not resolve gets -EFAULT and never reaches the engine),
@@ -70,8 +73,9 @@
 //     EBUSY: OpenDevice, CloseDevice (device.go).
 //   - regmem and deregmem take non-zero multiples of the 64 KiB device
 //     page; an exact duplicate adds a reference, any other overlap is
-//     EINVAL; the last deregister drains the registration's I/O: RegMem,
-//     DeregMem, Registration.Close (mem.go).
+//     EINVAL; a deregister waits for its own holds, the last one drains
+//     the registration's I/O: RegMem, DeregMem, Registration.Close
+//     (mem.go).
 //   - read and write resolve a buffer anywhere inside a registration
 //     (device >= 0) or take a host address (device < 0), hold the
 //     registration for the transfer and cut it at 1 GiB: Read, Write

@@ -42,18 +42,41 @@ func (rq *Request) Bytes() int64 { return rq.Len * rq.pieces() }
 func (rq *Request) span() int64 { return (rq.pieces()-1)*rq.BufStride + rq.Len }
 
 // badShape reports a strided request whose numbers do not hold together:
-// a negative count or stride, pieces that overlap, or an end past 2^63.
+// a negative count or stride, empty pieces, pieces that overlap, or an
+// end past 2^63.
 func (rq *Request) badShape() bool {
 	if rq.Count < 0 || rq.pieces() == 1 {
 		return rq.Count < 0
 	}
 	n := rq.pieces() - 1
-	return rq.FileStride < rq.Len || rq.BufStride < rq.Len ||
+	return rq.Len == 0 || rq.FileStride < rq.Len || rq.BufStride < rq.Len ||
 		rq.FileStride > (maxOffset-rq.FileOffset-rq.Len)/n || rq.BufStride > (maxOffset-rq.BufOffset-rq.Len)/n
 }
 
 // maxOffset is the largest file or buffer offset a request may reach.
 const maxOffset = 1<<63 - 1
+
+// MaxBatchPieces is the most pieces one batch may move: its requests'
+// pieces (Count, or 1), summed; a batch past it fails as a whole with
+// E2BIG before anything is planned. A plan keeps about 110 bytes a piece
+// (an engine transfer and a segment, where pieces do not join), so a
+// batch costs the library at most about 110 MiB however its numbers were
+// made up; the daemon's ioctls carry at most client.MaxPieces.
+const MaxBatchPieces = 1 << 20
+
+// batchPieces is the pieces of reqs, summed; past MaxBatchPieces it stops
+// at MaxBatchPieces + 1.
+func batchPieces(reqs []Request) int64 {
+	var n int64
+	for i := range reqs {
+		k := max(reqs[i].Count, 1)
+		if k > MaxBatchPieces-n {
+			return MaxBatchPieces + 1
+		}
+		n += k
+	}
+	return n
+}
 
 // Read transfers up to n bytes at fileOff of fd into buf+bufOff. dev >= 0
 // names a registration holding buf on that device; dev < 0 makes buf a host

@@ -2,6 +2,7 @@ package phxfs
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"golang.org/x/sys/unix"
@@ -10,13 +11,13 @@ import (
 	"github.com/phxmount/phxmount/internal/errs"
 )
 
-// Registration is device memory registered with the library: one object
-// with one life. Registering the same range again while it lives returns
-// the same object with one more reference. Transfers hold it; the
-// deregistration that drops the last reference waits for the holds to
-// drain, then unmaps it and closes the memory the library imported for it.
-// A device's last close does the same to every registration left on it.
-type Registration struct {
+// region is device memory registered with the library: one object with
+// one life. Registering the same range again while it lives adds a
+// reference to the same region. Transfers hold it; the deregistration
+// that drops the last reference waits for the holds to drain, then unmaps
+// it and closes the memory the library imported for it. A device's last
+// close does the same to every region left on it.
+type region struct {
 	dev       *device
 	addr      uint64
 	size      int64
@@ -24,39 +25,60 @@ type Registration struct {
 	host      uintptr            // where I/O lands: the VMA (kmod), the memory (host), 0 (staged)
 	unmap     func() error       // undoes the kernel module's mapping; nil without one
 	imported  []connector.Memory // memory Import brought in for it, closed with it
+	readOnly  bool               // imported read-only: nothing may be read into it
 
-	refs int   // registrations not yet deregistered
-	io   users // transfers holding it
+	refs []*Registration // the references not yet closed, oldest first
+	io   users           // transfers holding it
+}
+
+// Registration is one reference to registered device memory: what one
+// RegMem or Import returned. References to the same range share the
+// memory and its transfers; each has its own holds (Hold), and closing
+// one waits for those of its own, so that a caller's deregistration
+// returns only once its own I/O on the memory is done, even while others
+// keep the memory registered.
+type Registration struct {
+	*region
+	own    users // holds taken through this reference
+	closed bool
 }
 
 // Device is the index of the device the memory belongs to.
-func (r *Registration) Device() int { return r.dev.index }
+func (r *region) Device() int { return r.dev.index }
 
 // Addr is the device address of the memory: what requests name.
-func (r *Registration) Addr() uint64 { return r.addr }
+func (r *region) Addr() uint64 { return r.addr }
 
 // Size is the registered length in bytes.
-func (r *Registration) Size() int64 { return r.size }
+func (r *region) Size() int64 { return r.size }
 
 // Transport is the path a transfer of this memory takes.
-func (r *Registration) Transport() Transport { return r.transport }
+func (r *region) Transport() Transport { return r.transport }
+
+// ReadOnly reports memory imported read-only (the exporter shared it so):
+// a read into it is refused with EACCES; writes from it work.
+func (r *region) ReadOnly() bool { return r.readOnly }
 
 // HostAddr is where I/O lands in this process (the kernel module's VMA, or
 // host-addressable memory; 0 for the staged transport): an internal handle
 // for reference only, as the reference's target_addr. I/O names the memory
 // by Addr.
-func (r *Registration) HostAddr() uintptr { return r.host }
+func (r *region) HostAddr() uintptr { return r.host }
 
-func (r *Registration) end() uint64 { return r.addr + uint64(r.size) }
+func (r *region) end() uint64 { return r.addr + uint64(r.size) }
 
-func (r *Registration) String() string {
+func (r *region) String() string {
 	return fmt.Sprintf("[%#x, +%d) on device %d", r.addr, r.size, r.dev.index)
 }
 
+// readOnlyMemory is what a connector's imported memory implements when it
+// can be imported read-only.
+type readOnlyMemory interface{ ReadOnly() bool }
+
 // RegMem registers device memory [addr, addr+size) on device dev. Both must
 // be non-zero multiples of the device page (64 KiB). Registering the same
-// range again while it is live adds a reference to its Registration; any
-// other overlap with a live registration is EINVAL.
+// range again while it is live adds a reference to its memory; any other
+// overlap with a live registration is EINVAL.
 func (l *Lib) RegMem(dev int, addr uint64, size int64) (*Registration, error) {
 	l.mu.Lock()
 	r, err := l.regMem(dev, addr, size, nil)
@@ -107,7 +129,7 @@ func (l *Lib) ready(r *Registration) error {
 }
 
 // regMem registers [addr, addr+size) on dev, owning mem when it is not
-// nil. The caller holds l.mu.
+// nil, and returns the new reference. The caller holds l.mu.
 func (l *Lib) regMem(dev int, addr uint64, size int64, mem connector.Memory) (*Registration, error) {
 	d, err := l.openDevice(dev)
 	if err != nil {
@@ -121,17 +143,26 @@ func (l *Lib) regMem(dev int, addr uint64, size int64, mem connector.Memory) (*R
 	if i < len(d.regs) && d.regs[i].addr < addr+uint64(size) {
 		return d.regs[i].again(addr, size, mem)
 	}
-	r, err := l.newRegistration(d, addr, size)
+	r, err := l.newRegion(d, addr, size)
 	if err != nil {
 		return nil, errs.Wrap("phxfs: register", subject, err)
 	}
 	if mem != nil {
 		r.imported = append(r.imported, mem)
+		ro, ok := mem.(readOnlyMemory)
+		r.readOnly = ok && ro.ReadOnly()
 	}
 	d.regs = append(d.regs, nil)
 	copy(d.regs[i+1:], d.regs[i:])
 	d.regs[i] = r
-	return r, nil
+	return r.newRef(), nil
+}
+
+// newRef adds a reference to r. The caller holds l.mu.
+func (r *region) newRef() *Registration {
+	ref := &Registration{region: r}
+	r.refs = append(r.refs, ref)
+	return ref
 }
 
 // checkRange refuses what cannot be a registration.
@@ -146,23 +177,26 @@ func checkRange(addr uint64, size int64, page uint64) error {
 }
 
 // again is a registration of a range overlapping r: the same range adds a
-// reference (and the memory, to close with it), any other is EINVAL.
-func (r *Registration) again(addr uint64, size int64, mem connector.Memory) (*Registration, error) {
+// reference (and the memory, to close with it), any other is EINVAL, and
+// so is memory imported with another access than r's.
+func (r *region) again(addr uint64, size int64, mem connector.Memory) (*Registration, error) {
+	ro, _ := mem.(readOnlyMemory)
 	switch {
 	case r.addr != addr || r.size != size:
 		return nil, errs.New(unix.EINVAL, "phxfs: [%#x, +%d) overlaps registration %v", addr, size, r)
 	case r.io.closing:
 		return nil, errs.New(unix.EBUSY, "phxfs: registration %v is being deregistered", r)
+	case mem != nil && (ro != nil && ro.ReadOnly()) != r.readOnly:
+		return nil, errs.New(unix.EINVAL, "phxfs: registration %v is already registered with another access", r)
 	}
-	r.refs++
 	if mem != nil {
 		r.imported = append(r.imported, mem)
 	}
-	return r, nil
+	return r.newRef(), nil
 }
 
-// newRegistration maps [addr, addr+size) for the transport d gives it.
-func (l *Lib) newRegistration(d *device, addr uint64, size int64) (*Registration, error) {
+// newRegion maps [addr, addr+size) for the transport d gives it.
+func (l *Lib) newRegion(d *device, addr uint64, size int64) (*region, error) {
 	t, _, err := l.transportFor(d)
 	if err != nil {
 		return nil, err
@@ -171,7 +205,7 @@ func (l *Lib) newRegistration(d *device, addr uint64, size int64) (*Registration
 	if err != nil {
 		return nil, err
 	}
-	r := &Registration{dev: d, addr: addr, size: size, transport: t, refs: 1}
+	r := &region{dev: d, addr: addr, size: size, transport: t}
 	switch t {
 	case Kmod:
 		if r.host, r.unmap, err = d.kdev.Map(addr, size); err != nil {
@@ -183,8 +217,9 @@ func (l *Lib) newRegistration(d *device, addr uint64, size int64) (*Registration
 	return r, nil
 }
 
-// DeregMem drops one reference on the registration [addr, addr+size). The
-// last one waits for in-flight I/O on it, then unmaps it.
+// DeregMem closes one reference to the registration [addr, addr+size) (the
+// newest): it waits for the holds taken through that reference, and the
+// last reference for all in-flight I/O on the memory, then unmaps it.
 func (l *Lib) DeregMem(dev int, addr uint64, size int64) error {
 	l.mu.Lock()
 	d, err := l.openDevice(dev)
@@ -193,29 +228,41 @@ func (l *Lib) DeregMem(dev int, addr uint64, size int64) error {
 		return err
 	}
 	i := sort.Search(len(d.regs), func(i int) bool { return d.regs[i].addr >= addr })
-	if i == len(d.regs) || d.regs[i].addr != addr || d.regs[i].size != size || d.regs[i].io.closing {
+	if i == len(d.regs) || d.regs[i].addr != addr || d.regs[i].size != size || d.regs[i].io.closing || len(d.regs[i].refs) == 0 {
 		l.mu.Unlock()
 		return errs.New(unix.EINVAL, "phxfs: [%#x, +%d) is not registered on device %d", addr, size, dev)
 	}
-	return l.deregister(d.regs[i]) // unlocks
+	refs := d.regs[i].refs
+	return l.closeRef(refs[len(refs)-1]) // unlocks
 }
 
-// Close drops the reference its RegMem or Import took: DeregMem of its
-// range.
+// Close closes this reference (what its RegMem or Import took): it waits
+// until no hold taken through it (Hold) is left, then drops the reference;
+// the last reference also waits for every transfer on the memory and
+// unmaps it.
 func (r *Registration) Close() error {
 	l := r.dev.lib
 	l.mu.Lock()
-	if r.refs == 0 || r.io.closing {
+	if r.closed || r.io.closing {
 		l.mu.Unlock()
 		return errs.New(unix.EINVAL, "phxfs: registration %v is already deregistered", r)
 	}
-	return l.deregister(r) // unlocks
+	return l.closeRef(r) // unlocks
 }
 
-// deregister drops a reference of r and, for the last, drains and removes
-// it. The caller holds l.mu, which deregister releases.
-func (l *Lib) deregister(r *Registration) error {
-	if r.refs--; r.refs > 0 {
+// closeRef closes ref: no new hold may be taken through it, its own holds
+// drain, then its region loses the reference and, for the last, is
+// drained and removed. The caller holds l.mu, which closeRef releases.
+func (l *Lib) closeRef(ref *Registration) error {
+	ref.closed = true
+	ref.own.drain(l.changed)
+	r := ref.region
+	if i := slices.Index(r.refs, ref); i >= 0 {
+		r.refs = slices.Delete(r.refs, i, i+1)
+	}
+	if len(r.refs) > 0 || r.io.closing {
+		// Others keep the memory; or the device was closed while this
+		// reference drained, and unmapped it.
 		l.mu.Unlock()
 		return nil
 	}
@@ -233,9 +280,9 @@ func (l *Lib) deregister(r *Registration) error {
 	return nil
 }
 
-// release undoes the mapping and closes the imports of a registration no
-// one holds any more.
-func (r *Registration) release() error {
+// release undoes the mapping and closes the imports of a region no one
+// holds any more.
+func (r *region) release() error {
 	var first error
 	if r.unmap != nil {
 		if err := r.unmap(); err != nil {
@@ -251,14 +298,17 @@ func (r *Registration) release() error {
 }
 
 // Hold keeps the registration registered until Release: a deregistration
-// (or the device's last close) waits for it. It fails with ENOENT once the
-// registration is being deregistered. Transfers hold their registrations
-// themselves; Hold is for callers that must keep one between looking it up
-// and using it.
+// (Close of this reference, the last reference's, or the device's last
+// close) waits for it. It fails with ENOENT once this reference or the
+// memory is being deregistered. Transfers hold the memory themselves; Hold
+// is for callers that must keep one between looking it up and using it.
 func (r *Registration) Hold() error {
 	l := r.dev.lib
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if r.closed {
+		return errs.New(unix.ENOENT, "phxfs: registration %v is being deregistered", r)
+	}
 	if !r.dev.io.hold() {
 		return errs.New(unix.ENOENT, "phxfs: device %d is closing", r.dev.index)
 	}
@@ -266,6 +316,7 @@ func (r *Registration) Hold() error {
 		r.dev.io.release(l.changed)
 		return errs.New(unix.ENOENT, "phxfs: registration %v is being deregistered", r)
 	}
+	r.own.hold()
 	return nil
 }
 
@@ -274,7 +325,8 @@ func (r *Registration) Release() {
 	l := r.dev.lib
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.release(r)
+	r.own.release(l.changed)
+	l.release(r.region)
 }
 
 // Transport reports the transport of the registration holding addr.
@@ -300,8 +352,8 @@ func (l *Lib) openDevice(dev int) (*device, error) {
 	return d, nil
 }
 
-// find returns the live registration holding [addr, addr+n), or nil.
-func (d *device) find(addr uint64, n int64) *Registration {
+// find returns the live region holding [addr, addr+n), or nil.
+func (d *device) find(addr uint64, n int64) *region {
 	i := sort.Search(len(d.regs), func(i int) bool { return d.regs[i].end() > addr })
 	if i == len(d.regs) {
 		return nil
@@ -315,7 +367,7 @@ func (d *device) find(addr uint64, n int64) *Registration {
 
 // hold resolves a request's device buffer and takes a hold on its
 // registration for the transfer. The caller holds l.mu.
-func (l *Lib) hold(dev int, buf uint64, off, n int64) (*Registration, error) {
+func (l *Lib) hold(dev int, buf uint64, off, n int64) (*region, error) {
 	d := l.devices[dev]
 	if d == nil || d.io.closing {
 		return nil, errs.New(unix.EFAULT, "phxfs: device %d is not open", dev)
@@ -334,7 +386,7 @@ func (l *Lib) hold(dev int, buf uint64, off, n int64) (*Registration, error) {
 }
 
 // release drops a hold on r (and on its device). The caller holds l.mu.
-func (l *Lib) release(r *Registration) {
+func (l *Lib) release(r *region) {
 	r.io.release(l.changed)
 	r.dev.io.release(l.changed)
 }

@@ -661,3 +661,61 @@ func TestDevicesShareThePoolFairly(t *testing.T) {
 		}
 	})
 }
+
+// TestSharedRegistrationCloseWaitsForItsOwnHolds: two registrations of
+// the same range share the memory; closing one waits for the holds taken
+// through it (its owner's I/O), not for the other's, and refuses new holds
+// through it while the other still works.
+func TestSharedRegistrationCloseWaitsForItsOwnHolds(t *testing.T) {
+	forEach(t, func(t *testing.T, s setup) {
+		l, c := newLib(t, s, 1)
+		m := alloc(t, c, 0, 256<<10)
+		a, b := register(t, l, m), register(t, l, m)
+		if err := a.Hold(); err != nil {
+			t.Fatal(err)
+		}
+		held := true // until a.Release below: let a failing test end (the library's close drains holds)
+		t.Cleanup(func() {
+			if held {
+				a.Release()
+			}
+		})
+		done := make(chan error, 1)
+		go func() { done <- a.Close() }()
+		stillWaiting(t, "closing a registration held through it", done)
+		wantErrno(t, a.Hold(), unix.ENOENT)
+		if err := b.Hold(); err != nil {
+			t.Fatalf("a hold through the other registration: %v", err)
+		}
+		b.Release()
+		fd := openFile(t, patternFile(t, 64<<10), unix.O_RDONLY)
+		if n, err := l.Read(fd, 0, m.Addr(), 0, 64<<10, 0); err != nil || n != 64<<10 {
+			t.Fatalf("a read while one registration closes: %d, %v", n, err)
+		}
+		checkPattern(t, deviceBytes(t, c, m, 0, 64<<10), 0)
+		a.Release()
+		held = false
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if d, err := l.Device(0); err != nil || d.Registrations != 1 {
+			t.Fatalf("after one of two closed: %+v, %v", d, err)
+		}
+		// The other's holds do not keep this one open either.
+		if err := b.Hold(); err != nil {
+			t.Fatal(err)
+		}
+		c2 := register(t, l, m)
+		if err := c2.Close(); err != nil {
+			t.Fatalf("closing an unheld registration beside a held one: %v", err)
+		}
+		b.Release()
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := l.Device(0); d.Registrations != 0 {
+			t.Fatalf("%d registrations left", d.Registrations)
+		}
+		wantErrno(t, b.Close(), unix.EINVAL)
+	})
+}

@@ -63,7 +63,7 @@ type segment struct {
 type plan struct {
 	write   bool
 	reqs    []Request
-	held    []*Registration // registrations held for the batch
+	held    []*region // registrations held for the batch
 	xfers   []xfer
 	segs    [][]segment // per request, in order
 	trans   []Transport // per request: its registration's transport ("" for host memory)
@@ -93,7 +93,10 @@ type target struct {
 // and plans the engine transfers. Requests that fail the checks get their
 // errno as Result and never reach the engine.
 func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
-	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs)), held: make([]*Registration, 0, len(reqs)),
+	if n := batchPieces(reqs); n > MaxBatchPieces {
+		return nil, errs.New(unix.E2BIG, "phxfs: a batch of more than %d pieces", MaxBatchPieces)
+	}
+	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs)), held: make([]*region, 0, len(reqs)),
 		trans: make([]Transport, len(reqs))}
 	targets, err := l.resolve(p)
 	if err != nil {
@@ -141,6 +144,11 @@ func (l *Lib) resolve(p *plan) ([]target, error) {
 			rq.Result = -int64(unix.EFAULT)
 			continue
 		}
+		if !p.write && r.readOnly {
+			l.release(r)
+			rq.Result = -int64(unix.EACCES) // memory shared read-only
+			continue
+		}
 		p.held = append(p.held, r)
 		p.trans[i] = r.transport
 		targets = append(targets, r.target(i, rq.DevAddr+uint64(rq.BufOffset)))
@@ -149,7 +157,7 @@ func (l *Lib) resolve(p *plan) ([]target, error) {
 }
 
 // target is where a request for device address addr inside r goes.
-func (r *Registration) target(i int, addr uint64) target {
+func (r *region) target(i int, addr uint64) target {
 	t := target{i: i, devAddr: addr, staged: r.transport == Staged}
 	if !t.staged {
 		t.host = r.host + uintptr(addr-r.addr)

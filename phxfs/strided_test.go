@@ -1,6 +1,7 @@
 package phxfs
 
 import (
+	"errors"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -54,4 +55,56 @@ func TestStridedRequests(t *testing.T) {
 			t.Fatalf("%d pieces coalesced, want the touching request's 15 at least", co)
 		}
 	})
+}
+
+// TestBatchPiecesBounded: a batch whose pieces pass MaxBatchPieces (2^26
+// one-byte pieces into a 64 MiB buffer; counts summed over requests;
+// counts near 2^63; empty pieces count too) fails as a whole with E2BIG
+// before anything is planned, moving no byte; a few empty pieces are a
+// bad request (EINVAL), not pieces to walk; the largest batch allowed
+// runs.
+func TestBatchPiecesBounded(t *testing.T) {
+	l, c := newLib(t, setup{"sync", Host}, 1)
+	name := patternFile(t, 2*mib)
+	fd := openFile(t, name, unix.O_RDONLY)
+	m := alloc(t, c, 0, 64*mib)
+	register(t, l, m)
+	one := func(count int64) Request {
+		return Request{Fd: fd, Device: 0, DevAddr: m.Addr(), Len: 1, Count: count, FileStride: 1, BufStride: 1}
+	}
+	for _, reqs := range [][]Request{
+		{one(1 << 26)},
+		{one(MaxBatchPieces), one(1)},
+		{one(1<<63 - 1), one(1<<63 - 1)},
+	} {
+		before := l.Stats()
+		if _, err := l.ReadBatch(reqs); !errors.Is(err, unix.E2BIG) {
+			t.Errorf("%s: %v, want E2BIG", describe(reqs), err)
+		}
+		if st := l.Stats(); st.Requests != before.Requests || st.BytesRead != before.BytesRead {
+			t.Errorf("%s: a refused batch reached the engine", describe(reqs))
+		}
+	}
+	empty := []Request{{Fd: fd, Device: 0, DevAddr: m.Addr(), Count: 2}}
+	if _, err := l.ReadBatch(empty); err != nil || empty[0].Result != errnoResult(unix.EINVAL) {
+		t.Errorf("two empty pieces: %v, result %d; want EINVAL", err, empty[0].Result)
+	}
+	empty[0].Count = 1 << 40
+	if _, err := l.ReadBatch(empty); !errors.Is(err, unix.E2BIG) {
+		t.Errorf("2^40 empty pieces: %v, want E2BIG", err)
+	}
+	reqs := []Request{one(MaxBatchPieces / 2), {Fd: fd, Device: 0, DevAddr: m.Addr(), BufOffset: 32 * mib, Len: 1, Count: MaxBatchPieces / 2, FileStride: 2, BufStride: 1}}
+	if failed, err := l.ReadBatch(reqs); err != nil || failed != 0 {
+		t.Fatalf("the largest batch: %d failed, %v (%s)", failed, err, describe(reqs))
+	}
+	got := deviceBytes(t, c, m, 0, MaxBatchPieces/2)
+	checkPattern(t, got, 0)
+	strided := deviceBytes(t, c, m, 32*mib, MaxBatchPieces/2)
+	file := make([]byte, 2*mib)
+	fillPattern(file, 0)
+	for j := range strided {
+		if strided[j] != file[2*j] {
+			t.Fatalf("strided piece %d: %#x, want %#x", j, strided[j], file[2*j])
+		}
+	}
 }

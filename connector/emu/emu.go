@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"unsafe"
@@ -105,8 +106,16 @@ type Memory struct {
 	ino   uint64
 	size  int64
 	view  []byte // names the memory: PROT_NONE in staged mode
-	alias []byte // read-write mapping the copy engine uses
+	alias []byte // the mapping the copy engine uses: read-write, or read-only for readOnly
+	// readOnly: imported from a read-only share (the exporter's descriptor
+	// is O_RDONLY, or the memfd is sealed against writes): both mappings
+	// are read-only, and nothing may be read into it.
+	readOnly bool
 }
+
+// ReadOnly reports memory imported from a read-only share: it may be the
+// source of a write to a file, never the target of a read.
+func (m *Memory) ReadOnly() bool { return m.readOnly }
 
 // Device implements connector.Memory.
 func (m *Memory) Device() int { return m.dev }
@@ -180,7 +189,7 @@ func (c *Connector) Alloc(dev int, size int64) (connector.Memory, error) {
 		unix.Close(fd)
 		return nil, errs.Wrapf(err, "emu: size device memory to %d bytes", size)
 	}
-	m, err := c.mapFd(dev, fd, size)
+	m, err := c.mapFd(dev, fd, size, access{populate: true})
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -233,25 +242,23 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 	if err != nil {
 		return nil, errs.Wrapf(err, "emu: open %s", path)
 	}
+	defer unix.Close(pfd)
 	if err := checkMemfd(pfd); err != nil {
-		unix.Close(pfd)
 		return nil, err
 	}
-	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDWR|unix.O_CLOEXEC, 0)
-	unix.Close(pfd)
+	acc, err := exportedAccess(hpid, hfd, pfd, hino)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), acc.openFlags()|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, errs.Wrapf(err, "emu: open %s", path)
 	}
-	// The size is checked here only: the client may shrink the memfd at any
-	// time after. Nothing below depends on it (MAP_POPULATE does not fail on
-	// pages past the end), and the copy engine, the only CPU access to the
-	// memory, turns the resulting faults into EFAULT (faultsafe.Copy).
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Ino != hino || st.Size < size {
+	if err := checkImport(fd, path, hino, size, &acc); err != nil {
 		unix.Close(fd)
-		return nil, errs.New(unix.EINVAL, "emu: %s no longer is the exported buffer", path)
+		return nil, err
 	}
-	m, err := c.mapFd(dev, fd, size)
+	m, err := c.mapFd(dev, fd, size, acc)
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -259,30 +266,125 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 	return m, nil
 }
 
-func (c *Connector) mapFd(dev, fd int, size int64) (*Memory, error) {
+// access is how memory is mapped: read-only or read-write, and populated
+// (memory this process allocated) or not (imported memory: its pages are
+// the exporter's, and the daemon must not fault in the holes of a sparse
+// memfd on the exporter's behalf).
+type access struct {
+	readOnly bool
+	populate bool
+}
+
+func (a access) openFlags() int {
+	if a.readOnly {
+		return unix.O_RDONLY
+	}
+	return unix.O_RDWR
+}
+
+func (a access) prot() int {
+	if a.readOnly {
+		return unix.PROT_READ
+	}
+	return unix.PROT_READ | unix.PROT_WRITE
+}
+
+// exportedAccess is the access the exporter shares its memfd with: that of
+// its descriptor hfd (from /proc/<pid>/fdinfo), which must still name the
+// inode pfd and the handle name. A read-only descriptor is imported read-
+// only: the daemon never gets more access to the memory than the caller
+// gave it. A write-only one cannot even be mapped (EACCES).
+func exportedAccess(pid, hfd, pfd int, hino uint64) (access, error) {
+	p := fmt.Sprintf("/proc/%d/fdinfo/%d", pid, hfd)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return access{}, errs.New(unix.ESRCH, "emu: exporting descriptor %s: %v", p, err)
+	}
+	var flags, ino uint64
+	var haveFlags, haveIno bool
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch v = strings.TrimSpace(v); k {
+		case "flags":
+			flags, err = strconv.ParseUint(v, 8, 64)
+			haveFlags = err == nil
+		case "ino":
+			ino, err = strconv.ParseUint(v, 10, 64)
+			haveIno = err == nil
+		}
+	}
+	var st unix.Stat_t
+	if !haveFlags || unix.Fstat(pfd, &st) != nil || (haveIno && ino != st.Ino) || st.Ino != hino {
+		return access{}, errs.New(unix.EINVAL, "emu: descriptor %d of process %d no longer is the exported buffer", hfd, pid)
+	}
+	switch flags & unix.O_ACCMODE {
+	case unix.O_RDONLY:
+		return access{readOnly: true}, nil
+	case unix.O_WRONLY:
+		return access{}, errs.New(unix.EACCES, "emu: descriptor %d of process %d is write-only: memory it cannot read cannot be registered", hfd, pid)
+	}
+	return access{}, nil
+}
+
+// checkImport checks fd, the daemon's descriptor on the exported memfd,
+// before it is mapped: still the exported inode, at least size bytes, and
+// at least size bytes of it allocated (st_blocks): a registration is
+// memory the exporter holds, charged to it, never holes the daemon would
+// fill (EFAULT otherwise). A memfd sealed against writes is imported
+// read-only (acc).
+//
+// The size is checked here only: the client may shrink the memfd (or punch
+// holes) at any time after. Nothing below depends on it (the mappings are
+// not populated), and the copy engine, the only CPU access to the memory,
+// turns the resulting faults into EFAULT (faultsafe.Copy); a read into
+// pages freed meanwhile allocates them again, at most the bytes it moves.
+func checkImport(fd int, path string, hino uint64, size int64, acc *access) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Ino != hino || st.Size < size {
+		return errs.New(unix.EINVAL, "emu: %s no longer is the exported buffer", path)
+	}
+	if held := st.Blocks * 512; held < size {
+		return errs.New(unix.EFAULT, "emu: %s holds %d allocated bytes of its %d, fewer than the %d to register: "+
+			"write or fallocate the memory before registering it", path, held, st.Size, size)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err == nil && seals&(unix.F_SEAL_WRITE|unix.F_SEAL_FUTURE_WRITE) != 0 {
+		acc.readOnly = true
+	}
+	return nil
+}
+
+func (c *Connector) mapFd(dev, fd int, size int64, acc access) (*Memory, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, errs.Wrapf(err, "emu: fstat")
 	}
-	prot := unix.PROT_READ | unix.PROT_WRITE
+	prot := acc.prot()
 	if c.cfg.Staged {
 		prot = unix.PROT_NONE
 	}
-	view, err := mapAligned(fd, size, prot)
+	view, err := mapAligned(fd, size, prot, acc.populate)
 	if err != nil {
 		return nil, err
 	}
 	alias := view
 	if c.cfg.Staged {
-		// Populating reads nothing into this process: on pages past the end
-		// of a memfd shrunk meanwhile it just stops, without a fault.
-		alias, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+		flags := unix.MAP_SHARED
+		if acc.populate {
+			// Populating reads nothing into this process: on pages past the
+			// end of a memfd shrunk meanwhile it just stops, without a fault.
+			flags |= unix.MAP_POPULATE
+		}
+		alias, err = unix.Mmap(fd, 0, int(size), acc.prot(), flags)
 		if err != nil {
 			unmapAligned(view)
 			return nil, errs.Wrapf(err, "emu: map copy-engine alias")
 		}
 	}
-	m := &Memory{c: c, dev: dev, fd: fd, ino: st.Ino, size: size, view: view, alias: alias}
+	m := &Memory{c: c, dev: dev, fd: fd, ino: st.Ino, size: size, view: view, alias: alias, readOnly: acc.readOnly}
 	c.mu.Lock()
 	i := sort.Search(len(c.regions), func(i int) bool { return c.regions[i].Addr() > m.Addr() })
 	c.regions = append(c.regions, nil)
@@ -294,7 +396,7 @@ func (c *Connector) mapFd(dev, fd int, size int64) (*Memory, error) {
 
 // mapAligned maps fd at an address aligned to PageSize, as device memory is:
 // it reserves a larger range and maps the file over its aligned part.
-func mapAligned(fd int, size int64, prot int) ([]byte, error) {
+func mapAligned(fd int, size int64, prot int, populate bool) ([]byte, error) {
 	reserve, err := unix.Mmap(-1, 0, int(size+PageSize), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		return nil, errs.Wrapf(err, "emu: reserve %d bytes", size)
@@ -302,12 +404,19 @@ func mapAligned(fd int, size int64, prot int) ([]byte, error) {
 	base := uintptr(unsafe.Pointer(&reserve[0]))
 	head := int(((base + PageSize - 1) &^ (PageSize - 1)) - base)
 	// MAP_FIXED replaces the aligned part of the reservation with the file.
-	// Populate now, as registering GPU memory pins it: the first transfer
-	// should not pay for page faults. (Populating is done by the kernel and
-	// ignores pages past the end of a file, so a shrunk memfd cannot make it
-	// fault.) In host mode the CPU never touches this mapping: only the
-	// kernel does, for I/O, and it returns EFAULT on pages that are gone.
-	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_POPULATE)
+	// Memory this process allocated is populated now, as registering GPU
+	// memory pins it: the first transfer should not pay for page faults.
+	// (Populating is done by the kernel and ignores pages past the end of a
+	// file, so a shrunk memfd cannot make it fault.) Imported memory is not:
+	// populating a shared mapping allocates every hole of the exporter's
+	// memfd, in the daemon's name. In host mode the CPU never touches this
+	// mapping: only the kernel does, for I/O, and it returns EFAULT on pages
+	// that are gone.
+	flags := unix.MAP_SHARED | unix.MAP_FIXED
+	if populate {
+		flags |= unix.MAP_POPULATE
+	}
+	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, flags)
 	if err != nil {
 		unix.Munmap(reserve)
 		return nil, errs.Wrapf(err, "emu: map device memory")

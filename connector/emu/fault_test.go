@@ -82,7 +82,7 @@ func TestMapShrunkMemfd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := c.mapFd(0, fd, 2*PageSize) // the file has 0 bytes
+		m, err := c.mapFd(0, fd, 2*PageSize, access{populate: true}) // the file has 0 bytes
 		if err != nil {
 			unix.Close(fd)
 			t.Fatal(err)

@@ -36,6 +36,9 @@ MAX_IOCTL_SIZE = 16383
 MAX_EXTENTS = (MAX_IOCTL_SIZE - BATCH_HEADER) // EXTENT_SIZE  # 409
 STRIDED_EXTENT_SIZE = 64
 MAX_STRIDED_EXTENTS = (MAX_IOCTL_SIZE - BATCH_HEADER) // STRIDED_EXTENT_SIZE  # 255
+# The most pieces one strided batch moves (its extents' counts summed):
+# the daemon refuses more with E2BIG (docs/abi.md, "Limits").
+MAX_PIECES = 1 << 16
 HANDLE_SIZE = 64
 TOKEN_SIZE = 16
 MAX_OFFSET = (1 << 63) - 1
@@ -324,9 +327,11 @@ def encode_strided_batch_cols(capacity: int, cols) -> bytearray:
     # Below 2^56 (offsets, lengths, buffer strides), 2^24 pieces and 2^32
     # file strides nothing can pass 2^63; the rest is checked one by one.
     if (_wide(body, STRIDED_EXTENT_SIZE, ((1, 7), (2, 7), (3, 7), (6, 7), (4, 3), (5, 4))) or 0 in cols.counts
-            or any(c > 1 and (f < ln or bs < ln) for c, f, bs, ln in zip(cols.counts, cols.fsteps, cols.bsteps, cols.lens))):
+            or any(c > 1 and (ln == 0 or f < ln or bs < ln) for c, f, bs, ln in zip(cols.counts, cols.fsteps, cols.bsteps, cols.lens))):
         for i in range(n):
             _check_strided(cols.bufs[i], cols.lens[i], cols.files[i], cols.counts[i], cols.fsteps[i], cols.bsteps[i])
+    if sum(cols.counts) > MAX_PIECES:
+        raise ValueError(f"{sum(cols.counts)} pieces: one strided batch moves at most {MAX_PIECES}")
     return b
 
 
@@ -334,6 +339,8 @@ def _check_strided(buf_offset: int, length: int, file_offset: int, count: int, f
     _check_extent(buf_offset, length, file_offset)
     if count < 1:
         raise ValueError("a strided extent has at least one piece")
+    if count > 1 and length == 0:
+        raise ValueError(f"a strided extent of {count} empty pieces")
     if count > 1 and (fstep < length or bstep < length):
         raise ValueError(f"strides {fstep} (file) and {bstep} (buffer) shorter than a piece of {length}")
     if file_offset + (count - 1) * fstep + length > MAX_OFFSET:

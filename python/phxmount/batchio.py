@@ -144,7 +144,7 @@ class BatchIO(_Submitter):
         f = self._handle()
         if cols.strided and self.strided:
             try:
-                for part in cols.split(abi.MAX_STRIDED_EXTENTS):
+                for part in cols.split_pieces(abi.MAX_STRIDED_EXTENTS, abi.MAX_PIECES):
                     self.calls += 1
                     f.batch_strided_cols(part, self.write)
                 return

@@ -222,7 +222,9 @@ def phx_info_xattr(path: Union[str, os.PathLike, int]) -> Dict[str, str]:
 class EmuBuffer:
     """Device memory of the emulated device (--vendor emu): a memfd named
     phxemu-* that this process maps. It stands in for a GPU buffer in tests
-    on machines without one; view is the "device" bytes."""
+    on machines without one; view is the "device" bytes. Its pages are
+    allocated here, as a GPU buffer's are (the daemon registers only memory
+    its exporter holds: EFAULT for a sparse memfd)."""
 
     PAGE = 64 << 10
 
@@ -231,6 +233,7 @@ class EmuBuffer:
         self.device = device
         self.fd = os.memfd_create(f"phxemu-dev{device}", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.size)
+        os.posix_fallocate(self.fd, 0, self.size)
         self.map = mmap.mmap(self.fd, self.size)
         self.view = memoryview(self.map)
 

@@ -101,6 +101,29 @@ class Cols:
         for i in range(0, len(self), n):
             yield self.part(i, i + n)
 
+    def split_pieces(self, n: int, pieces: int) -> Iterator["Cols"]:
+        """Consecutive parts of at most n extents and at most pieces pieces
+        (their counts summed; what one strided batch may carry): an extent
+        of more pieces is cut into runs of its rows."""
+        if sum(self.counts) <= pieces:
+            yield from self.split(n)
+            return
+        part, have = Cols(), 0
+        for i in range(len(self)):
+            done, count = 0, self.counts[i]
+            while done < count:
+                k = min(count - done, pieces - have)
+                for name, v in (("ids", self.ids[i]), ("bufs", self.bufs[i] + done * self.bsteps[i]),
+                                ("lens", self.lens[i]), ("files", self.files[i] + done * self.fsteps[i]),
+                                ("counts", k), ("fsteps", self.fsteps[i]), ("bsteps", self.bsteps[i])):
+                    getattr(part, name).append(v)
+                done, have = done + k, have + k
+                if have == pieces or len(part) == n:
+                    yield part
+                    part, have = Cols(), 0
+        if len(part):
+            yield part
+
     def extent(self, i: int) -> Tuple[int, int, int, int]:
         """Extent i's buffer id, buffer offset, length (of a piece) and file offset."""
         return self.ids[i], self.bufs[i], self.lens[i], self.files[i]

@@ -106,6 +106,7 @@ class GoldenTest(unittest.TestCase):
         ra = self.v["strided_resp_3"]["args"]
         self.assertEqual((failed, list(res)), (ra["failed"], ra["results"]))
         self.assertEqual(abi.MAX_STRIDED_EXTENTS, self.g["commands"]["max_strided_extents"])
+        self.assertEqual(abi.MAX_PIECES, self.g["commands"]["max_pieces"])
 
     def test_batch_bounds(self):
         """Every field a batch carries is checked, the wide values that
@@ -131,7 +132,11 @@ class GoldenTest(unittest.TestCase):
                            ((0, 8, 0, 1 << 30, 1 << 40, 8), "past 2\\^63"), ((0, 8, big, 2, big, 8), "past 2\\^63")):
             with self.assertRaisesRegex(ValueError, what):
                 abi.encode_strided_batch_cols(1, strided(*args))
-        abi.encode_strided_batch_cols(1, strided(0, 8, 0, 1 << 25, 1 << 33, 8))  # wide, and valid
+        abi.encode_strided_batch_cols(1, strided(0, 8, 0, abi.MAX_PIECES, 1 << 33, 8))  # wide, and valid
+        for args, what in (((0, 8, 0, abi.MAX_PIECES + 1, 8, 8), "pieces"), ((0, 8, 0, 1 << 25, 1 << 33, 8), "pieces"),
+                           ((0, 0, 0, 2, 0, 0), "empty pieces")):
+            with self.assertRaisesRegex(ValueError, what):
+                abi.encode_strided_batch_cols(1, strided(*args))
 
     def test_info(self):
         self.assertEqual(bytes(abi.encode_info_req(2)), self.want("info_req"))

@@ -62,6 +62,34 @@ class BatchIOTest(unittest.TestCase):
         self.assertEqual(io.rec.calls, [("plain", 10, 5120)])
         io.close()
 
+    def test_strided_batches_keep_max_pieces(self):
+        """A strided batch carries at most MAX_PIECES pieces (the daemon
+        refuses more with E2BIG): columns of more pieces go in several, a
+        column of more than MAX_PIECES rows cut into runs of its rows,
+        every piece sent once, in order."""
+        from phxmount import abi
+        cols = Cols()
+        rows = 3 * abi.MAX_PIECES + 7
+        cols.add_run(1, rows, 0, 2, 2, 100, 16)  # one column of rows
+        for k in range(300):
+            cols.add_run(2, 1000, k << 20, 8, 8, k << 24, 64)
+        sent = []
+
+        def record(part, write=False):
+            self.assertLessEqual(len(part), abi.MAX_STRIDED_EXTENTS)
+            self.assertLessEqual(sum(part.counts), abi.MAX_PIECES)
+            abi.encode_strided_batch_cols(len(part), part)  # what the ioctl would carry
+            sent.append(part)
+        io = FakeIO(True)
+        io.rec.batch_strided_cols = record
+        io.run(cols)
+        self.assertEqual([p for part in sent for p in part.pieces()], list(cols.pieces()))
+        self.assertEqual(sum(sum(part.counts) for part in sent), rows + 300 * 1000)
+        self.assertEqual(len(sent), -(-(rows + 300 * 1000) // abi.MAX_PIECES))  # every batch but the last full
+        io.close()
+        with self.assertRaisesRegex(ValueError, "pieces"):
+            abi.encode_strided_batch_cols(1, cols.part(0, 1))
+
     def test_other_errors_are_errors(self):
         io = FakeIO(True)
 

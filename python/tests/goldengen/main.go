@@ -125,7 +125,7 @@ func generate() ([]byte, error) {
 
 	cmds := map[string]any{"register": client.CmdRegister, "deregister": client.CmdDeregister, "read": client.CmdRead,
 		"write": client.CmdWrite, "info": client.CmdInfo, "max_extents": client.MaxExtents,
-		"max_strided_extents": client.MaxStridedExtents}
+		"max_strided_extents": client.MaxStridedExtents, "max_pieces": client.MaxPieces}
 	var js bytes.Buffer
 	enc := json.NewEncoder(&js)
 	enc.SetIndent("", " ")

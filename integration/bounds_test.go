@@ -1,0 +1,323 @@
+package integration
+
+// One request from any local user must never take the root daemon down
+// or cost it more than a bounded multiple of the bytes it moves
+// (docs/abi.md, "Limits"). Here an unprivileged user (uid 65534) sends
+// what used to kill the daemon, and what used to make it populate the
+// user's sparse memory; the daemon answers each with an errno, stays up,
+// serves the mount, and its memory stays where it was.
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector/emu"
+)
+
+// procKB reads a "Name:   N kB" line of /proc/<pid>/status, in bytes.
+func procKB(t testing.TB, pid int, name string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("the daemon's status: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %q", name, line)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", name, pid)
+	return 0
+}
+
+// capDaemonMemory limits the daemon's address space to what it has now
+// plus room bytes: a daemon that a request makes allocate without bound
+// dies of it (the test then fails) instead of taking the machine down.
+func capDaemonMemory(t testing.TB, d *daemon, room int64) {
+	t.Helper()
+	pid := d.Cmd.Process.Pid
+	limit := uint64(procKB(t, pid, "VmSize") + room)
+	if err := unix.Prlimit(pid, unix.RLIMIT_AS, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatalf("prlimit the daemon: %v", err)
+	}
+}
+
+// alive fails the test if the daemon has exited.
+func (d *daemon) alive(t testing.TB, when string) {
+	t.Helper()
+	select {
+	case <-d.exited:
+		t.Fatalf("the daemon died %s (%v):\n%s", when, d.exitErr, d.Stderr())
+	default:
+	}
+}
+
+// hostileFile makes a file of the mount that uid 65534 may write, and
+// returns its bytes and its path through the mount.
+func hostileFile(t testing.TB, d *daemon, name string, size int64) ([]byte, string) {
+	t.Helper()
+	data := writePattern(t, filepath.Join(d.Backing, name), size, 0644)
+	if err := os.Chown(filepath.Join(d.Backing, name), nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	return data, filepath.Join(d.Mnt, name)
+}
+
+// TestHostileStridedBatches: uid 65534, on a file it may write, sends the
+// strided write of count 2^32 naming a made-up buffer id, and the strided
+// read of 2^26 one-byte pieces into a 64 MiB buffer of its own; both used
+// to end the daemon ("fatal error: out of memory"). Each gets E2BIG, the
+// daemon's peak memory stays within a few MiB of where it was, and the
+// mount serves both users afterwards, byte for byte.
+func TestHostileStridedBatches(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
+	data, path := hostileFile(t, d, "victim", 1<<20)
+	pid := d.Cmd.Process.Pid
+	capDaemonMemory(t, d, 1<<30)
+	hwm := procKB(t, pid, "VmHWM")
+
+	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "strided", path)
+	for _, what := range []string{"WRITE2^32", "WRITE2^32x1", "READ2^26"} {
+		if got := c.expect(t, what); got != "E2BIG" {
+			t.Errorf("%s: %s, want E2BIG", what, got)
+		}
+	}
+	if got := c.expect(t, "AFTER"); got != "OK" {
+		t.Errorf("a READ by the same user afterwards: %s", got)
+	}
+	d.alive(t, "after the hostile batches")
+	if grew := procKB(t, pid, "VmHWM") - hwm; grew > 32<<20 {
+		t.Errorf("the daemon's peak resident memory grew by %d MiB", grew>>20)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("reading the file through the mount afterwards: %d bytes, %v", len(got), err)
+	}
+	d.alive(t, "at the end")
+	t.Logf("daemon VmHWM %d MiB, VmRSS %d MiB", procKB(t, pid, "VmHWM")>>20, procKB(t, pid, "VmRSS")>>20)
+}
+
+// TestHostileSparseRegister: uid 65534 ftruncates a 2 GiB memfd, never
+// writes it, and registers it: EFAULT (no memory of its own is there,
+// docs/abi.md "The emu handle"), and the daemon's resident memory does not
+// grow (it used to populate all 2 GiB); the same user's allocated memory
+// registers and works.
+func TestHostileSparseRegister(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
+	_, path := hostileFile(t, d, "victim", 1<<20)
+	pid := d.Cmd.Process.Pid
+	capDaemonMemory(t, d, 3<<30)
+	hwm := procKB(t, pid, "VmHWM")
+
+	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "sparse", path)
+	if got := c.expect(t, "SPARSE"); got != "EFAULT" {
+		t.Errorf("REGISTER of a sparse 2 GiB memfd: %s, want EFAULT", got)
+	}
+	if got := c.expect(t, "ALLOCATED"); got != "OK" {
+		t.Errorf("REGISTER and READ of allocated memory afterwards: %s", got)
+	}
+	d.alive(t, "after the sparse REGISTER")
+	if grew := procKB(t, pid, "VmHWM") - hwm; grew > 64<<20 {
+		t.Errorf("the daemon's peak resident memory grew by %d MiB", grew>>20)
+	}
+}
+
+// TestRegisterAfterSIGTERM: once SIGTERM began the shutdown, a REGISTER
+// from a client still attached gets ESHUTDOWN (docs/abi.md), while its
+// buffer registered before keeps serving it until the mount goes.
+func TestRegisterAfterSIGTERM(t *testing.T) {
+	d, data, path := startEmuFile(t, 1<<20)
+	f := openClient(t, path, unix.O_RDONLY)
+	m := emuBuffer(t, 0, 1<<20)
+	b := register(t, f, m)
+	d.Signal(syscall.SIGTERM)
+	if !d.WaitLog("unmounting", 10*time.Second) {
+		t.Fatalf("the daemon never began unmounting")
+	}
+	// The signal is asynchronous: a REGISTER may still pass just before the
+	// shutdown begins, none after (the daemon then waits 5 s for the mount).
+	h, _ := emuBuffer(t, 0, 1<<20).Export()
+	var err error
+	for start := time.Now(); time.Since(start) < 2*time.Second; time.Sleep(10 * time.Millisecond) {
+		var nb client.Buffer
+		if nb, err = f.Register(client.VendorEmu, 0, h, 1<<20); err != nil {
+			break
+		}
+		f.Deregister(nb)
+	}
+	if errnoName(err) != "ESHUTDOWN" {
+		t.Fatalf("REGISTER after SIGTERM: %v, want ESHUTDOWN", err)
+	}
+	if !strings.Contains(d.Stderr(), "shutting down") {
+		t.Errorf("the daemon refused REGISTER without saying it was shutting down")
+	}
+	fill(m.Bytes(), 0)
+	if n, err := f.Read(b, 0, 4096, 4096); err != nil || n != 4096 || !bytes.Equal(m.Bytes()[:4096], data[4096:8192]) {
+		t.Errorf("READ into the buffer registered before: %d, %v", n, err)
+	}
+	f.Close()
+	if _, exited := d.WaitExit(15 * time.Second); !exited {
+		t.Fatalf("the daemon did not exit after SIGTERM")
+	}
+}
+
+// TestBoundsHelperChild is the body of the hostile child processes; it
+// skips when run normally.
+func TestBoundsHelperChild(t *testing.T) {
+	mode := os.Getenv("PHX_CHILD")
+	if mode != "strided" && mode != "sparse" {
+		t.Skip("helper process for the bounds tests (runs only when re-executed)")
+	}
+	args := strings.Split(os.Getenv("PHX_CHILD_ARGS"), "\x1f")
+	say := func(format string, a ...any) { fmt.Printf(format+"\n", a...) }
+	defer os.Exit(0)
+	f, err := client.OpenFile(args[0], unix.O_RDWR)
+	if err != nil {
+		say("OPEN %v", err)
+		return
+	}
+	switch mode {
+	case "strided":
+		hostileStrided(f, say)
+	case "sparse":
+		hostileSparse(f, say)
+	}
+}
+
+// stridedIoctl sends one strided batch as it is (the Go client would
+// split it) and returns the ioctl's errno name.
+func stridedIoctl(f *client.File, write bool, reqs []client.IOReq) string {
+	b, err := client.EncodeStridedBatch(len(reqs), reqs)
+	if err != nil {
+		return "ENCODE " + err.Error()
+	}
+	return errnoName(f.Ioctl(client.CmdStridedBatch(write, len(reqs)), b))
+}
+
+func hostileStrided(f *client.File, say func(string, ...any)) {
+	const madeUp = 0xDEAD0000
+	say("WRITE2^32 %s", stridedIoctl(f, true, []client.IOReq{{ID: madeUp, Count: 1 << 32}}))
+	say("WRITE2^32x1 %s", stridedIoctl(f, true, []client.IOReq{{ID: madeUp, Length: 1, Count: 1 << 32, FileStride: 1, BufStride: 1}}))
+	conn, _ := emu.New(emu.Config{})
+	m, err := conn.Alloc(0, 64<<20)
+	if err != nil {
+		say("READ2^26 alloc %v", err)
+		return
+	}
+	h, _ := m.Export()
+	buf, err := f.Register(client.VendorEmu, 0, h, m.Size())
+	if err != nil {
+		say("READ2^26 REGISTER %s", errnoName(err))
+		return
+	}
+	say("READ2^26 %s", stridedIoctl(f, false, []client.IOReq{{ID: buf.ID, Length: 1, Count: 1 << 26, FileStride: 1, BufStride: 1}}))
+	mem := m.(*emu.Memory).Bytes()
+	n, err := f.Read(buf, 0, 1<<20, 0)
+	want := patternBytes(1 << 20)
+	switch {
+	case err != nil:
+		say("AFTER %s", errnoName(err))
+	case n != 1<<20 || !bytes.Equal(mem[:n], want):
+		say("AFTER %d bytes, not the file's", n)
+	default:
+		say("AFTER OK")
+	}
+}
+
+func hostileSparse(f *client.File, say func(string, ...any)) {
+	fd, err := unix.MemfdCreate("phxemu-sparse", unix.MFD_CLOEXEC)
+	if err == nil {
+		err = unix.Ftruncate(fd, 2<<30)
+	}
+	if err != nil {
+		say("SPARSE memfd %v", err)
+		return
+	}
+	say("SPARSE %s", errnoName(registerFd(f, fd, 2<<30)))
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st); st.Blocks != 0 {
+		say("ALLOCATED the refused REGISTER allocated %d bytes of the memfd", st.Blocks*512)
+		return
+	}
+	if err := unix.Fallocate(fd, 0, 0, 1<<20); err != nil {
+		say("ALLOCATED fallocate %v", err)
+		return
+	}
+	if err := registerFd(f, fd, 1<<20); err != nil {
+		say("ALLOCATED REGISTER %s", errnoName(err))
+		return
+	}
+	say("ALLOCATED OK")
+}
+
+// registerFd registers size bytes of the emu memfd fd through f.
+func registerFd(f *client.File, fd int, size int64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	var h [client.HandleSize]byte
+	copy(h[:], "PHXEMU01")
+	le := func(b []byte, v uint64, n int) {
+		for i := 0; i < n; i++ {
+			b[i] = byte(v >> (8 * i))
+		}
+	}
+	le(h[8:], uint64(os.Getpid()), 4)
+	le(h[12:], uint64(fd), 4)
+	le(h[16:], uint64(st.Size), 8)
+	le(h[24:], st.Ino, 8)
+	_, err := f.Register(client.VendorEmu, 0, h, size)
+	return err
+}
+
+// TestStridedClientSplitsPieces: an extent of more pieces than one ioctl
+// may carry, and a batch of many, go through the Go client as several
+// ioctls; every piece lands, and each extent's result is its own.
+func TestStridedClientSplitsPieces(t *testing.T) {
+	const rows = client.MaxPieces + 1000
+	_, data, path := startEmuFile(t, rows*8)
+	f := openClient(t, path, unix.O_RDONLY)
+	m := emuBuffer(t, 0, 2<<20)
+	b := register(t, f, m)
+	ext := []client.Extent{
+		{Buffer: b.ID, Len: 4, FileOffset: 2, Count: rows, FileStride: 8, BufStride: 4},
+		{Buffer: b.ID, BufOffset: 1 << 20, Len: 4, Count: client.MaxPieces - 10, FileStride: 8, BufStride: 4},
+		{Buffer: b.ID + 100, Len: 4, Count: 3, FileStride: 8, BufStride: 4},
+	}
+	failed, err := f.ReadStrided(ext)
+	if err != nil || failed != 1 {
+		t.Fatalf("ReadStrided: %d failed, %v", failed, err)
+	}
+	if ext[0].Result != 4*rows || ext[1].Result != 4*(client.MaxPieces-10) || ext[2].Result != -int64(unix.ENOENT) {
+		t.Fatalf("results %d %d %d", ext[0].Result, ext[1].Result, ext[2].Result)
+	}
+	mem := m.Bytes()
+	for j := 0; j < rows; j++ {
+		if !bytes.Equal(mem[4*j:4*j+4], data[8*j+2:8*j+6]) {
+			t.Fatalf("piece %d of the first extent differs", j)
+		}
+	}
+	for j := 0; j < client.MaxPieces-10; j++ {
+		if !bytes.Equal(mem[1<<20+4*j:1<<20+4*j+4], data[8*j:8*j+4]) {
+			t.Fatalf("piece %d of the second extent differs", j)
+		}
+	}
+	if in, err := f.Info(); err != nil || in.Counters.IoctlRejected != 0 {
+		t.Errorf("ioctls refused: %v, %v", in.Counters.IoctlRejected, err)
+	}
+}
