@@ -33,7 +33,7 @@ from .batchio import wait_all
 from .client import PhxError
 from .extents import Cols, Run
 from .loader import DEFAULT_TIMEOUT
-from .safetensors import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo, read_header
+from .stformat import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo, read_header
 from .slicing import CostModel, Plan, choose, fit, level_runs, shard_index
 
 MAX_EXTENTS = 409

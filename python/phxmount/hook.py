@@ -59,7 +59,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from .safetensors import Header, TensorInfo, read_header
+from .stformat import Header, TensorInfo, read_header
 
 ENV = "PHXMOUNT_HOOK"
 WINDOW_ENV = "PHXMOUNT_HOOK_WINDOW"

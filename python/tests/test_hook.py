@@ -34,7 +34,7 @@ from phxmount.availability import known  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
 from phxmount.fetch import Fetcher  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
-from phxmount.safetensors import read_header  # noqa: E402
+from phxmount.stformat import read_header  # noqa: E402
 
 PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

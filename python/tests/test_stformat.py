@@ -1,4 +1,5 @@
-"""The safetensors header parser and the load planner."""
+"""The safetensors format module (phxmount.stformat): the header parser
+and the whole-file load planner."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from phxmount import safetensors as st  # noqa: E402
+from phxmount import stformat as st  # noqa: E402
 
 MiB = 1 << 20
 

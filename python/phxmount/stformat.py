@@ -1,4 +1,6 @@
-"""A safetensors header parser and load planner. Pure Python, no torch.
+"""The safetensors file format: its header parser and encoder, and the
+extents of a whole-file load. Pure Python, no torch. (Named stformat, not
+safetensors: phxmount.hook adapts the safetensors package itself.)
 
 The format: an 8-byte little-endian header length N, N bytes of JSON
 ({name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}),
