@@ -460,7 +460,7 @@ class RoutingTest(MountedCase):
                     idx = rank[k.split(".", 3)[3]]
                     self.assertTrue(same(f.get_slice(k)[idx], self.layers[k][idx]), k)
                 self.assertEqual(self.readers[-1]._landing, {}, "a wrong guess was kept")
-                self.assertEqual(f._guessed, {})
+                self.assertEqual(f._guesses.guessed, {})
         # A guess from the first file that missed taught the second, rather
         # than stopping its guesses: only the roles' first requests waited.
         self.assertGreaterEqual(self.readers[-1].served_from_prefetch, len(f.keys()) - 3)
@@ -501,7 +501,7 @@ class RoutingTest(MountedCase):
                 t.join()
             self.assertEqual(errs, [])
             self.assertEqual(self.readers[0]._landing, {}, "a guess started twice, or never taken")
-            self.assertEqual(f._guessed, {})
+            self.assertEqual(f._guesses.guessed, {})
         for k in keys:
             self.assertTrue(same(out[k], self.layers[k][self.rank_index(k)]), k)
         self.assertEqual(StockFile.served, 0)
@@ -518,7 +518,7 @@ class RoutingTest(MountedCase):
                 idx = other if n == miss else self.rank_index(k)
                 got = f.get_slice(k)[idx]
                 self.assertTrue(same(got, self.layers[k][idx]), k)
-                self.assertLessEqual(f._guessed_bytes, f.window)
+                self.assertLessEqual(f._guesses.bytes, f.window)
                 if n == miss:
                     r = self.readers[0]
                     self.assertFalse(r.landing(k, self.rank_index(k)), "the wrong guess still held")

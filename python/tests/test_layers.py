@@ -17,6 +17,9 @@ LAYERS = [
     ["savefile", "hostbackends"],
     ["torch_mem"],
     ["torch_load", "torch_save"],
+    ["hook_env", "hook_report", "hook_close", "hook_import"],
+    ["hook_route", "hook_plan"],
+    ["hook_ahead", "hook_guess"],
     ["replicate", "hook"],
     ["__init__"],
 ]
