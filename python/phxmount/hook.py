@@ -1,54 +1,33 @@
 """The drop-in: safetensors' own `safe_open` (and so `safetensors.torch.load_file`,
 which calls it) served by phxmount for files on a phxmount mount, with no
-change to the program that calls them.
+change to the program that calls them (docs/python.md says what each call gets).
 
-Turning it on:
-    PHXMOUNT_HOOK=1 python serve.py     # pip install ./python puts phxmount-hook.pth
-                                        # in site-packages; it reads the variable at
-                                        # interpreter start and imports nothing else
+    PHXMOUNT_HOOK=1 python serve.py     # pip install ./python puts phxmount-hook.pth in
+                                        # site-packages: at interpreter start it reads the
+                                        # variable, and imports nothing else when it is off
     import phxmount.hook                # in code: the same as PHXMOUNT_HOOK=1
+    python -m phxmount check [PATH...]  # what the hook would do here, and why
 
-PHXMOUNT_HOOK is 0/off (or unset), 1/on/auto, or a CUDA device: `cuda` (the
-calling thread's current device) or `cuda:N`.
+PHXMOUNT_HOOK is 0/off (or unset), 1/on/auto, or a CUDA device (`cuda`, the
+calling thread's current device as torch reads it, or `cuda:N`) that
+tensors asked for on the cpu land on.
 
-What a call safe_open(path, framework, device, backend=...) gets:
-* the real safetensors, untouched, for a file off a phxmount mount, a
-  framework other than PyTorch's, a device that is neither CUDA nor the
-  CPU, or a mount whose device is not an NVIDIA GPU;
-* device "cuda", "cuda:N" or N: tensors that land in that GPU's memory
-  through the mount;
-* device "cpu": host tensors from the real safetensors, except where the
-  hook knows that the caller moves them to a GPU anyway:
-    - transformers' from_pretrained tells its loader each tensor's device
-      and dtype (core_model_loading.spawn_materialize); a tensor bound for
-      a GPU in its own dtype lands there, and the .to() that follows has
-      nothing left to do;
-    - with PHXMOUNT_HOOK=cuda or cuda:N, every tensor asked for on the CPU
-      lands on that GPU: for loaders that copy each tensor into GPU
-      parameters (vLLM's and SGLang's default loaders), which must then
-      accept CUDA tensors.
-A reader that will read the whole file gets one plan for it at its first
-read: get_tensors (load_file), or transformers, which asks for a slice of
-every tensor before it reads any (the tensors bound to one GPU so far start
-together), in tasks of PHXMOUNT_HOOK_TASK bytes (default 128 MiB) so that
-the first tensors land first. get_tensor in key order reads ahead
-PHXMOUNT_HOOK_WINDOW bytes (default 1 GiB) of the next tensors; get_slice
-in key order (an engine loading its tensor-parallel rank) reads ahead the
-slices it will ask for, guessed from the last slice of each role (a name
-without its layer numbers) and shape, in this file or the ones before: a
-wrong guess is dropped, and one the file's own requests taught is not made
-again for that role in that file.
-
-Nothing fails where safetensors would have worked: whatever phxmount cannot
-do (no CUDA driver here, a registration refused, a read error) is done by
-the real safetensors instead, and said once on stderr. The hook says once,
-at its first file, what it does, and at exit what it did.
+This module is an exact adapter over the installed safetensors: a call is
+bound to the installed safe_open's signature and goes to the real one,
+with the caller's own arguments, wherever phxmount does not serve it
+(hook_route); a served file's object has the installed one's methods, and
+whatever phxmount does not serve of it reaches the real object. Below it:
+what starts together (hook_plan), get_tensor's read-ahead (hook_ahead),
+get_slice's guesses (hook_guess), sharing PHXMOUNT_HOOK_WINDOW bytes a
+file. Nothing fails where safetensors would have worked: whatever phxmount
+cannot do is done by the real safetensors, with what the file read ahead
+released, and said once on stderr; at exit the hook says what it did.
 """
-
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import threading
@@ -56,23 +35,23 @@ import weakref
 from typing import Callable, Dict, List, Optional
 
 from .hook_ahead import ReadAhead
-from .hook_close import close_fd, closing
+from .hook_close import Resources, closing
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, is_cpu, parse_mode, task, window
-from .hook_guess import GUESS_TASK, Guesses, slices_seen
-from .hook_import import AfterImport, rebind
-from .hook_plan import Starts
+from .hook_guess import GUESS_TASK, Guesses, guessed_plan, slices_seen
+from .hook_import import Patcher
+from .hook_plan import Ahead, Held, Starts
 from .hook_report import Report, report
-from .hook_route import mounts, route
+from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index, stock_attr
 from .stformat import Header, TensorInfo, read_header
 
-__all__ = ["safe_open", "install", "uninstall", "install_from_env", "Mode", "parse_mode", "HookedFile",
-           "HookedSlice", "report", "Report", "closing", "mounts", "slices_seen", "cuda_index", "is_cpu",
-           "describe", "ENV", "WINDOW_ENV", "TASK_ENV", "GUESS_TASK"]
+__all__ = ["safe_open", "install", "uninstall", "install_from_env", "Mode", "parse_mode", "HookedFile", "HookedSlice",
+           "report", "Report", "closing", "mounts", "slices_seen", "describe", "ENV", "WINDOW_ENV", "TASK_ENV", "GUESS_TASK"]
 
 
 class HookedSlice:
     """get_slice's answer: shape and dtype from the header; an index reads
-    through phxmount when the tensor goes to a GPU, else through the real
+    through phxmount when the tensor goes to a GPU and phxmount gives what
+    the installed safetensors gives for it, else through the real
     safetensors slice."""
 
     def __init__(self, file: "HookedFile", info: TensorInfo):
@@ -99,7 +78,11 @@ class HookedSlice:
         return self._file.read_slice(self._info, index, self._bound)
 
     def __getattr__(self, name):
-        return getattr(self._file.stock().get_slice(self._info.name), name)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        f = self._file  # a method phxmount does not serve: the real slice's (said once)
+        return stock_attr(lambda: f.stock_slice(self._info.name), name, lambda m: report.say(
+            f"slice {m}", f"{f.path}: get_slice(...).{m}() is not phxmount's: safetensors serves it"))
 
 
 def _same_dtype(dtype, st_dtype: str) -> bool:
@@ -112,104 +95,120 @@ def _same_dtype(dtype, st_dtype: str) -> bool:
 
 class HookedFile:
     """What the hooked safe_open returns for a file on a phxmount mount: the
-    interface of safetensors' safe_open, thread-safe, with the GPU reads
-    through phxmount (torch_load.open_reader, one per device) and every
-    host read, and whatever phxmount could not do, through the real one."""
+    interface of the installed safetensors' safe_open, thread-safe, with
+    the GPU reads through phxmount (torch_load.open_reader, one per device)
+    and every host read, and whatever phxmount does not serve, through the
+    real one, opened with the caller's own arguments."""
 
-    def __init__(self, path: str, framework: str, device, backend: str, header: Header, mode: Mode,
-                 real: Callable, open_reader: Callable, fd: Optional[int] = None):
-        self.path, self.framework, self.device, self.backend = path, framework, device, backend
-        self.header, self.mode, self._real, self._open_reader = header, mode, real, open_reader
-        # The descriptor the header was read from (None: none kept): each
-        # reader reads on a duplicate of it, as an open of a file on the
-        # mount is a FUSE round trip and a dup is not. Closed by close(),
-        # or when the file is collected unclosed.
-        self._fd = [fd]
-        weakref.finalize(self, close_fd, self._fd)
+    def __init__(self, call: Call, device, args: tuple, kwargs: dict, header: Header, fd: Optional[int],
+                 installed: Installed, mode: Mode, open_reader: Callable):
+        self.path, self.device, self.backend = os.fspath(call.filename), device, call.backend
+        self.header, self.mode, self._installed, self._open_reader = header, mode, installed, open_reader
+        self._lock = threading.RLock()
+        self._real = Stock(installed, args, kwargs, self._lock)
+        self._res = Resources(fd, self._lock)
+        weakref.finalize(self, self._res.release)
         self.tensors: Dict[str, TensorInfo] = {t.name: t for t in header.tensors}
         self._sorted = sorted(self.tensors)
-        self._lock = threading.RLock()
-        self._stock = None
-        self._readers: Dict[int, object] = {}
+        self._closed = False
         self._fallen: Optional[BaseException] = None
         self._counted = False  # in report.files
-        self.window = window()
         self.task = task()
         self._starts = Starts(self._lock)
-        self._ahead = ReadAhead(self._sorted, {n: t.nbytes for n, t in self.tensors.items()}, self._lock)
+        self._ahead = Ahead(window(), self._lock)
+        self._read_ahead = ReadAhead(self._sorted, {n: t.nbytes for n, t in self.tensors.items()}, self._lock)
         self._guesses = Guesses(self._sorted, {t.name: tuple(t.shape) for t in header.tensors}, self._lock)
 
     # safetensors' interface
+    @if_installed
     def keys(self) -> List[str]:
         return list(self._sorted)
 
+    @if_installed
     def offset_keys(self) -> List[str]:
         return [t.name for t in self.header.tensors]
 
+    @if_installed
     def metadata(self):
-        return dict(self.header.metadata) or None
+        m = self.header.metadata
+        return None if m is None else dict(m)
 
+    @if_installed
     def get_slice(self, name: str):
         info = self.tensors.get(name)
         if info is None:
             return self.stock().get_slice(name)  # its own error
         return HookedSlice(self, info)
 
+    @if_installed
     def get_tensor(self, name: str):
         info = self.tensors.get(name)
         dev = self.destination(None)
         if info is None or dev is None:
             return self.stock().get_tensor(name)
         self.defer(dev, name)
-        self._ahead.after(name, self.window, lambda k: self.defer(dev, k))
+        self._read_ahead.after(name, dev, self._ahead, lambda k: self.defer(dev, k), self._drop)
         return self._gpu(info, None, dev)
 
+    @if_installed
     def get_tensors(self):
         dev = self.destination(None)
         if dev is None:
             return self.stock().get_tensors()
-        names = self.offset_keys()
+        names = [t.name for t in self.header.tensors]
         for n in names:
             self.defer(dev, n)
         return {n: self._gpu(self.tensors[n], None, dev) for n in names}
+
+    @if_installed
+    def close(self) -> None:
+        self._close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self._close()
         return False
 
-    def close(self) -> None:
-        """Closes the file; the readers' descriptors of the mount close on
+    def _close(self) -> None:
+        """Closes the file (_let_go) and the real object, if opened."""
+        with self._lock:
+            self._closed = True
+        self._let_go()
+        self._real.close()
+
+    def _let_go(self) -> None:
+        """Drops what the file read ahead (its memory is free once its reads
+        have returned) and closes its readers' descriptors of the mount on
         a thread of their own (hook_close)."""
         with self._lock:
-            readers, self._readers = list(self._readers.values()), {}
-            stock, self._stock = self._stock, None
-            fd, self._fd[0] = self._fd[0], None
-        if readers or fd is not None:
-            closing.run(lambda: ([r.close() for r in readers], close_fd([fd])))
-        if stock is not None:
-            stock.__exit__(None, None, None)
+            self._ahead.clear()
+            self._starts.clear()
+        self._res.release()
 
     def __getattr__(self, name):
-        return getattr(self.stock(), name)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if not self._installed.has(name):
+            raise AttributeError(f"'safe_open' object has no attribute {name!r}")
+        return stock_attr(self.stock, name, self._hand_over)
 
     # routing
     def stock(self):
-        """The real safetensors handle of the file, opened at first need."""
-        with self._lock:
-            if self._stock is None:
-                self._stock = self._real(self.path, self.framework, device=self.device, backend=self.backend)
-            return self._stock
+        """The real safetensors object of the file (hook_route.Stock)."""
+        return self._real.open()
+
+    def stock_slice(self, name: str):
+        return self._real.slice(name, self._closed)
 
     def destination(self, bound: Optional[int]) -> Optional[int]:
         """The GPU a read lands on: the device the file was opened for, or
         where the caller said it goes, or PHXMOUNT_HOOK's; None: the host."""
         if self._fallen is not None:
             return None
-        if not is_cpu(self.device):
-            return cuda_index(self.device)
+        if self.device != "cpu":
+            return self.device
         if bound is not None:
             return bound
         if self.mode.cpu_to is not None:
@@ -223,42 +222,67 @@ class HookedFile:
     def read_slice(self, info: TensorInfo, index, bound: Optional[int]):
         dev = self.destination(bound)
         if dev is None:
-            return self.stock().get_slice(info.name)[index]
-        return self._gpu(info, index, dev)
+            return self.stock_slice(info.name)[index]
+        if not served_index(index, info.shape, self.backend):
+            return self.stock_slice(info.name)[index].to(f"cuda:{dev}")
+        return self._gpu(info, (None,) if index is None else index, dev)  # [None]: a new axis, not the whole
 
     def _gpu(self, info: TensorInfo, index, dev: int):
         """info[index] on dev through phxmount; the real safetensors (and a
         copy to dev) where phxmount cannot, and for an index phxmount's
         planner does not take (safetensors' own answer, or its error)."""
         report.asked()
+        with self._lock:  # what was read ahead for it is the caller's now (or dropped below)
+            had = self._ahead.take(info.name)
+            self._guesses.asking(info.name)
         try:
             reader = self._reader(dev)
         except Exception as e:  # noqa: BLE001: never fail where safetensors works
             self._fall_back(e)
             return self._stock_to(info, index, dev)
         try:
-            plan = self._guesses.plan_for(info.name, index) or reader.fetcher.plan(info.name, index)
+            plan = guessed_plan(had, index) or reader.fetcher.plan(info.name, index)
         except (IndexError, TypeError, ValueError):
+            self._drop(info.name, had)
             return self._stock_to(info, index, dev)
         try:
-            self._starts.start(reader, dev, self.task)
-            ahead = None if index is None else (
-                lambda: self._guesses.after(reader, plan, index, dev, self._starts, self.window))
-            t = reader.get_planned(plan, ahead)
+            with self._lock:
+                self._ahead.started(self._starts.start(reader, dev, self.task))
+            then = None if index is None else (
+                lambda: self._guesses.after(reader, plan, index, dev, had, self._starts, self._ahead))
+            t = reader.get_planned(plan, then)
         except Exception as e:  # noqa: BLE001
             self._fall_back(e)
             return self._stock_to(info, index, dev)
+        if had is not None and had.key != plan.key:
+            self._drop(info.name, had)  # read ahead whole, asked as a slice (or guessed wrong)
         report.landed(dev, t.nbytes)
         return t
 
+    def _drop(self, name: str, had: Optional[Held]) -> None:
+        """Lets go of a read held ahead that the caller will not take."""
+        if had is None:
+            return
+        with self._lock:
+            self._starts.deferred.get(had.dev, {}).pop(name, None)
+            r = self._res.readers.get(had.dev)
+        if r is not None and had.key is not None:
+            r.drop(had.key)
+
     def _reader(self, dev: int):
-        with self._lock:
-            r = self._readers.get(dev)
-            if r is not None:
-                return r
-        with self._lock:
-            fd = self._fd[0]
-            fd = os.dup(fd) if fd is not None else None
+        r, new = self._res.reader(dev, lambda fd: self._open_new(dev, fd), lambda: self._fallen)
+        if new:
+            with self._lock:
+                first, self._counted = not self._counted, True
+            if first:
+                report.opened()
+            report.say("engaged", f"{self.path}: tensors for cuda:{dev} through phxmount "
+                                  f"({self._transport}); {describe(self.mode)}")
+        return r
+
+    def _open_new(self, dev: int, fd: Optional[int]):
+        """A reader onto dev, on fd, where the daemon says dev can load from
+        the mount (availability.known; fd is closed where not)."""
         from .availability import known
         try:
             av = known.get(self.path, dev, fd)
@@ -268,59 +292,74 @@ class HookedFile:
             if fd is not None:
                 os.close(fd)
             raise
-        r = self._open_reader(self.path, dev, av, self.header, fd)
-        with self._lock:
-            if dev in self._readers:
-                r.close()
-                return self._readers[dev]
-            self._readers[dev] = r
-            first, self._counted = not self._counted, True
-        if first:
-            report.opened()
-        report.say("engaged", f"{self.path}: tensors for cuda:{dev} through phxmount ({av.transport}); "
-                              f"{describe(self.mode)}")
-        return r
+        self._transport = av.transport
+        return self._open_reader(self.path, dev, av, self.header, fd)
 
     def _fall_back(self, e: BaseException) -> None:
+        """From now on the real safetensors reads the file (_let_go)."""
         with self._lock:
             first = self._fallen is None
             self._fallen = self._fallen or e
+        self._let_go()
         if first:
             report.fell_back(self.path, e)
 
+    def _hand_over(self, method: str) -> None:
+        """A method phxmount does not serve was called: the file is the
+        real safetensors' from here on (said once)."""
+        self._fall_back(RuntimeError(f"{method}() of the installed safetensors ({self._installed.version}) "
+                                     f"is not phxmount's"))
+
     def _stock_to(self, info: TensorInfo, index, dev: int):
-        t = self.stock().get_slice(info.name)[index] if index is not None else self.stock().get_tensor(info.name)
+        """info[index] (index None: the whole tensor) from the real one, on dev."""
+        t = self.stock_slice(info.name)[index] if index is not None else self.stock().get_tensor(info.name)
         return t.to(f"cuda:{dev}")
 
 
 # --- the hooked functions ---------------------------------------------------------------
 
-_orig: Dict[str, Callable] = {}
+_installed: Optional[Installed] = None  # the real safe_open, as the hook adapts it
 _mode = Mode(False)
 
 
-def safe_open(filename, framework, device="cpu", *, backend="mmap"):
-    """safetensors.safe_open, served by phxmount where it can (see the module's doc)."""
-    real = _orig["safe_open"]
-    path = os.fspath(filename)
+def safe_open(*args, **kwargs):
+    """safetensors.safe_open, served by phxmount where it can (see the
+    module's doc); every other call gets the installed safetensors' own,
+    with exactly the caller's arguments."""
+    inst = _installed
+    if inst is None:
+        raise RuntimeError("phxmount.hook.safe_open: the hook found no safetensors (phxmount.hook.install)")
+    f = None
     try:
-        f = _route(path, framework, device, backend, real)
+        f = _open(inst, args, kwargs)
     except Exception as e:  # noqa: BLE001: the real one decides what is an error
-        report.fell_back(path, e)
-        f = None
-    return f if f is not None else real(filename, framework, device=device, backend=backend)
+        report.fell_back(str(args[0] if args else kwargs.get("filename")), e)
+    return f if f is not None else inst.real(*args, **kwargs)
 
 
-def _route(path: str, framework, device, backend, real) -> Optional[HookedFile]:
-    fd = route(path, framework, device, _mode)
+def _open(inst: Installed, args: tuple, kwargs: dict) -> Optional[HookedFile]:
+    try:
+        call = inst.bind(args, kwargs)
+    except TypeError:
+        return None  # the installed safe_open refuses the call: its own error
+    r = decide(dataclasses.replace(call, others=()), _mode, "transformers" in sys.modules)
+    if not r.serve:
+        return None
+    fd = mounts.open_if_phxmount(os.fspath(call.filename))
     if fd is None:
+        return None
+    if call.others:  # a file phxmount would serve, and an argument it does not know
+        os.close(fd)
+        why = decide(call, _mode, True).why
+        report.say(f"others {call.others}", f"{call.filename}: {why}: safetensors reads it" +
+                   (f" (the installed safe_open's signature was not read: {inst.unread})" if inst.unread else ""))
         return None
     try:
         header = read_header(fd)
     except BaseException:
         os.close(fd)
         raise
-    return HookedFile(path, framework, device, backend, header, _mode, real, _open_reader, fd)
+    return HookedFile(call, r.device, args, kwargs, header, fd, inst, _mode, _open_reader)
 
 
 def _open_reader(path: str, dev: int, availability=None, header=None, fd=None):
@@ -343,15 +382,14 @@ def _bind_spawn(orig: Callable) -> Callable:
 
 # --- installing -------------------------------------------------------------------------
 
-_SKIP = ("safetensors._safetensors_rust", __name__)  # the real extension module, and this one
-
-
 def _patch_safetensors(mod) -> None:
+    global _installed
     real = getattr(mod, "safe_open", None)
     if real is None or real is safe_open:
         return
-    _orig.setdefault("safe_open", real)
-    rebind("safe_open", _orig["safe_open"], safe_open, _SKIP)
+    real = _patches.replace("safe_open", real, safe_open)
+    if _installed is None or _installed.real is not real:
+        _installed = Installed(real, str(getattr(mod, "__version__", "?")))
 
 
 def _patch_transformers(mod) -> None:
@@ -364,39 +402,27 @@ def _patch_transformers(mod) -> None:
         mod.spawn_materialize = _bind_spawn(fn)
 
 
-_AFTER_IMPORT = {"safetensors": _patch_safetensors, "transformers.core_model_loading": _patch_transformers}
-_finder: Optional[AfterImport] = None
-_summary_at_exit = False
+# The real extension module keeps its own; so does this one.
+_patches = Patcher({"safetensors": _patch_safetensors, "transformers.core_model_loading": _patch_transformers},
+                   skip=("safetensors._safetensors_rust", __name__))
+atexit.register(lambda: report.at_exit())
 
 
 def install(mode: Optional[Mode] = None) -> Mode:
     """Turns the hook on (idempotent): patches safetensors and transformers
     now if they are imported, else as soon as they are."""
-    global _mode, _finder, _summary_at_exit
+    global _mode
     _mode = mode or Mode(True)
-    if _finder is None:
-        _finder = AfterImport(_AFTER_IMPORT)
-        sys.meta_path.insert(0, _finder)
-    if not _summary_at_exit:
-        _summary_at_exit = True
-        atexit.register(lambda: report.at_exit())
-    for name, after in _AFTER_IMPORT.items():
-        if name in sys.modules:
-            after(sys.modules[name])
+    _patches.on()
     return _mode
 
 
 def uninstall() -> None:
     """Turns the hook off and puts the real functions back (tests)."""
-    global _mode, _finder
-    _mode = Mode(False)
+    global _mode, _installed
+    _mode, _installed = Mode(False), None
     slices_seen.forget()
-    if _finder is not None:
-        sys.meta_path.remove(_finder)
-        _finder = None
-    real = _orig.pop("safe_open", None)
-    if real is not None:
-        rebind("safe_open", safe_open, real, _SKIP)
+    _patches.off({"safe_open": safe_open})
     tcl = sys.modules.get("transformers.core_model_loading")
     fn = getattr(tcl, "spawn_materialize", None)
     if getattr(fn, "__wrapped__", None) is not None:

@@ -1,11 +1,14 @@
 """get_tensor in key order (an engine's loading loop): the reads of the
-next keys start with this one, up to PHXMOUNT_HOOK_WINDOW bytes. No
-torch."""
+next keys start with this one, as many as the file's window has room for
+(PHXMOUNT_HOOK_WINDOW, shared with the slice guesses). No torch."""
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import Callable, Dict, List
+
+from .hook_plan import Ahead, Held
 
 
 class ReadAhead:
@@ -17,19 +20,27 @@ class ReadAhead:
         self.index = {n: i for i, n in enumerate(keys)}
         self.expect = 0  # the index of the next key in order
         self.ahead_to = 0  # keys before this index have been read ahead
+        self.order: deque = deque()  # the names read ahead, in key order (some taken since)
 
-    def after(self, name: str, window: int, defer: Callable[[str], None]) -> None:
-        """get_tensor(name) was asked: when in key order, defer(k) each next
-        key k, up to window bytes, that is not read ahead yet."""
+    def after(self, name: str, dev: int, ahead: Ahead, defer: Callable[[str], None],
+              drop: Callable[[Held], None]) -> None:
+        """get_tensor(name) onto dev was asked: when in key order, the read-
+        aheads of keys before it (passed over) are dropped, and each next
+        key not read ahead yet is deferred (defer(k)) while the window has
+        room for it."""
         with self.lock:
             i = self.index[name]
             sequential, self.expect = i == self.expect, i + 1
             if not sequential:
                 return
-            k, j, ahead = self.keys, i + 1, 0
-            while j < len(k) and ahead + self.sizes[k[j]] <= window:
-                ahead += self.sizes[k[j]]
-                if j >= self.ahead_to:
-                    defer(k[j])
+            while self.order and self.index[self.order[0]] < i:
+                k = self.order.popleft()
+                h = ahead.held.get(k)
+                if h is not None and h.kind == "ahead":
+                    drop(ahead.take(k))
+            j = max(i + 1, self.ahead_to)
+            while j < len(self.keys) and ahead.hold(self.keys[j], Held(dev, self.sizes[self.keys[j]], "ahead")):
+                defer(self.keys[j])
+                self.order.append(self.keys[j])
                 j += 1
             self.ahead_to = max(self.ahead_to, j)

@@ -55,9 +55,37 @@ def task() -> int:
     return int(os.environ.get(TASK_ENV, 0))
 
 
+def safetensors_device(device):
+    """What safetensors' safe_open makes of its device argument, for the
+    devices phxmount serves: "cpu" for "cpu" or None; 0 for "cuda" (cuda:0,
+    as safetensors reads it, not the current device); N for "cuda:N" and
+    for an int N >= 0 (which torch reads as cuda:N). None for anything else
+    (another kind of device, a torch.device, "CUDA", " cuda", a bool): the
+    real safetensors' to serve or to refuse."""
+    if device is None:
+        return "cpu"
+    if isinstance(device, bool):
+        return None
+    if isinstance(device, int):
+        return device if device >= 0 else None
+    if not isinstance(device, str):
+        return None
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda":
+        return 0
+    m = _CUDA_N.fullmatch(device)
+    return int(m.group(1)) if m else None
+
+
+_CUDA_N = re.compile(r"cuda:(\d+)")
+
+
 def cuda_index(device) -> Optional[int]:
-    """The CUDA ordinal device names (an int, "cuda", "cuda:N", a torch
-    device), or None when it names no CUDA device."""
+    """The CUDA ordinal a torch device name means (an int, "cuda", "cuda:N",
+    a torch.device; "cuda" is the calling thread's current device, as in
+    torch), or None when it names no CUDA device: where a loader says a
+    tensor goes (transformers), and PHXMOUNT_HOOK=cuda[:N]."""
     if isinstance(device, bool):
         return None
     if isinstance(device, int):
@@ -73,4 +101,5 @@ def cuda_index(device) -> Optional[int]:
 
 
 def is_cpu(device) -> bool:
+    """Whether a torch device name names the CPU (None: the default, the CPU)."""
     return device is None or str(device).strip().lower() == "cpu"

@@ -9,7 +9,7 @@ import re
 import threading
 from typing import Dict, List, Optional
 
-from .hook_plan import Starts
+from .hook_plan import Ahead, Held, Starts
 
 SLICE_SCAN = 64  # keys ahead a slice's guesses look at
 # The guesses a request starts go to the daemon in tasks of about this many
@@ -56,8 +56,9 @@ slices_seen = SliceMemory()
 
 class Guesses:
     """A file's slice guesses: each role's last slice (shape, index), None
-    once a guess for it was wrong; the guesses started and not yet asked
-    for, by name: (plan key, bytes, plan). Shares its file's lock."""
+    once a guess for it was wrong; the guesses being planned; the guesses
+    started are held in the file's Ahead, kind "guess". Shares its file's
+    lock."""
 
     def __init__(self, keys: List[str], shapes: Dict[str, tuple], lock: threading.RLock):
         self.keys, self.lock = keys, lock
@@ -65,44 +66,38 @@ class Guesses:
         self.roles: Dict[str, Optional[tuple]] = {}
         self.role_of = {n: role(n) for n in keys}
         self.shape_of = shapes
-        self.guessed: Dict[str, tuple] = {}
-        self.bytes = 0  # of the guesses started and not yet asked for
+        self.planning: set = set()  # guesses being planned (another thread's scan leaves them)
         self.asked: set = set()
 
-    def after(self, reader, plan, index, dev: int, starts: Starts, window: int) -> None:
-        """The caller asked plan (name[index]) onto dev: the slices of the
-        next keys, guessed from the last slice of the same role and shape
-        (in this file, or, for a role this file has not been asked for yet,
-        in the files before: slices_seen), up to window bytes, start while
-        this one is read. A guess the caller does not take is dropped with
-        the rest of its role's; one this file's own requests taught stops
-        the guessing for the role in this file, one the files before taught
-        is replaced by what the caller asked."""
+    def after(self, reader, plan, index, dev: int, had: Optional[Held], starts: Starts, ahead: Ahead) -> None:
+        """The caller asked plan (name[index]) onto dev, and had is what
+        was held ahead for name (taken): the slices of the next keys,
+        guessed from the last slice of the same role and shape (in this
+        file, or, for a role this file has not been asked for yet, in the
+        files before: slices_seen), start while this one is read, as many
+        as the window has room for. A guess the caller does not take is
+        dropped with the rest of its role's; one this file's own requests
+        taught stops the guessing for the role in this file, one the files
+        before taught is replaced by what the caller asked."""
         name = plan.name
         with self.lock:
-            self.asked.add(name)
-            guess = self.guessed.pop(name, None)
-            if guess:
-                self.bytes -= guess[1]
-                # Taken, or started after this request missed it (another
-                # thread's guess): either way nothing of it is left to take.
-                reader.drop(guess[0])
+            late = ahead.take(name)
+            if late is not None:  # another thread's guess, started after this request took what was held
+                reader.drop(late.key)
             rl, shape = self.role_of[name], self.shape_of[name]
             slices_seen.learn(rl, shape, dev, index)
-            if guess and guess[0] != plan.key:  # wrong: so are the role's other guesses
-                for k in [k for k in self.guessed if self.role_of[k] == rl]:
-                    other = self.guessed.pop(k)
-                    if other:
-                        self.bytes -= other[1]
-                        reader.drop(other[0])
+            if had is not None and had.kind == "guess" and had.key != plan.key:
+                # Wrong: so are the role's other guesses.
+                for k in [k for k, h in ahead.held.items() if h.kind == "guess" and self.role_of[k] == rl]:
+                    reader.drop(ahead.take(k).key)
                 if rl in self.roles:  # this file's own guess: its slices of the role vary
                     self.roles[rl] = None
                 # else the files before guessed it (another rank's, say): this request teaches the file
             if rl in self.roles and self.roles[rl] is None:
                 return
             self.roles[rl] = (shape, index)
-            items = self._candidates(name, dev, starts)
-        plans, room = [], window - self.bytes
+            items = self._candidates(name, dev, starts, ahead)
+        plans, room = [], ahead.room()
         for k, idx in items:
             try:
                 p = reader.fetcher.plan(k, idx)
@@ -113,27 +108,24 @@ class Guesses:
             room -= p.read_bytes
             plans.append(p)
         with self.lock:
-            # Started: what is still marked as being planned (neither asked
-            # for nor dropped with its role meanwhile).
-            live = {k for k, _ in items if self.guessed.get(k) == ()}
-            for k in live:
-                del self.guessed[k]
-            plans = [p for p in plans if p.name in live]
-            for p in plans:
-                self.guessed[p.name] = (p.key, p.read_bytes, p)
-                self.bytes += p.read_bytes
-            if plans:  # under the lock: a request that pops a guess finds it started
+            # Started: what is still being planned (neither asked for nor
+            # dropped with its role meanwhile) and still fits the window.
+            live = {k for k, _ in items if k in self.planning}
+            self.planning -= {k for k, _ in items}
+            plans = [p for p in plans if p.name in live and
+                     ahead.hold(p.name, Held(dev, p.read_bytes, "guess", p.key, p))]
+            if plans:  # under the lock: a request that takes a guess finds it started
                 reader.prefetch_planned(plans, flush_bytes=GUESS_TASK)
 
-    def _candidates(self, name: str, dev: int, starts: Starts) -> list:
+    def _candidates(self, name: str, dev: int, starts: Starts, ahead: Ahead) -> list:
         """(key, index) of the keys after name whose slices can be guessed,
-        each marked as being planned (another thread's scan leaves it).
-        Under the lock."""
+        each marked as being planned. Under the lock."""
         i = self.index[name]
         items = []
         started, deferred = starts.of(dev)
+        held = ahead.held
         for k in self.keys[i + 1:i + 1 + SLICE_SCAN]:
-            if k in self.guessed or k in self.asked or k in started or k in deferred:
+            if k in held or k in self.planning or k in self.asked or k in started or k in deferred:
                 continue
             kr, ks = self.role_of[k], self.shape_of[k]
             if kr in self.roles:
@@ -143,18 +135,24 @@ class Guesses:
                 idx = slices_seen.get(kr, ks, dev)
             if idx is not None:
                 items.append((k, idx))
-                self.guessed[k] = ()
+                self.planning.add(k)
         return items
 
-    def plan_for(self, name: str, index):
-        """The plan of the guess started for name, when it guessed index:
-        a request the guess answers is not planned again."""
+    def asking(self, name: str) -> None:
+        """A request for name is being made: no scan guesses it (one planning
+        its guess leaves it)."""
         with self.lock:
-            g = self.guessed.get(name)
-        if not g or index is None:
-            return None
-        try:
-            hit = g[2].index == index
-        except Exception:  # noqa: BLE001: an index whose == is not a truth (an array)
-            return None
-        return g[2] if hit is True else None
+            self.planning.discard(name)
+            self.asked.add(name)
+
+
+def guessed_plan(had: Optional[Held], index):
+    """The plan of the guess had, when it guessed index: a request the
+    guess answers is not planned again."""
+    if had is None or had.kind != "guess" or index is None:
+        return None
+    try:
+        hit = had.plan.index == index
+    except Exception:  # noqa: BLE001: an index whose == is not a truth (an array)
+        return None
+    return had.plan if hit is True else None

@@ -8,7 +8,7 @@ import importlib.abc
 import importlib.util
 import sys
 import threading
-from typing import Callable, Dict, Iterable
+from typing import Callable, Dict, Iterable, Optional
 
 
 class _Loader(importlib.abc.Loader):
@@ -61,3 +61,42 @@ def rebind(attr: str, old, new, skip: Iterable[str] = ()) -> None:
                 setattr(m, attr, new)
         except Exception:  # noqa: BLE001: a module whose attributes misbehave
             continue
+
+
+class Patcher:
+    """Functions replaced in watched modules as soon as they are imported
+    (watch: module name -> what patches it) and wherever a module took
+    them, and put back."""
+
+    def __init__(self, watch: Dict[str, Callable], skip: Iterable[str]):
+        self.watch, self.skip = watch, tuple(skip)
+        self.finder: Optional[AfterImport] = None
+        self.orig: Dict[str, Callable] = {}
+
+    def on(self) -> None:
+        """Watches the imports (idempotent) and patches what is imported."""
+        if self.finder is None:
+            self.finder = AfterImport(self.watch)
+            sys.meta_path.insert(0, self.finder)
+        for name, after in self.watch.items():
+            if name in sys.modules:
+                after(sys.modules[name])
+
+    def replace(self, attr: str, real: Callable, new: Callable) -> Callable:
+        """new wherever a module holds the original of attr (real, the
+        first time); returns the original."""
+        orig = self.orig.setdefault(attr, real)
+        rebind(attr, orig, new, self.skip)
+        return orig
+
+    def off(self, replaced: Dict[str, Callable]) -> None:
+        """Stops watching and puts the originals back where replaced[attr]
+        is held."""
+        if self.finder is not None:
+            sys.meta_path.remove(self.finder)
+            self.finder = None
+        for attr, new in replaced.items():
+            real = self.orig.pop(attr, None)
+            if real is not None:
+                rebind(attr, new, real, self.skip)
+

@@ -39,6 +39,18 @@ class ParseTest(unittest.TestCase):
                 raw = f.read()
             self.assertEqual(raw[r.data_start + 3:r.data_start + 19], bytes(range(16)))
 
+    def test_metadata_none_or_empty(self):
+        # safetensors' metadata() is None without __metadata__ (or with
+        # null) and {} with an empty one; its serialize writes {} for {}.
+        t = {"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}
+        for hdr, want in ((t, None), (dict(t, __metadata__=None), None), (dict(t, __metadata__={}), {}),
+                          (dict(t, __metadata__={"k": "v"}), {"k": "v"})):
+            self.assertEqual(st.parse_header_bytes(header_bytes(hdr)).metadata, want, hdr)
+        for meta in (None, {}, {"k": "v"}):
+            head, _ = st.encode_header([("t", "U8", (1,), 1)], meta)
+            self.assertEqual(st.parse_header_bytes(head).metadata, meta, meta)
+            self.assertEqual(b"__metadata__" in head, meta is not None, meta)
+
     def test_order_is_data_order(self):
         h = st.parse_header_bytes(header_bytes({
             "z": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
