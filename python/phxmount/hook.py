@@ -34,6 +34,7 @@ import threading
 import weakref
 from typing import Callable, Dict, List, Optional
 
+from .dtypes import is_torch_dtype
 from .hook_ahead import ReadAhead
 from .hook_close import Resources, closing
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, is_cpu, parse_mode, task, window
@@ -71,7 +72,7 @@ class HookedSlice:
         if dev is None:
             return
         self._bound = dev
-        if dtype is None or _same_dtype(dtype, self._info.dtype):
+        if dtype is None or is_torch_dtype(dtype, self._info.dtype):
             self._file.defer(dev, self._info.name)
 
     def __getitem__(self, index):
@@ -83,14 +84,6 @@ class HookedSlice:
         f = self._file  # a method phxmount does not serve: the real slice's (said once)
         return stock_attr(lambda: f.stock_slice(self._info.name), name, lambda m: report.say(
             f"slice {m}", f"{f.path}: get_slice(...).{m}() is not phxmount's: safetensors serves it"))
-
-
-def _same_dtype(dtype, st_dtype: str) -> bool:
-    from .dtypes import torch_dtype
-    try:
-        return dtype == torch_dtype(st_dtype)
-    except TypeError:
-        return False
 
 
 class HookedFile:
@@ -146,9 +139,10 @@ class HookedFile:
         dev = self.destination(None)
         if info is None or dev is None:
             return self.stock().get_tensor(name)
+        had = self._take(name)  # before the read-ahead counts the window's room
         self.defer(dev, name)
         self._read_ahead.after(name, dev, self._ahead, lambda k: self.defer(dev, k), self._drop)
-        return self._gpu(info, None, dev)
+        return self._gpu(info, None, dev, had)
 
     @if_installed
     def get_tensors(self):
@@ -158,7 +152,7 @@ class HookedFile:
         names = [t.name for t in self.header.tensors]
         for n in names:
             self.defer(dev, n)
-        return {n: self._gpu(self.tensors[n], None, dev) for n in names}
+        return {n: self._gpu(self.tensors[n], None, dev, self._take(n)) for n in names}
 
     @if_installed
     def close(self) -> None:
@@ -225,16 +219,20 @@ class HookedFile:
             return self.stock_slice(info.name)[index]
         if not served_index(index, info.shape, self.backend):
             return self.stock_slice(info.name)[index].to(f"cuda:{dev}")
-        return self._gpu(info, (None,) if index is None else index, dev)  # [None]: a new axis, not the whole
+        return self._gpu(info, (None,) if index is None else index, dev, self._take(info.name))  # [None]: a new axis
 
-    def _gpu(self, info: TensorInfo, index, dev: int):
-        """info[index] on dev through phxmount; the real safetensors (and a
-        copy to dev) where phxmount cannot, and for an index phxmount's
-        planner does not take (safetensors' own answer, or its error)."""
+    def _take(self, name: str) -> Optional[Held]:
+        """What was read ahead for name: the caller's now (or dropped)."""
+        with self._lock:
+            self._guesses.asking(name)
+            return self._ahead.take(name)
+
+    def _gpu(self, info: TensorInfo, index, dev: int, had: Optional[Held]):
+        """info[index] on dev through phxmount (had: what was read ahead for
+        it); the real safetensors (and a copy to dev) where phxmount cannot,
+        and for an index phxmount's planner does not take (safetensors' own
+        answer, or its error)."""
         report.asked()
-        with self._lock:  # what was read ahead for it is the caller's now (or dropped below)
-            had = self._ahead.take(info.name)
-            self._guesses.asking(info.name)
         try:
             reader = self._reader(dev)
         except Exception as e:  # noqa: BLE001: never fail where safetensors works

@@ -23,7 +23,7 @@ class ReadAhead:
         self.order: deque = deque()  # the names read ahead, in key order (some taken since)
 
     def after(self, name: str, dev: int, ahead: Ahead, defer: Callable[[str], None],
-              drop: Callable[[Held], None]) -> None:
+              drop: Callable[[str, Held], None]) -> None:
         """get_tensor(name) onto dev was asked: when in key order, the read-
         aheads of keys before it (passed over) are dropped, and each next
         key not read ahead yet is deferred (defer(k)) while the window has
@@ -37,7 +37,7 @@ class ReadAhead:
                 k = self.order.popleft()
                 h = ahead.held.get(k)
                 if h is not None and h.kind == "ahead":
-                    drop(ahead.take(k))
+                    drop(k, ahead.take(k))
             j = max(i + 1, self.ahead_to)
             while j < len(self.keys) and ahead.hold(self.keys[j], Held(dev, self.sizes[self.keys[j]], "ahead")):
                 defer(self.keys[j])
