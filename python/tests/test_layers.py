@@ -21,7 +21,8 @@ LAYERS = [
     ["hook_route", "hook_plan"],
     ["hook_ahead", "hook_guess"],
     ["replicate", "hook"],
-    ["__init__"],
+    ["check"],  # below hook in what it knows, above it so that it never imports it
+    ["__init__", "__main__"],
 ]
 
 
