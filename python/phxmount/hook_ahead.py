@@ -39,8 +39,12 @@ class ReadAhead:
                 if h is not None and h.kind == "ahead":
                     drop(k, ahead.take(k))
             j = max(i + 1, self.ahead_to)
-            while j < len(self.keys) and ahead.hold(self.keys[j], Held(dev, self.sizes[self.keys[j]], "ahead")):
-                defer(self.keys[j])
-                self.order.append(self.keys[j])
+            while j < len(self.keys):
+                k = self.keys[j]
+                if k not in ahead.held:  # (a slice guessed for it holds its own)
+                    if not ahead.hold(k, Held(dev, self.sizes[k], "ahead")):
+                        break
+                    defer(k)
+                    self.order.append(k)
                 j += 1
             self.ahead_to = max(self.ahead_to, j)
