@@ -12,17 +12,18 @@ for the CUDA driver (libcuda.so.1), torch for the tensors.
 
 The torch parts (torch_mem, torch_load, torch_save, replicate) are
 imported lazily: the ABI, the client, the planner (slicing), the fetch
-engine and the safetensors parser work without torch. docs/python.md has
+engine and the safetensors format (stformat: the header parser and
+encoder) work without torch. docs/python.md has
 the whole API.
 """
 
 __version__ = "0.9.0"  # as python/pyproject.toml says (a test checks)
 
-from . import abi, safetensors
+from . import abi, stformat
 from .client import EmuBuffer, PhxError, PhxFile, mount_counters, phx_info_xattr
 from .regcache import close_caches, prune_caches
 
-__all__ = ["abi", "safetensors", "PhxFile", "PhxError", "EmuBuffer", "phx_info_xattr", "mount_counters",
+__all__ = ["abi", "stformat", "PhxFile", "PhxError", "EmuBuffer", "phx_info_xattr", "mount_counters",
            "close_caches", "prune_caches", "available", "Availability", "read_into", "register_tensor",
            "register_tensors", "safe_open", "load_safetensors", "load_into", "iter_tensors", "save_safetensors",
            "load_sharded", "load_replicated", "LoadStats", "SaveStats", "PhxFallbackWarning", "load_safetensors_emu"]

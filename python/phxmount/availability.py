@@ -12,6 +12,11 @@ from typing import Dict, Optional, Tuple, Union
 from . import abi, cuda
 from .client import PhxError, PhxFile, phx_info_xattr
 
+# What an INFO ioctl gets from a file system that is not a phxmount mount
+# (another FUSE file system, or none that takes ioctls): an answer, not a
+# failure.
+NOT_A_MOUNT = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS)
+
 
 @dataclass
 class Availability:
@@ -47,7 +52,7 @@ def _mount_info(f: PhxFile, path, device: int):
     try:
         info = f.info(0)
     except PhxError as e:
-        if e.errno in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+        if e.errno in NOT_A_MOUNT:
             return Availability(False, f"{os.fspath(path)} is not on a phxmount mount "
                                        f"(the INFO ioctl got {errno.errorcode.get(e.errno, e.errno)})")
         return Availability(False, f"INFO ioctl failed: {e}", on_mount=True)

@@ -26,3 +26,11 @@ def st_dtype(torch_dt) -> str:
         if v == name:
             return k
     raise TypeError(f"torch dtype {torch_dt} has no safetensors dtype")
+
+
+def is_torch_dtype(dtype, st_dt: str) -> bool:
+    """Whether dtype (a torch dtype) is the safetensors dtype st_dt's."""
+    try:
+        return dtype == torch_dtype(st_dt)
+    except TypeError:
+        return False

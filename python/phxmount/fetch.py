@@ -33,7 +33,7 @@ from .batchio import wait_all
 from .client import PhxError
 from .extents import Cols, Run
 from .loader import DEFAULT_TIMEOUT
-from .safetensors import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo, read_header
+from .stformat import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo, read_header
 from .slicing import CostModel, Plan, choose, fit, level_runs, shard_index
 
 MAX_EXTENTS = 409
@@ -301,7 +301,8 @@ class SliceView:
         return self._info.dtype
 
     def __getitem__(self, index):
-        return self._owner._get(self._info.name, index)
+        # [None] is a new axis (as torch reads it), not the whole tensor
+        return self._owner._get(self._info.name, (None,) if index is None else index)
 
 
 class SafeOpen:
@@ -322,7 +323,10 @@ class SafeOpen:
         return sorted(self.fetcher.tensors)
 
     def metadata(self) -> Optional[Dict[str, str]]:
-        return dict(self.fetcher.header.metadata) or None
+        """The header's __metadata__: None where it has none, {} where it is
+        empty (as safetensors answers)."""
+        m = self.fetcher.header.metadata
+        return None if m is None else dict(m)
 
     def available(self):
         return self._availability
@@ -358,6 +362,12 @@ class SafeOpen:
         hold their memory until they return: batchio.submit)."""
         with self._lock:
             self._landing.pop(key, None)
+
+    def drop_all(self) -> None:
+        """Forgets every prefetch (their reads still hold their memory
+        until they return: batchio.submit)."""
+        with self._lock:
+            self._landing.clear()
 
     def wait_prefetched(self) -> None:
         """Waits until every prefetched request has landed."""

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import abi
 from .client import EmuBuffer, PhxFile
-from .safetensors import DEFAULT_CHUNK, Header, plan_extents, read_header
+from .stformat import DEFAULT_CHUNK, Header, plan_extents, read_header
 
 DEFAULT_TIMEOUT = 120.0  # seconds for a whole file, as the NIXL GDS loader
 

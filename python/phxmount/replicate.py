@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from .fetch import select
 from .loader import DEFAULT_TIMEOUT, LoadStats
-from .safetensors import DEFAULT_CHUNK
+from .stformat import DEFAULT_CHUNK
 from .torch_load import open_reader
 
 PathLike = Union[str, os.PathLike]

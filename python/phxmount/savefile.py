@@ -17,7 +17,7 @@ from .batchio import BatchIO, wait_all
 from .extents import Cols, Run, cut, to_cols
 from .fetch import MAX_EXTENTS
 from .loader import DEFAULT_TIMEOUT, LoadStats
-from .safetensors import DEFAULT_CHUNK, encode_header
+from .stformat import DEFAULT_CHUNK, encode_header
 
 
 @dataclass(frozen=True)

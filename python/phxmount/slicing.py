@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from .extents import Cols, Run, coalesce, cut, extent_count, to_cols
-from .safetensors import DTYPE_SIZES, TensorInfo
+from .stformat import DTYPE_SIZES, TensorInfo
 
 STRATEGIES = ("auto", "exact", "cover")
 

@@ -24,7 +24,7 @@ from .batchio import BatchIO, PreadIO
 from .client import PhxError
 from .fetch import Fetcher, SafeOpen, select, stream
 from .loader import DEFAULT_TIMEOUT, LoadStats
-from .safetensors import DEFAULT_CHUNK, read_header
+from .stformat import DEFAULT_CHUNK, read_header
 from .sharded import assign_devices, shard_files
 from .availability import Availability, known
 from .torch_mem import ArenaBackend, CudaBackend, GivenBackend, HostTorchBackend, cuda_cache, device_index

@@ -33,7 +33,7 @@ from .dtypes import torch_dtype
 from .hostbackends import HostMemory
 from .loader import DEFAULT_TIMEOUT
 from .regcache import PAGE, Alloc, RegCache, cache_for, mount_root
-from .safetensors import DEFAULT_CHUNK
+from .stformat import DEFAULT_CHUNK
 from .slicing import Plan
 
 ALIGN = 256  # sub-allocations of an arena start at multiples of this

@@ -10,7 +10,7 @@ from typing import Dict, Optional, Union
 
 from .client import PhxError
 from .loader import DEFAULT_TIMEOUT
-from .safetensors import DEFAULT_CHUNK
+from .stformat import DEFAULT_CHUNK
 from .savefile import SaveStats, Source, save
 from .availability import known
 from .dtypes import st_dtype

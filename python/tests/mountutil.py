@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-from phxmount import safetensors as st  # noqa: E402
+from phxmount import stformat as st  # noqa: E402
 from phxmount.client import mount_counters  # noqa: E402
 from phxmount.regcache import close_caches  # noqa: E402
 

@@ -53,6 +53,15 @@ class FetchEmuTest(MountedCase):
             with self.assertRaises(KeyError):
                 f.get_tensor("nope")
 
+    def test_none_is_a_new_axis(self):
+        # get_slice(k)[None] is torch's t[None] (and numpy's): a new leading
+        # axis, not the whole tensor as it is.
+        with open_emu(self.path) as f:
+            for name in ("w1", "scalar"):
+                got = f.get_slice(name)[None]
+                self.assertTrue(same(got, self.arrays[name][None]), name)
+                self.assertEqual(tuple(got.shape), (1,) + self.arrays[name].shape)
+
     def test_random_slices_every_strategy(self):
         rng = random.Random(11)
         names = [n for n, a in self.arrays.items() if a.ndim]

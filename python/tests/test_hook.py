@@ -15,7 +15,6 @@
   say so once.
 """
 
-import io
 import os
 import shutil
 import subprocess
@@ -23,20 +22,16 @@ import sys
 import tempfile
 import textwrap
 import threading
-import types
 import unittest
 from unittest import mock
 
-from mountutil import WHY_NO_NUMPY, MountedCase, as_array, make_file, np, opens_counted, same, why_not
+from hookutil import PYDIR, RANK, SPECS, HookedCase, SafetensorError, Served, StockFile, write_tree
+from mountutil import np, opens_counted, same
 
 from phxmount import hook  # noqa: E402
-from phxmount.availability import known  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
 from phxmount.fetch import Fetcher  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
-from phxmount.safetensors import read_header  # noqa: E402
-
-PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A stand-in for the real package: safe_open records its arguments and
 # answers with them; safetensors.torch takes the name as the real one does.
@@ -59,14 +54,6 @@ FAKE_SAFETENSORS = {
     """,
     "early/__init__.py": "from safetensors import safe_open\n",
 }
-
-
-def write_tree(root, files):
-    for rel, text in files.items():
-        p = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, "w") as f:
-            f.write(textwrap.dedent(text))
 
 
 class ModeTest(unittest.TestCase):
@@ -166,128 +153,7 @@ class PatchingTest(unittest.TestCase):
 
 # --- on a real emu mount ---------------------------------------------------------------
 
-SPECS = [("a.w", "F32", (64, 300)), ("b.w", "BF16", (128, 129)), ("c.bias", "I64", (4099,)),
-         ("d.flag", "BOOL", (7,)), ("e.big", "U8", (3, 70000)), ("f.none", "F16", (0, 3))]
-# A model's layers: a rank of world 4 takes rows of q (dim 0), columns of o
-# (dim 1), and the norm whole.
-LAYERS = [(f"model.layers.{i}.{n}", dt, shape) for i in range(12) for n, dt, shape in
-          (("attn.q.weight", "BF16", (64, 96)), ("attn.o.weight", "F32", (40, 256)), ("norm.weight", "F16", (96,)))]
-RANK = {"attn.q.weight": (slice(32, 48),), "attn.o.weight": (slice(None), slice(128, 192)), "norm.weight": Ellipsis}
-
-
-class Host(np.ndarray if np is not None else object):
-    """A host tensor of the stand-in: a numpy array that can .to() a device
-    (where the hook copies what safetensors read to the GPU asked for)."""
-
-    def to(self, device):
-        return self
-
-
-class StockFile:
-    """The real safetensors' stand-in on the mount: reads with pread (the
-    page cache), numpy results; counts what it served."""
-
-    served = 0
-
-    def __init__(self, filename, framework, device="cpu", *, backend="mmap"):
-        self.path, self.framework, self.device, self.backend = str(filename), framework, device, backend
-        self.h = read_header(self.path)
-        self.infos = {t.name: t for t in self.h.tensors}
-
-    def get_tensor(self, name):
-        if name not in self.infos:
-            raise KeyError(f"File does not contain tensor {name}")
-        StockFile.served += 1
-        t = self.infos[name]
-        with open(self.path, "rb") as f:
-            f.seek(self.h.data_start + t.begin)
-            return as_array(t.dtype, t.shape, f.read(t.nbytes)).view(Host)
-
-    def get_slice(self, name):
-        parent = self
-
-        class S:
-            def __getitem__(self, index):
-                return parent.get_tensor(name)[index]
-        return S()
-
-    def get_tensors(self):
-        return {n: self.get_tensor(n) for n in self.infos}
-
-    def keys(self):
-        return sorted(self.infos)
-
-    def __exit__(self, *a):
-        pass
-
-
-class Ok:
-    ok, transport, reason = True, "staged", "stands in for a GPU"
-
-    def __bool__(self):
-        return True
-
-
-WHY = why_not() or WHY_NO_NUMPY
-
-
-@unittest.skipIf(WHY, f"SKIP: {WHY}")
-class RoutingTest(MountedCase):
-    staged = True
-
-    @classmethod
-    def populate(cls, backing):
-        cls.header, ts = make_file(os.path.join(backing, "m.safetensors"), specs=SPECS)
-        cls.arrays = {n: as_array(*v) for n, v in ts.items()}
-        shutil.copy(os.path.join(backing, "m.safetensors"), os.path.join(os.path.dirname(backing), "off.safetensors"))
-        _, ts = make_file(os.path.join(backing, "layers.safetensors"), specs=LAYERS)
-        cls.layers = {n: as_array(*v) for n, v in ts.items()}
-        shutil.copy(os.path.join(backing, "layers.safetensors"), os.path.join(backing, "layers2.safetensors"))
-
-    def setUp(self):
-        self.saved = {k: sys.modules.get(k) for k in ("safetensors", "transformers")}
-        fake = types.ModuleType("safetensors")
-        fake.safe_open = StockFile
-        sys.modules["safetensors"] = fake
-        sys.modules["transformers"] = types.ModuleType("transformers")
-        self.fake = fake
-        self.err = io.StringIO()
-        hook.report.__init__(self.err)
-        hook.mounts.__init__()
-        known.forget()
-        self.readers = []
-
-        def open_reader(path, dev, availability=None, header=None, fd=None):  # the emulated device stands in for cuda:dev
-            r = open_emu(path, fd=fd, header=header, availability=availability)
-            self.readers.append(r)
-            return r
-        self.orig_open_reader = hook._open_reader
-        hook._open_reader = open_reader
-        hook.install(hook.Mode(True))
-        StockFile.served = 0
-
-    def tearDown(self):
-        hook.closing.drain()
-        hook.uninstall()
-        hook._open_reader = self.orig_open_reader
-        hook.mounts.__init__()
-        known.forget()
-        for k, v in self.saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-
-    def gpu_ok(self):
-        known._answers[(os.stat(self.path).st_dev, 0)] = Ok()  # the emulated device stands in for cuda:0
-
-    @property
-    def path(self):
-        return self.m.path("m.safetensors")
-
-    def batches(self):
-        return self.counters()["lib_batches"]
-
+class RoutingTest(HookedCase):
     def test_host_tensors_come_from_safetensors(self):
         with self.fake.safe_open(self.path, "pt", device="cpu", backend="pread") as f:
             self.assertIsInstance(f, hook.HookedFile)
@@ -297,8 +163,8 @@ class RoutingTest(MountedCase):
                 self.assertTrue(same(f.get_tensor(n), want), n)
                 self.assertTrue(same(f.get_slice(n)[...], want), n)
             self.assertEqual((f.stock().device, f.stock().backend), ("cpu", "pread"))
-        self.assertEqual(StockFile.served, 2 * len(self.arrays))
-        with self.assertRaises(KeyError):
+        self.assertEqual(Served.tensors, 2 * len(self.arrays))
+        with self.assertRaises(SafetensorError):
             self.fake.safe_open(self.path, "pt").get_tensor("nope")
 
     def test_off_the_mount(self):
@@ -312,7 +178,7 @@ class RoutingTest(MountedCase):
         with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:
             for n, want in self.arrays.items():
                 self.assertTrue(same(np.asarray(f.get_tensor(n)), want), n)
-        self.assertGreater(StockFile.served, 0)
+        self.assertGreater(Served.tensors, 0)
         said = self.err.getvalue()
         self.assertEqual(said.count("reading it with safetensors instead"), 1, said)
         self.assertIn("not an NVIDIA GPU", said)
@@ -325,7 +191,7 @@ class RoutingTest(MountedCase):
         self.assertEqual(list(got), [n for n, _, _ in SPECS])
         for n, want in self.arrays.items():
             self.assertTrue(same(got[n], want), n)
-        self.assertEqual(StockFile.served, 0)
+        self.assertEqual(Served.tensors, 0)
         self.assertEqual(self.batches() - b0, 1, "one plan for the whole file: one BATCH")
         self.assertIn("through phxmount", self.err.getvalue())
 
@@ -367,7 +233,7 @@ class RoutingTest(MountedCase):
         self.assertEqual(errs, [])
         for n, want in self.arrays.items():
             self.assertTrue(same(out[n], want), n)
-        self.assertEqual(StockFile.served, 0, "every tensor through the mount")
+        self.assertEqual(Served.tensors, 0, "every tensor through the mount")
         self.assertLess(self.batches() - b0, len(self.arrays) - 1, "the bound tensors started together")
 
     def test_unbound_cpu_slices_stay_host(self):
@@ -376,24 +242,24 @@ class RoutingTest(MountedCase):
         s = f.get_slice("a.w")
         hook._bind_spawn(lambda *a, **k: None)(None, s, "cpu", None)
         self.assertTrue(same(s[2:5, 7], self.arrays["a.w"][2:5, 7]))
-        self.assertEqual(StockFile.served, 1)
+        self.assertEqual(Served.tensors, 1)
 
     def test_engine_loop_reads_ahead(self):
         self.gpu_ok()
         hook.install(hook.Mode(True, "cuda:0"))
         with self.fake.safe_open(self.path, "pt") as f:
-            f.window = 1 << 20
+            f._ahead.window = 1 << 20
             keys = f.keys()
             first = f.get_tensor(keys[0])
             r = self.readers[0]
             ahead = [k for k in keys[1:] if r.landing(k)]
             self.assertGreater(len(ahead), 0, "nothing read ahead")
-            self.assertLessEqual(sum(f.tensors[k].nbytes for k in ahead), f.window)
+            self.assertLessEqual(sum(f.tensors[k].nbytes for k in ahead), f._ahead.window)
             self.assertTrue(same(first, self.arrays[keys[0]]))
             for k in keys[1:]:
                 self.assertTrue(same(f.get_tensor(k), self.arrays[k]), k)
             self.assertGreaterEqual(r.served_from_prefetch, len(ahead))
-        self.assertEqual(StockFile.served, 0)
+        self.assertEqual(Served.tensors, 0)
 
     def rank_index(self, name):
         return RANK[name.split(".", 3)[3]]
@@ -416,7 +282,7 @@ class RoutingTest(MountedCase):
                     self.assertEqual(whole, [], "a whole tensor read ahead where a slice was asked for")
             self.assertEqual(r.served_from_prefetch, len(keys) - 3)
             self.assertEqual(r._landing, {}, "a guess was not taken")
-        self.assertEqual(StockFile.served, 0)
+        self.assertEqual(Served.tensors, 0)
         self.assertLess(self.batches() - b0, len(keys) // 2, "the guesses went together")
 
     def test_the_next_file_is_guessed_from_its_first_slice(self):
@@ -445,7 +311,7 @@ class RoutingTest(MountedCase):
                 self.assertEqual(self.readers[-1]._landing, {}, "a guess was not taken")
         self.assertEqual(self.readers[1].served_from_prefetch, len(keys) - 1)
         self.assertEqual(planned, [], "a request its guess answered was planned again")
-        self.assertEqual(StockFile.served, 0)
+        self.assertEqual(Served.tensors, 0)
 
     def test_another_rank_in_the_next_file(self):
         # The first file's slices guessed wrong for the second (another
@@ -456,15 +322,16 @@ class RoutingTest(MountedCase):
                  "norm.weight": Ellipsis}
         for path, rank in ((self.m.path("layers.safetensors"), RANK), (self.m.path("layers2.safetensors"), other)):
             with self.fake.safe_open(path, "pt") as f:
-                for k in f.keys():
+                keys = f.keys()
+                for k in keys:
                     idx = rank[k.split(".", 3)[3]]
                     self.assertTrue(same(f.get_slice(k)[idx], self.layers[k][idx]), k)
                 self.assertEqual(self.readers[-1]._landing, {}, "a wrong guess was kept")
-                self.assertEqual(f._guessed, {})
+                self.assertEqual(f._ahead.held, {})
         # A guess from the first file that missed taught the second, rather
         # than stopping its guesses: only the roles' first requests waited.
-        self.assertGreaterEqual(self.readers[-1].served_from_prefetch, len(f.keys()) - 3)
-        self.assertEqual(StockFile.served, 0)
+        self.assertGreaterEqual(self.readers[-1].served_from_prefetch, len(keys) - 3)
+        self.assertEqual(Served.tensors, 0)
 
     def test_one_open_a_file(self):
         # An open of a file on the mount is a FUSE round trip (and slow
@@ -477,7 +344,7 @@ class RoutingTest(MountedCase):
                     self.assertTrue(same(f.get_tensor(k), self.arrays[k]), k)
         self.assertEqual(opened.count(self.path), 1, opened)
         hook.closing.drain()
-        self.assertEqual(StockFile.served, 0)
+        self.assertEqual(Served.tensors, 0)
 
     def test_slice_guesses_from_threads(self):
         # Four threads asking for the rank's slices at once: every slice
@@ -501,16 +368,16 @@ class RoutingTest(MountedCase):
                 t.join()
             self.assertEqual(errs, [])
             self.assertEqual(self.readers[0]._landing, {}, "a guess started twice, or never taken")
-            self.assertEqual(f._guessed, {})
+            self.assertEqual(f._ahead.held, {})
         for k in keys:
             self.assertTrue(same(out[k], self.layers[k][self.rank_index(k)]), k)
-        self.assertEqual(StockFile.served, 0)
+        self.assertEqual(Served.tensors, 0)
 
     def test_a_wrong_slice_guess_is_dropped(self):
         self.gpu_ok()
         hook.install(hook.Mode(True, "cuda:0"))
         with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
-            f.window = 1 << 16  # a few guesses at a time
+            f._ahead.window = 1 << 16  # a few guesses at a time
             keys = f.keys()
             other = (slice(0, 16),)  # not the rank's rows of q
             miss = [n for n, k in enumerate(keys) if k.endswith("q.weight")][3]
@@ -518,14 +385,14 @@ class RoutingTest(MountedCase):
                 idx = other if n == miss else self.rank_index(k)
                 got = f.get_slice(k)[idx]
                 self.assertTrue(same(got, self.layers[k][idx]), k)
-                self.assertLessEqual(f._guessed_bytes, f.window)
+                self.assertLessEqual(f._ahead.bytes, f._ahead.window)
                 if n == miss:
                     r = self.readers[0]
                     self.assertFalse(r.landing(k, self.rank_index(k)), "the wrong guess still held")
                     later = [j for j in keys[n + 1:] if j.endswith("q.weight")]
                     self.assertFalse(any(r.landing(j, self.rank_index(j)) for j in later), "q guessed after a miss")
             self.assertEqual(r._landing, {}, "a guess was not taken")
-        self.assertEqual(StockFile.served, 0)
+        self.assertEqual(Served.tensors, 0)
 
     def test_a_failing_read_falls_back_once(self):
         self.gpu_ok()

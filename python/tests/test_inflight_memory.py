@@ -18,7 +18,7 @@ from phxmount.batchio import _Submitter, wait_all
 from phxmount.client import PhxError
 from phxmount.extents import Cols
 from phxmount.fetch import Fetcher, SafeOpen, select, stream
-from phxmount.safetensors import write_file
+from phxmount.stformat import write_file
 from phxmount.savefile import Source, save
 
 KiB = 1 << 10

@@ -10,15 +10,19 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 # Lowest first; a module may import only modules of earlier layers.
 LAYERS = [
-    ["abi", "cuda", "safetensors", "extents", "dtypes"],
+    ["abi", "cuda", "stformat", "extents", "dtypes"],
     ["client", "slicing", "sharded"],
     ["batchio", "regcache", "loader", "availability"],
     ["fetch"],
     ["savefile", "hostbackends"],
     ["torch_mem"],
     ["torch_load", "torch_save"],
+    ["hook_env", "hook_report", "hook_close", "hook_import"],
+    ["hook_route", "hook_plan"],
+    ["hook_ahead", "hook_guess"],
     ["replicate", "hook"],
-    ["__init__"],
+    ["check"],  # below hook in what it knows, above it so that it never imports it
+    ["__init__", "__main__"],
 ]
 
 

@@ -43,6 +43,16 @@ class PackagingTest(unittest.TestCase):
                 out = subprocess.run([py, "-c", probe], cwd=d, env=env, capture_output=True, text=True, check=True)
                 self.assertTrue(out.stdout.startswith(want), (value, out.stdout, out.stderr))
                 self.assertEqual("phxmount.hook" in out.stdout, value == "1", (value, out.stdout))
+            # python -m phxmount check says where the .pth is and what the environment makes of it.
+            env = {k: v for k, v in os.environ.items() if k != "PHXMOUNT_HOOK"}
+            out = subprocess.run([py, "-m", "phxmount", "check"], cwd=d, env=dict(env, PHXMOUNT_HOOK="1"),
+                                 capture_output=True, text=True)
+            self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+            site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            self.assertIn(f"hook: phxmount-hook.pth installed at {os.path.join(site, 'phxmount-hook.pth')}", out.stdout)
+            self.assertIn("mode: PHXMOUNT_HOOK='1': on", out.stdout)
+            self.assertIn("phxmount.hook is active in this interpreter", out.stdout)
 
 
 if __name__ == "__main__":

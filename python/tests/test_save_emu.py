@@ -13,7 +13,7 @@ import unittest
 
 from mountutil import HERE, SPECS, MountedCase, make_file, why_not
 
-from phxmount import abi, safetensors as st  # noqa: E402
+from phxmount import abi, stformat as st  # noqa: E402
 from phxmount.client import EmuBuffer, PhxError, phx_info_xattr  # noqa: E402
 from phxmount.hostbackends import emu_alloc  # noqa: E402
 from phxmount.regcache import cache_for, close_caches  # noqa: E402

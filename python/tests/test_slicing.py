@@ -10,7 +10,7 @@ from mountutil import WHY_NO_NUMPY, np
 
 from phxmount import abi  # noqa: E402
 from phxmount.extents import Cols, Run, coalesce, cut, to_cols  # noqa: E402
-from phxmount.safetensors import DTYPE_SIZES, TensorInfo  # noqa: E402
+from phxmount.stformat import DTYPE_SIZES, TensorInfo  # noqa: E402
 from phxmount.slicing import (CostModel, Plan, choose, exact_level, fit, level_runs, level_size,  # noqa: E402
                               normalize, random_index, shard_bounds, shard_index)
 

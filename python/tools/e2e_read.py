@@ -10,7 +10,7 @@ import warnings
 from collections import Counter
 
 import phxmount
-from phxmount.safetensors import read_header
+from phxmount.stformat import read_header
 from phxmount.slicing import random_index, shard_index
 
 EXACT_MAX = 200_000  # a forced exact plan with more extents is skipped (it would take minutes)

@@ -23,7 +23,7 @@ from benchlib import tool_args, Watchdog, best_of, drop_caches, failed, record, 
 
 import phxmount  # noqa: E402
 from phxmount.loader import LoadStats  # noqa: E402
-from phxmount.safetensors import read_header  # noqa: E402
+from phxmount.stformat import read_header  # noqa: E402
 
 E2E = "a phxmount ioctl (python client)"
 

@@ -24,7 +24,7 @@ from benchlib import Watchdog, best_of, failed, record, say, write_json
 
 import phxmount  # noqa: E402
 from phxmount.client import phx_info_xattr  # noqa: E402
-from phxmount.safetensors import read_header  # noqa: E402
+from phxmount.stformat import read_header  # noqa: E402
 
 BLOCK = 64 << 20
 

@@ -13,7 +13,7 @@ from benchlib import tool_args, Watchdog, best_of, failed, record, say, warm, wr
 
 import phxmount  # noqa: E402
 from phxmount.loader import LoadStats  # noqa: E402
-from phxmount.safetensors import read_header  # noqa: E402
+from phxmount.stformat import read_header  # noqa: E402
 from phxmount.slicing import shard_bounds  # noqa: E402
 
 

@@ -186,7 +186,7 @@ def parse_col_ref(paths) -> dict:
 
 
 def col_rows(files, ref: dict, out: dict) -> list:
-    from phxmount.safetensors import read_header
+    from phxmount.stformat import read_header
     widths = {}
     for p in files:
         for t in read_header(p).tensors:

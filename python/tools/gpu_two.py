@@ -28,7 +28,7 @@ import time
 from benchlib import Watchdog, best_of, drop_caches, failed, record, say, warm, write_json
 
 import phxmount  # noqa: E402
-from phxmount.safetensors import read_header  # noqa: E402
+from phxmount.stformat import read_header  # noqa: E402
 from phxmount.sharded import shard_files  # noqa: E402
 
 _TWO_A = re.compile(r"^A bounce hot file -> 2 GPU\(s\).*?([\d.]+) GB/s", re.M)

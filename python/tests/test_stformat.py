@@ -1,4 +1,5 @@
-"""The safetensors header parser and the load planner."""
+"""The safetensors format module (phxmount.stformat): the header parser
+and the whole-file load planner."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from phxmount import safetensors as st  # noqa: E402
+from phxmount import stformat as st  # noqa: E402
 
 MiB = 1 << 20
 
@@ -37,6 +38,18 @@ class ParseTest(unittest.TestCase):
             with open(p, "rb") as f:
                 raw = f.read()
             self.assertEqual(raw[r.data_start + 3:r.data_start + 19], bytes(range(16)))
+
+    def test_metadata_none_or_empty(self):
+        # safetensors' metadata() is None without __metadata__ (or with
+        # null) and {} with an empty one; its serialize writes {} for {}.
+        t = {"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}
+        for hdr, want in ((t, None), (dict(t, __metadata__=None), None), (dict(t, __metadata__={}), {}),
+                          (dict(t, __metadata__={"k": "v"}), {"k": "v"})):
+            self.assertEqual(st.parse_header_bytes(header_bytes(hdr)).metadata, want, hdr)
+        for meta in (None, {}, {"k": "v"}):
+            head, _ = st.encode_header([("t", "U8", (1,), 1)], meta)
+            self.assertEqual(st.parse_header_bytes(head).metadata, meta, meta)
+            self.assertEqual(b"__metadata__" in head, meta is not None, meta)
 
     def test_order_is_data_order(self):
         h = st.parse_header_bytes(header_bytes({

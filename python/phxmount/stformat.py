@@ -1,4 +1,6 @@
-"""A safetensors header parser and load planner. Pure Python, no torch.
+"""The safetensors file format: its header parser and encoder, and the
+extents of a whole-file load. Pure Python, no torch. (Named stformat, not
+safetensors: phxmount.hook adapts the safetensors package itself.)
 
 The format: an 8-byte little-endian header length N, N bytes of JSON
 ({name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}),
@@ -48,7 +50,9 @@ class Header:
     data_start: int  # file offset of the data section: 8 + header_len
     data_len: int  # bytes of the data section that tensors use
     tensors: Tuple[TensorInfo, ...]  # in data order
-    metadata: Dict[str, str]
+    # __metadata__: None where the header has none (or null), as safetensors'
+    # metadata() answers; {} where it is empty.
+    metadata: Optional[Dict[str, str]]
 
 
 def parse_header_bytes(prefix: bytes, file_size: Optional[int] = None) -> Header:
@@ -66,8 +70,9 @@ def parse_header_bytes(prefix: bytes, file_size: Optional[int] = None) -> Header
         raise SafetensorsError(f"header is not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise SafetensorsError("header is not a JSON object")
-    meta = obj.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+    meta = obj.pop("__metadata__", None)
+    if meta is not None and (not isinstance(meta, dict) or
+                             not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())):
         raise SafetensorsError("__metadata__ must map strings to strings")
     tensors: List[TensorInfo] = []
     for name, d in obj.items():
@@ -96,7 +101,7 @@ def parse_header_bytes(prefix: bytes, file_size: Optional[int] = None) -> Header
     data_start = 8 + n
     if file_size is not None and data_start + pos > file_size:
         raise SafetensorsError(f"tensors need {data_start + pos} bytes, the file has {file_size}")
-    return Header(n, data_start, pos, tuple(tensors), dict(meta))
+    return Header(n, data_start, pos, tuple(tensors), None if meta is None else dict(meta))
 
 
 def read_header(f: Union[int, str, os.PathLike]) -> Header:
@@ -150,9 +155,11 @@ def encode_header(tensors: Sequence[Tuple[str, str, Sequence[int], int]],
     """The first bytes of a safetensors file whose tensors, (name, dtype,
     shape, nbytes), follow in this order: the 8-byte little-endian header
     length and the JSON header, padded with spaces so the data starts at a
-    multiple of align. Returns them and each tensor's data offset."""
+    multiple of align. Returns them and each tensor's data offset. An empty
+    metadata is written as an empty __metadata__, None as none (as
+    safetensors' serialize does)."""
     hdr: Dict[str, object] = {}
-    if metadata:
+    if metadata is not None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise SafetensorsError("metadata must map strings to strings")
         hdr["__metadata__"] = dict(metadata)

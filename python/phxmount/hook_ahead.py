@@ -1,0 +1,50 @@
+"""get_tensor in key order (an engine's loading loop): the reads of the
+next keys start with this one, as many as the file's window has room for
+(PHXMOUNT_HOOK_WINDOW, shared with the slice guesses). No torch."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable, Dict, List
+
+from .hook_plan import Ahead, Held
+
+
+class ReadAhead:
+    """Where a file's get_tensor calls are in key order, and what of the
+    keys after has been read ahead. Shares its file's lock."""
+
+    def __init__(self, keys: List[str], sizes: Dict[str, int], lock: threading.RLock):
+        self.keys, self.sizes, self.lock = keys, sizes, lock
+        self.index = {n: i for i, n in enumerate(keys)}
+        self.expect = 0  # the index of the next key in order
+        self.ahead_to = 0  # keys before this index have been read ahead
+        self.order: deque = deque()  # the names read ahead, in key order (some taken since)
+
+    def after(self, name: str, dev: int, ahead: Ahead, defer: Callable[[str], None],
+              drop: Callable[[str, Held], None]) -> None:
+        """get_tensor(name) onto dev was asked: when in key order, the read-
+        aheads of keys before it (passed over) are dropped, and each next
+        key not read ahead yet is deferred (defer(k)) while the window has
+        room for it."""
+        with self.lock:
+            i = self.index[name]
+            sequential, self.expect = i == self.expect, i + 1
+            if not sequential:
+                return
+            while self.order and self.index[self.order[0]] < i:
+                k = self.order.popleft()
+                h = ahead.held.get(k)
+                if h is not None and h.kind == "ahead":
+                    drop(k, ahead.take(k))
+            j = max(i + 1, self.ahead_to)
+            while j < len(self.keys):
+                k = self.keys[j]
+                if k not in ahead.held:  # (a slice guessed for it holds its own)
+                    if not ahead.hold(k, Held(dev, self.sizes[k], "ahead")):
+                        break
+                    defer(k)
+                    self.order.append(k)
+                j += 1
+            self.ahead_to = max(self.ahead_to, j)
