@@ -1,10 +1,17 @@
-"""tools/gpu_report.py and gpu_rows.py print and record only what the raw
-results hold: the rows of docs/bench/gpu-latest.json come from the run's
-files (the reference programs' stdout parsed in their printf formats), a
-row whose inputs are absent is "not run", and met is computed."""
+"""The GPU benchmark's tools, on the CPU (no torch, no GPU: stand-ins and
+the emulated device): tools/gpu_report.py and gpu_rows.py print and record
+only what the raw results hold (the rows of docs/bench/gpu-latest.json come
+from the run's files, the reference programs' stdout parsed in their printf
+formats, a row whose inputs are absent is "not run", met is computed, and
+a worse value is never met whichever way its row is better); cold runs are
+checked cold (mincore)."""
 
 import json
+import mmap
 import os
+import random
+import re
+import shutil
 import sys
 import tempfile
 import unittest
@@ -12,6 +19,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
 
+import benchlib  # noqa: E402
+import gpu_hf  # noqa: E402
 import gpu_report  # noqa: E402
 import gpu_rows  # noqa: E402
 
@@ -83,7 +92,9 @@ class RowsTest(unittest.TestCase):
 
     def test_every_row_from_the_inputs(self):
         rows = {r["name"]: r for r in gpu_rows.build(full_inputs())}
-        self.assertEqual(list(rows), ROWS)
+        self.assertEqual(list(rows)[:len(ROWS)], ROWS)
+        self.assertEqual(list(rows), list(gpu_rows.SPECS), "every row of SPECS, in its order")
+        self.assertTrue(all(rows[n]["status"] == "not run" for n in list(rows)[len(ROWS):]))
         self.assertEqual((rows["hot_registered"]["baseline"], rows["hot_registered"]["met"]), (50.0, True))
         self.assertAlmostEqual(rows["hot_registered_vs_pinned"]["ratio"], 49 / 55)
         self.assertFalse(rows["hot_registered_vs_pinned"]["met"])
@@ -98,7 +109,7 @@ class RowsTest(unittest.TestCase):
         # Writes: the worse of our thread counts against the best of the
         # reference's; comparison runs (row False) count in neither.
         w = rows["kv_write_16k"]
-        self.assertEqual((w["value"], w["baseline"], w["target"]), (2.0, 2.4, 0.9))
+        self.assertEqual((w["value"], w["baseline"], w["target"]), (2.0, 2.4, 0.85))
         self.assertIn("kv write reference 16KiB 1 thread", w["baseline_name"])
         self.assertAlmostEqual(w["ratio"], 2.0 / 2.4)
         self.assertFalse(w["met"])
@@ -120,9 +131,13 @@ class RowsTest(unittest.TestCase):
         self.assertFalse(rows["shard_col_vs_safetensors"]["met"])
 
     def test_nothing_measured_every_row_not_run(self):
-        for r in gpu_rows.build({}):
-            self.assertEqual((r["status"], r["value"], r["ratio"], r["met"]), ("not run", None, None, False), r["name"])
+        rows = gpu_rows.build({})
+        self.assertEqual([r["name"] for r in rows], list(gpu_rows.SPECS))
+        for r in rows:
+            met = None if gpu_rows.SPECS[r["name"]].target is None else False
+            self.assertEqual((r["status"], r["value"], r["ratio"], r["met"]), ("not run", None, None, met), r["name"])
             self.assertTrue(r["missing"], r["name"])
+            self.assertTrue(set(gpu_rows.FIELDS) <= set(r), r["name"])
 
     def test_a_failed_check_is_not_a_figure(self):
         inp = full_inputs()
@@ -149,11 +164,10 @@ class RowsTest(unittest.TestCase):
         self.assertEqual(rows["kv_16k"]["status"], "measured")
 
     def test_extra_rows(self):
-        inp = {"extra": [{"rows": [{"name": "two_gpu", "value": 100.0, "baseline": 107.6, "target": 0.9}]}]}
-        r = gpu_rows.build(inp)[-1]
-        self.assertEqual(r["name"], "two_gpu")
+        inp = {"extra": [{"rows": [{"name": "two_gpu_shards", "value": 100.0, "baseline": 107.6, "target": 0.5}]}]}
+        r = {x["name"]: x for x in gpu_rows.build(inp)}["two_gpu_shards"]
         self.assertAlmostEqual(r["ratio"], 100 / 107.6)
-        self.assertTrue(r["met"])
+        self.assertEqual((r["target"], r["met"], r["direction"]), (0.95, False, "higher"), "SPECS' target, not the file's")
 
 
 class ReportTest(unittest.TestCase):
@@ -179,12 +193,14 @@ class ReportTest(unittest.TestCase):
                     doc = json.load(f)
                 self.assertEqual(set(doc) >= {"date", "commit", "machine", "rows"}, True)
                 self.assertEqual((doc["commit"], doc["machine"]), ("abc123", "1x H200"))
-                self.assertEqual([r["name"] for r in doc["rows"]], ROWS)
+                self.assertEqual([r["name"] for r in doc["rows"]], list(gpu_rows.SPECS))
                 for r in doc["rows"]:
-                    self.assertTrue({"name", "value", "baseline", "ratio", "target", "met"} <= set(r))
+                    self.assertTrue(set(gpu_rows.FIELDS) <= set(r), r["name"])
+                    self.assertEqual(r["run"], {"date": doc["date"], "commit": "abc123", "machine": "1x H200"})
             with open(md) as f:
                 text = f.read()
-            self.assertIn("| kv_16k | 16.00 GB/s | 18.00 GB/s kv_blocks.cu best of A/B/D (B) | 0.89 | 0.9 | NO |", text)
+            self.assertIn("| kv_16k | 16.00 GB/s | 18.00 GB/s kv_blocks.cu best of A/B/D (B) | 0.89 | 0.85 | yes |", text)
+            self.assertIn("| kv_64k | 45.00 GB/s | 49.00 GB/s kv_blocks.cu best of A/B/D (D) | 0.92 | 0.85 | yes |", text)
             self.assertIn("## File loads in detail", text)
 
     def test_absent_inputs_are_not_run(self):
@@ -193,8 +209,11 @@ class ReportTest(unittest.TestCase):
             machine="m", date="d"))
         self.assertTrue(all(r["status"] == "not run" for r in doc["rows"]))
         self.assertEqual(doc["inputs"]["go"], "absent: /nonexistent")
-        text = gpu_report.markdown(doc, gpu_report.render({}, {}))
-        self.assertIn("| hot_registered | not run (value; baseline) |", text)
+        text = gpu_report.markdown(doc, gpu_report.render({}, {}), ["issue27"])
+        self.assertIn("- hot_registered: value; baseline", text)
+        self.assertIn("## The rows of issue27", text)
+        table = text.split("## The rows of issue27")[1]
+        self.assertEqual(re.findall(r"^\| (\w+) \| not run", table, re.M), list(gpu_rows.ISSUE27_ROWS))
 
 
 class ToolHelpersTest(unittest.TestCase):
@@ -283,3 +302,202 @@ class DetailTableTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DirectionTest(unittest.TestCase):
+    """Issue 26 item 4: one row format, and a worse value is never met,
+    whichever way the row is better, all the way to the report."""
+
+    def test_a_worse_value_is_never_met(self):
+        rnd = random.Random(5)
+        for name, spec in gpu_rows.SPECS.items():
+            if spec.target is None:
+                continue
+            for _ in range(50):
+                base = rnd.uniform(0.01, 100)
+                value = rnd.uniform(0.01, 100)
+                worse = value * rnd.uniform(1.0001, 3) if spec.direction == gpu_rows.LOWER else value / rnd.uniform(1.0001, 3)
+                r, w = (gpu_rows.row(name, v, base, "b", timed="t") for v in (value, worse))
+                self.assertLess(w["ratio"], r["ratio"], name)
+                if not r["met"]:
+                    self.assertFalse(w["met"], f"{name}: {worse} met where {value} was not")
+                self.assertEqual(r["met"], r["ratio"] >= spec.target)
+            # Exactly at the target it is met; a hair worse, it is not.
+            at = base * spec.target if spec.direction == gpu_rows.HIGHER else base / spec.target
+            self.assertTrue(gpu_rows.row(name, at * (1 + 1e-9) if spec.direction == gpu_rows.HIGHER else at * (1 - 1e-9),
+                                         base, "b", timed="t")["met"], name)
+            hair = at * 0.999 if spec.direction == gpu_rows.HIGHER else at * 1.001
+            self.assertFalse(gpu_rows.row(name, hair, base, "b", timed="t")["met"], name)
+            # The same through a tool's file and the report.
+            self.assertFalse(gpu_rows.judged_again(gpu_rows.row(name, hair, base, "b", timed="t"))["met"], name)
+            self.assertFalse({x["name"]: x for x in gpu_rows.build(
+                {"extra": [{"rows": [gpu_rows.row(name, hair, base, "b", timed="t")]}]})}[name]["met"], name)
+
+    def test_both_directions_are_in_the_table(self):
+        dirs = {s.direction for s in gpu_rows.SPECS.values()}
+        self.assertEqual(dirs, {gpu_rows.HIGHER, gpu_rows.LOWER})
+        self.assertEqual(gpu_rows.SPECS["hook_peak_memory"].direction, gpu_rows.LOWER)
+        self.assertEqual({gpu_rows.SPECS[n].unit for n in gpu_rows.ISSUE27_ROWS}, {"GB/s", "s"})
+
+    def test_a_hooked_peak_above_stocks_is_not_met(self):
+        """gpu_hf's memory row, 10 % above stock's, as the report records it
+        (extra_rows dropped the direction: it was met)."""
+        stock = 7_000_000_000
+        r = {"bytes": 1, "stock": {"seconds": 1.0, "peak_reserved": stock},
+             "hooked": {"seconds": 0.5, "peak_reserved": int(stock * 1.1)}}
+        rows = {x["name"]: x for x in gpu_hf.build_rows(r)}
+        self.assertEqual((rows["hook_peak_memory"]["direction"], rows["hook_peak_memory"]["met"]), ("lower", False))
+        doc = {x["name"]: x for x in gpu_rows.build({"extra": [{"rows": list(rows.values())}]})}
+        peak = doc["hook_peak_memory"]
+        self.assertAlmostEqual(peak["ratio"], 1 / 1.1)
+        self.assertFalse(peak["met"])
+        self.assertEqual(doc["hf_from_pretrained_hot"]["ratio"], 2.0)
+        # Equal peaks are met; a smaller hooked peak is better still.
+        r["hooked"]["peak_reserved"] = int(stock * 0.9)
+        peak = {x["name"]: x for x in gpu_rows.build({"extra": [{"rows": gpu_hf.build_rows(r)}]})}["hook_peak_memory"]
+        self.assertTrue(peak["met"])
+        self.assertGreater(peak["ratio"], 1)
+
+    def test_a_file_cannot_say_which_way_is_better(self):
+        worse = {"name": "hook_peak_memory", "value": 110, "baseline": 100, "unit": "bytes", "ratio": 1.1, "met": True,
+                 "target": 0.5}
+        r = gpu_rows.judged_again(worse)
+        self.assertEqual((r["met"], r["direction"], r["target"]), (False, "lower", 0.952), "no direction: SPECS'")
+        flipped = gpu_rows.judged_again(dict(worse, direction="higher"))
+        self.assertEqual((flipped["status"], flipped["met"]), ("failed", False))
+        self.assertIn("direction", flipped["missing"][0])
+        unknown = gpu_rows.judged_again({"name": "made_up", "value": 1, "baseline": 1, "met": True})
+        self.assertEqual((unknown["status"], unknown["met"]), ("failed", False))
+        bad_unit = gpu_rows.judged_again({"name": "cold", "value": 1, "baseline": 1, "unit": "s"})
+        self.assertEqual(bad_unit["status"], "failed")
+        # A failed or not-run row stays so, whatever figures it carries.
+        f = gpu_rows.judged_again({"name": "cold", "value": 9, "baseline": 1, "status": "failed", "met": True})
+        self.assertEqual((f["status"], f["met"], f["ratio"]), ("failed", False, None))
+
+    def test_not_run_is_never_a_figure(self):
+        for v, b in ((None, 1.0), (1.0, None), (0, 1.0), (1.0, 0), (-1.0, 1.0), (float("nan"), 1.0), (True, 1.0)):
+            r = gpu_rows.row("cold", v, b, "b", timed="t")
+            self.assertEqual((r["status"], r["value"], r["ratio"], r["met"]), ("not run", None, None, False), (v, b))
+        r = gpu_rows.row("cold", None, 1.0, "b", timed="t", missing=["NotCold: x"])
+        self.assertEqual(r["missing"], ["NotCold: x"])
+        r = gpu_rows.row("cold", 2.0, 1.0, "b", timed="t", failed=["a tensor differs"])
+        self.assertEqual((r["status"], r["value"], r["met"]), ("failed", None, False))
+        r = gpu_rows.row("dense20_from_pretrained_load", 1.0, 2.0, "b", timed="t")
+        self.assertEqual((r["ratio"], r["target"], r["met"]), (2.0, None, None), "no target: recorded, not met")
+
+    def test_a_row_measured_twice_is_failed(self):
+        one = gpu_rows.row("tp_8procs_vs_pinned", 40.0, 50.0, "p", timed="a")
+        two = dict(gpu_rows.row("tp_8procs_vs_pinned", 45.0, 50.0, "p", timed="b"), run={"commit": "x"})
+        r = {x["name"]: x for x in gpu_rows.build({"extra": [{"rows": [one]}, {"rows": [two]}]})}["tp_8procs_vs_pinned"]
+        self.assertEqual((r["status"], r["met"]), ("failed", False))
+        self.assertIn("measured 2 times", r["missing"][0])
+
+    def test_each_row_says_its_run(self):
+        os.environ.update(PHX_RUN_DATE="d1", PHX_RUN_COMMIT="c1", PHX_RUN_MACHINE="m1")
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                p = os.path.join(d, "rows.json")
+                benchlib.write_json(p, {"rows": [gpu_rows.row("cold", 1.0, 2.0, "b", timed="t")]})
+                with open(p) as f:
+                    rows = json.load(f)["rows"]
+        finally:
+            for k in ("PHX_RUN_DATE", "PHX_RUN_COMMIT", "PHX_RUN_MACHINE"):
+                del os.environ[k]
+        self.assertEqual(rows[0]["run"], {"date": "d1", "commit": "c1", "machine": "m1"})
+        stamped = gpu_rows.stamp(rows + [gpu_rows.row("hot_registered", 1.0, 2.0, "b", timed="t")],
+                                 {"date": "d2", "commit": "c2", "machine": "m2"})
+        self.assertEqual([r["run"]["commit"] for r in stamped], ["c1", "c2"])
+        doc = {"date": "d2", "commit": "c2", "machine": "m2", "rows": gpu_rows.complete(stamped)}
+        self.assertIn("measured in another run: {'date': 'd1', 'commit': 'c1', 'machine': 'm1'}",
+                      gpu_report.markdown(doc, ""))
+
+
+def evict(path):
+    """The file's pages out of the page cache, as drop_caches does for an
+    unmapped file (without dropping every other file's: other tests run)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+class ColdTest(unittest.TestCase):
+    """Issue 26 item 8: a cold row is timed only once mincore finds none of
+    its files' pages resident; otherwise it is not run, and says why."""
+
+    def setUp(self):
+        self.d = tempfile.mkdtemp(prefix="phxcold-", dir="/var/tmp")  # a real disk: tmpfs pages never leave
+        self.f = os.path.join(self.d, "f.bin")
+        with open(self.f, "wb") as f:
+            f.write(os.urandom(4 << 20))
+
+    def tearDown(self):
+        shutil.rmtree(self.d)
+
+    def read(self):
+        with open(self.f, "rb") as f:
+            f.read()
+
+    def test_resident_pages(self):
+        evict(self.f)
+        pages = (4 << 20) // os.sysconf("SC_PAGE_SIZE")
+        self.assertEqual(benchlib.resident_pages(self.f), (0, pages))
+        with open(self.f, "rb") as f:
+            f.seek(1 << 20)
+            f.read(4096)
+        r, n = benchlib.resident_pages(self.f)
+        self.assertEqual(n, pages)
+        self.assertGreaterEqual(r, 1)
+        with open(self.f, "rb") as f:
+            f.read()
+        self.assertEqual(benchlib.resident_pages(self.f), (pages, pages))
+        empty = os.path.join(self.d, "empty")
+        open(empty, "w").close()
+        self.assertEqual(benchlib.resident_pages(empty), (0, 0))
+
+    def test_cold_start(self):
+        with open(self.f, "rb") as f:
+            f.read()
+        drops = []
+        note = benchlib.cold_start([self.f], drop=lambda: (drops.append(1), evict(self.f)))
+        self.assertEqual((len(drops), note), (1, "1 file(s) checked cold (mincore)"))
+        with self.assertRaises(benchlib.NotCold) as e:
+            benchlib.cold_start([self.f], drop=lambda: drops.append(1) or self.read(), pause=0)
+        self.assertIn(f"{self.f}: 1024 of 1024 pages resident", str(e.exception))
+        self.assertEqual(len(drops), 4, "tried three times before refusing")
+        # Pages a process maps survive a drop (the daemon keeps a file's
+        # mapping a moment after a load): not cold.
+        with open(self.f, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            m[:4096 * 3]
+            with self.assertRaises(benchlib.NotCold):
+                benchlib.cold_start([self.f], drop=lambda: evict(self.f), pause=0)
+        # A name of the same bytes that cannot be mapped is said, not fatal.
+        evict(self.f)
+        note = benchlib.check_cold([self.f], [os.path.join(self.d, "absent")])
+        self.assertIn("not checked", note)
+
+    def test_a_cold_run_on_resident_files_is_not_a_figure(self):
+        """The rows of a cold side that found its file resident: not run,
+        with the reason, and counted in no ceiling."""
+        import gpu_bench
+        with open(self.f, "rb") as f:
+            f.read()
+        calls = []
+        with self.assertRaises(benchlib.NotCold):
+            benchlib.best_of(2, lambda: calls.append(1), gpu_bench.cold_before(self.f, drop=self.read))
+        self.assertEqual(calls, [], "nothing timed")
+        err = {"name": "a phxmount ioctl (python client) cold", "error": "NotCold: not cold after dropping caches: x"}
+        rows = {r["name"]: r for r in gpu_rows.build({"py": {"results": [err]}, "go": {"results": [
+            {"name": "ceiling cold O_DIRECT read 16x4MiB", "gbps": 1.8, "bytes": 1, "seconds": 1}]}})}
+        self.assertEqual((rows["cold"]["status"], rows["cold"]["value"], rows["cold"]["met"]), ("not run", None, False))
+        self.assertIn("NotCold", rows["cold"]["missing"][0])
+        r = {"bytes": 10 ** 9, "stock": {"seconds": 1.0, "peak_reserved": 1}, "hooked": {"seconds": 0.5, "peak_reserved": 1},
+             "cold_ceiling": {"odirect": {"gbps": 1.5}, "buffered": {"error": "NotCold: y"}},
+             "hooked_cold": {"kind": "hooked", "error": "NotCold: z"}}
+        cold = {x["name"]: x for x in gpu_hf.build_rows(r)}["hf_from_pretrained_cold"]
+        self.assertEqual((cold["status"], cold["baseline"]), ("not run", 1.5))
+        self.assertTrue(any("NotCold: z" in m for m in cold["missing"]))
+        self.assertEqual([f for f in gpu_hf.checks(r) if "cold" in f], [],
+                         "a run that could not be made cold is not run, not failed")
