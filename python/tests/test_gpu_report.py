@@ -4,7 +4,9 @@ only what the raw results hold (the rows of docs/bench/gpu-latest.json come
 from the run's files, the reference programs' stdout parsed in their printf
 formats, a row whose inputs are absent is "not run", met is computed, and
 a worse value is never met whichever way its row is better); cold runs are
-checked cold (mincore)."""
+checked cold (mincore); ckpt_gen.py's checkpoints have the shapes issue 27
+asks for; tploops.py's plan is vLLM's; gpu_shapes.py's rows and time
+budget; gpu-test.sh issue27-plan."""
 
 import json
 import mmap
@@ -12,17 +14,25 @@ import os
 import random
 import re
 import shutil
+import struct
+import subprocess
 import sys
 import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
+sys.path.insert(0, HERE)
 
 import benchlib  # noqa: E402
+import ckpt_gen  # noqa: E402
 import gpu_hf  # noqa: E402
 import gpu_report  # noqa: E402
 import gpu_rows  # noqa: E402
+import gpu_shapes  # noqa: E402
+import mountutil  # noqa: E402
+import tploops  # noqa: E402
 
 ROWS = ["hot_registered", "hot_registered_vs_pinned", "hot_end_to_end", "hot_vs_safetensors", "cold", "kv_16k",
         "kv_64k", "kv_256k", "kv_1m", "kv_write_16k", "kv_write_64k", "kv_write_256k", "kv_write_1m", "save_nofsync",
@@ -214,6 +224,19 @@ class ReportTest(unittest.TestCase):
         self.assertIn("## The rows of issue27", text)
         table = text.split("## The rows of issue27")[1]
         self.assertEqual(re.findall(r"^\| (\w+) \| not run", table, re.M), list(gpu_rows.ISSUE27_ROWS))
+
+
+class CommittedReportTest(unittest.TestCase):
+    def test_docs_bench_gpu_latest_is_in_the_format(self):
+        """docs/bench/gpu-latest.json: every row of SPECS in its order, every
+        field, and the figures SPECS gives them (judged again, nothing moves)."""
+        with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "bench", "gpu-latest.json")) as f:
+            doc = json.load(f)
+        self.assertEqual([r["name"] for r in doc["rows"]], list(gpu_rows.SPECS))
+        for r in doc["rows"]:
+            self.assertTrue(set(gpu_rows.FIELDS) | {"run"} <= set(r), r["name"])
+            again = gpu_rows.judged_again(r)
+            self.assertEqual({k: again[k] for k in gpu_rows.FIELDS}, {k: r[k] for k in gpu_rows.FIELDS}, r["name"])
 
 
 class ToolHelpersTest(unittest.TestCase):
@@ -501,3 +524,547 @@ class ColdTest(unittest.TestCase):
         self.assertTrue(any("NotCold: z" in m for m in cold["missing"]))
         self.assertEqual([f for f in gpu_hf.checks(r) if "cold" in f], [],
                          "a run that could not be made cold is not run, not failed")
+
+
+def tiny(name):
+    """A small spec of each kind: the layouts' code with the sizes a unit
+    test can write."""
+    return {"moe": dict(ckpt_gen.QUICK["moe"], hidden=64, head_dim=16, heads=4, kv_heads=2, experts=8, moe_inter=32,
+                        layers=3, vocab=256, max_shard=120_000),
+            "dense20": dict(ckpt_gen.QUICK["dense20"], hidden=64, inter=128, heads=4, kv_heads=2, layers=4, vocab=256,
+                            max_shard=60_000),
+            "qwen2": dict(ckpt_gen.QUICK["qwen2"], hidden=64, inter=128, heads=8, kv_heads=2, layers=2, vocab=300),
+            "kv": {"kind": "raw", "bytes": 1 << 20}}[name]
+
+
+EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+class CheckpointShapesTest(unittest.TestCase):
+    """Issue 27 item 5: what ckpt_gen.py generates."""
+
+    def test_the_issues_sizes(self):
+        for spec_set, quick in ((ckpt_gen.FULL, False), (ckpt_gen.QUICK, True)):
+            moe = ckpt_gen.layout("moe", spec_set["moe"])
+            self.assertGreaterEqual(moe["tensors"], 1500, "a MoE checkpoint of at least 1,500 tensors")
+            names = [t[0] for _, ts in moe["files"] for t in ts]
+            experts = [n for n in names if EXPERT.match(n)]
+            c = spec_set["moe"]
+            self.assertEqual(len(experts), 3 * c["experts"] * c["layers"], "one tensor per expert matrix")
+            self.assertEqual(moe["config"]["model_type"], "qwen3_moe")
+            if quick:
+                continue
+            dense = ckpt_gen.layout("dense20", spec_set["dense20"])
+            self.assertGreaterEqual(dense["bytes"], 20e9)
+            self.assertGreaterEqual(len(dense["files"]), 10)
+            self.assertTrue(all(sum(ckpt_gen.nbytes(t) for t in ts) <= ckpt_gen.MAX_SHARD for _, ts in dense["files"]))
+            q = ckpt_gen.layout("qwen2", spec_set["qwen2"])
+            qn = {t[0]: t for _, ts in q["files"] for t in ts}
+            self.assertTrue(all(f"model.layers.0.self_attn.{p}_proj.bias" in qn for p in "qkv"), "q/k/v biases")
+            self.assertNotIn("lm_head.weight", qn, "tied embeddings: no lm_head in the file")
+            self.assertTrue(q["config"]["tie_word_embeddings"])
+            self.assertEqual(qn["model.norm.weight"][1], "F32", "an fp32 tensor in a bf16 file")
+            self.assertLess(q["config"]["num_key_value_heads"], 8, "world 8 replicates KV heads")
+        total = sum(ckpt_gen.layout(n, ckpt_gen.FULL[n])["bytes"] for n in ckpt_gen.NAMES)
+        self.assertLess(total + ckpt_gen.FULL["kv"]["bytes"], 40e9, "fits the GPU machine's disk with room to spare")
+
+    def test_generated_files(self):
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as root:
+            dirs = {n: ckpt_gen.generate(root, n, tiny(n), cpu=True) for n in ckpt_gen.NAMES}
+            for n in ("moe", "dense20", "qwen2"):
+                d, lay = dirs[n], ckpt_gen.layout(n, tiny(n))
+                files = tploops.files_of(d)
+                self.assertEqual([os.path.basename(f) for f in files], [fn for fn, _ in lay["files"]])
+                seen, blobs = [], set()
+                for f in files:
+                    h = benchlib.read_header(f)
+                    self.assertEqual(h.metadata, {"format": "pt"})
+                    self.assertEqual(os.path.getsize(f), h.data_start + h.data_len)
+                    with open(f, "rb") as fh:
+                        data = fh.read()[h.data_start:]
+                    for t in h.tensors:
+                        b = data[t.begin:t.end]
+                        self.assertNotIn(b, blobs, f"{t.name}: the same bytes as another tensor")
+                        blobs.add(b)
+                        fmt = {"BF16": "H", "F32": "I"}[t.dtype]
+                        for w in struct.unpack(f"<{len(b) // struct.calcsize(fmt)}{fmt}", b):
+                            exp = (w >> 7) & 0xFF if t.dtype == "BF16" else (w >> 23) & 0xFF
+                            self.assertNotEqual(exp, 0xFF, f"{t.name}: a NaN or infinity")
+                    seen += [(t.name, t.dtype, t.shape) for t in h.tensors]
+                self.assertEqual(seen, [(a, b, tuple(c)) for _, ts in lay["files"] for a, b, c in ts], "the model's order")
+                with open(os.path.join(d, "config.json")) as fh:
+                    self.assertEqual(json.load(fh), lay["config"])
+                if len(files) > 1:
+                    with open(os.path.join(d, "model.safetensors.index.json")) as fh:
+                        idx = json.load(fh)
+                    self.assertEqual(idx["weight_map"], {t[0]: fn for fn, ts in lay["files"] for t in ts})
+                    self.assertEqual(idx["metadata"]["total_size"], lay["bytes"])
+            self.assertGreater(len(tploops.files_of(dirs["moe"])), 1)
+            self.assertEqual(sorted(os.listdir(dirs["kv"])), ["DONE", "kv-write.bin", "kv.bin"])
+            self.assertEqual(os.path.getsize(os.path.join(dirs["kv"], "kv-write.bin")), 1 << 20)
+            self.assertEqual(ckpt_gen.need(root, {n: tiny(n) for n in ckpt_gen.NAMES}), 0)
+
+            # Kept for the session: a second call writes nothing; a shape
+            # that differs is another checkpoint; one cut short is redone.
+            f0 = tploops.files_of(dirs["moe"])[0]
+            before = os.stat(f0).st_mtime_ns
+            self.assertEqual(ckpt_gen.generate(root, "moe", tiny("moe"), cpu=True), dirs["moe"])
+            self.assertEqual(os.stat(f0).st_mtime_ns, before)
+            other = ckpt_gen.generate(root, "moe", dict(tiny("moe"), layers=2), cpu=True)
+            self.assertNotEqual(other, dirs["moe"])
+            os.unlink(os.path.join(other, ckpt_gen.DONE))
+            self.assertEqual(ckpt_gen.need(root, {"moe": dict(tiny("moe"), layers=2)}, ["moe"]),
+                             ckpt_gen.layout("moe", dict(tiny("moe"), layers=2))["bytes"])
+            with open(os.path.join(other, "stale"), "w"):
+                pass
+            ckpt_gen.generate(root, "moe", dict(tiny("moe"), layers=2), cpu=True)
+            self.assertNotIn("stale", os.listdir(other))
+            gone = ckpt_gen.prune(root)
+            self.assertEqual(sorted(gone), sorted([os.path.basename(dirs[n]) for n in ckpt_gen.NAMES] +
+                                                  [os.path.basename(other)]), "tiny keys are no layout's of now")
+
+    @unittest.skipIf(mountutil.why_not(), f"SKIP: {mountutil.why_not()}")
+    def test_through_the_emulated_device(self):
+        """The generated files load through a mount, every tensor's bytes the
+        file's (the project's loader, the daemon, the emulated device)."""
+        from mountutil import Mount
+        from phxmount.loader import load_safetensors_emu
+        work = tempfile.mkdtemp(prefix="phxck-", dir="/var/tmp")
+        try:
+            back = os.path.join(work, "backing")
+            d = ckpt_gen.generate(back, "moe", tiny("moe"), cpu=True)
+            m = Mount(back)
+            try:
+                for f in tploops.files_of(d):
+                    h = benchlib.read_header(f)
+                    got = load_safetensors_emu(os.path.join(m.mnt, os.path.relpath(f, back)))
+                    with open(f, "rb") as fh:
+                        data = fh.read()[h.data_start:]
+                    self.assertEqual(got, {t.name: data[t.begin:t.end] for t in h.tensors})
+            finally:
+                m.close()
+        finally:
+            shutil.rmtree(work)
+
+
+class NarrowPlanTest(unittest.TestCase):
+    """tploops.narrow_plan is vLLM's: each rank's parameters, from the
+    checkpoint's tensors."""
+
+    def plan(self, world, rank, **cfg):
+        c = dict(tiny("qwen2"), **cfg)
+        lay = ckpt_gen.layout("qwen2", c)
+        tensors = [(t[0], t[2]) for _, ts in lay["files"] for t in ts]
+        return tploops.narrow_plan(lay["config"], tensors, rank, world), dict(tensors), lay["config"]
+
+    def test_columns_rows_replicas_vocab(self):
+        for world in (1, 2, 4, 8):
+            hd = 64 // 8
+            kv_cover = {}
+            for rank in range(world):
+                (plan, params), shapes, cfg = self.plan(world, rank)
+                qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
+                q = plan["model.layers.0.self_attn.q_proj.weight"]
+                k = plan["model.layers.0.self_attn.k_proj.weight"]
+                v = plan["model.layers.0.self_attn.v_proj.weight"]
+                self.assertEqual((q.dim, q.start, q.size, q.dst_start), (0, rank * 64 // world, 64 // world, 0))
+                kv_rows = hd * max(1, 2 // world)
+                self.assertEqual(qkv, (64 // world + 2 * kv_rows, 64))
+                self.assertEqual((k.size, k.dst_start, v.dst_start), (kv_rows, 64 // world, 64 // world + kv_rows))
+                kv_cover.setdefault(k.start, []).append(rank)
+                self.assertEqual(plan["model.layers.0.self_attn.k_proj.bias"].start, k.start)
+                o = plan["model.layers.0.self_attn.o_proj.weight"]
+                self.assertEqual((o.dim, o.start, o.size, params[o.param]), (1, rank * 64 // world, 64 // world,
+                                                                            (64, 64 // world)))
+                g, u = plan["model.layers.0.mlp.gate_proj.weight"], plan["model.layers.0.mlp.up_proj.weight"]
+                self.assertEqual((g.param, u.param), ("model.layers.0.mlp.gate_up_proj.weight",) * 2)
+                self.assertEqual((g.dst_start, u.dst_start, g.start), (0, 128 // world, rank * 128 // world))
+                dn = plan["model.layers.0.mlp.down_proj.weight"]
+                self.assertEqual((dn.dim, dn.size), (1, 128 // world))
+                e = plan["model.embed_tokens.weight"]
+                padded = 320  # 300 padded to a multiple of 64
+                per = padded // world
+                self.assertEqual(params[e.param], (per, 64))
+                self.assertEqual((e.start, e.size, e.pad), (rank * per, max(0, min(per, 300 - rank * per)), True))
+                self.assertIsNone(plan["model.norm.weight"].dim, "norms replicated")
+                self.assertNotIn("lm_head.weight", plan, "tied: not in the file")
+            if world == 8:  # 2 KV heads over 8 ranks: each head on 4 ranks
+                self.assertEqual(kv_cover, {0: [0, 1, 2, 3], hd: [4, 5, 6, 7]})
+            else:
+                self.assertEqual(sorted(kv_cover), [r * hd * max(1, 2 // world) for r in range(min(world, 2))])
+
+    def test_untied_head_and_bad_worlds(self):
+        (plan, params), _, _ = self.plan(2, 1, kind="llama", inter=128)
+        self.assertEqual(plan["lm_head.weight"].param, "lm_head.weight")
+        (plan, _), _, cfg = self.plan(2, 0)
+        self.assertNotIn("lm_head.weight", plan)
+        cfg = dict(cfg, tie_word_embeddings=True)
+        plan, _ = tploops.narrow_plan(cfg, [("lm_head.weight", (300, 64))], 0, 2)
+        self.assertIsNone(plan["lm_head.weight"], "tied: skipped as vLLM skips it")
+        with self.assertRaises(ValueError):
+            self.plan(3, 0)
+
+
+def staged_text(best_a, best_b=20.0, verify="ok"):
+    """staged_ceiling.cu's stdout in its printf formats."""
+    out = "C ceiling pinned H2D 1 GiB             %6.2f GB/s\n" % 55.0
+    for t, c, v in ((8, 2, best_a * 0.8), (16, 4, best_a)):
+        out += "A bounce  threads=%2d chunk=%2d MiB       %6.2f GB/s\n" % (t, c, v)
+    out += "B pagecache-DMA win=%4d MiB streams=%d  %6.2f GB/s (register time %.2f s summed)\n" % (256, 4, best_b, 0.4)
+    return out + f"verify sample: {verify}\n"
+
+
+HOOK = {"files": 4, "tensors": 10, "bytes": 8e9, "fallbacks": 0, "starts": 1, "first": 10.0, "last": 10.2,
+        "summary": "4 file(s) through phxmount"}
+
+
+def hooked(seconds, compare=True, **kw):
+    r = {"seconds": seconds, "bytes": int(8e9), "tensors": 10, "hook": dict(HOOK)}
+    if compare:
+        r.update(compared=10, mismatch=[])
+    return dict(r, **kw)
+
+
+class ShapesRowsTest(unittest.TestCase):
+    """gpu_shapes.py's rows from its processes' results (stand-ins for what
+    the GPU machine's children print), its reference over files and its
+    time budget."""
+
+    def run_of(self, quick=False):
+        a = argparse_ns(ckpt_root="/x/backing/ckpt27", backing_dir="/x/backing", mount_dir="/m", quick=quick,
+                        budget_s=100, reps=2, ref_files=4)
+        return gpu_shapes.Run(a)
+
+    def test_reference_over_files(self):
+        ref = gpu_rows.staged_over_files([(2 << 30, staged_text(50.0)), (2 << 30, staged_text(40.0))])
+        self.assertAlmostEqual(ref["best"], 2 / (1 / 50.0 + 1 / 40.0), places=6, msg="the same bytes, the summed time")
+        self.assertEqual(ref["best_name"], "staged_ceiling.cu bounce 16 threads x 4 MiB, over 2 file(s)")
+        self.assertIsNone(gpu_rows.staged_over_files([(1 << 30, staged_text(50.0, verify="MISMATCH"))])["best"])
+        self.assertIsNone(gpu_rows.staged_over_files([(1 << 30, "")])["best"])
+        dma = gpu_rows.staged_over_files([(1 << 30, staged_text(10.0, best_b=30.0))])
+        self.assertEqual((dma["best"], dma["best_name"]), (30.0, "staged_ceiling.cu page-cache DMA, over 1 file(s)"))
+
+    def test_rows(self):
+        r = self.run_of()
+        r.res["refs"] = {"moe": [{"file": "a", "bytes": 4 << 30, "stdout": staged_text(50.0)}],
+                         "dense20": [{"file": "/x/big", "bytes": 2 << 30, "stdout": staged_text(45.0)},
+                                     {"file": "/x/other", "bytes": 2 << 30, "stdout": staged_text(35.0)}]}
+        r.res["moe_load_file"] = [hooked(0.2), hooked(0.25, compare=False)]
+        r.res["moe_engine"] = [hooked(0.2, mismatch=["model.layers.0.mlp.experts.3.up_proj.weight"]), hooked(0.2, False)]
+        st = [{"seconds": 3.0, "process_s": 6.0}, {"seconds": 2.5, "process_s": 5.5}]
+        r.res["dense20_fp_user"] = {"stock": st, "hooked": [hooked(1.0, process_s=4.0), hooked(0.8, False, process_s=3.8)]}
+        r.res["dense20_fp_load"] = {"stock": st, "hooked": [hooked(0.5), {"error": "exit 1: Traceback"}]}
+        r.res["moe_fp_user"] = {"stock": st, "hooked": [hooked(1.0, hook=None), hooked(1.0, False)]}
+        r.res["tp_narrow_8"] = {"stock": [{"seconds": 0.9}], "hooked": [hooked(0.3, ops_mismatch=["x: t"])]}
+        r.res["tp_narrow_4"] = {"stock": [{"seconds": 0.9}], "hooked": [hooked(0.3)]}
+        r.res["whole"] = {"file": "/x/big", "runs": [{"seconds": 0.05, "bytes": 2 << 30, "compared": 3, "mismatch": []}]}
+        r.res["pinned"] = {"gbps": 55.0}
+        ranks = [{"rank": k, "start": 100.0 + k * 1e-4, "end": 100.5, "bytes": 2.5e9, "compared": 1, "mismatch": [],
+                  "hook": dict(HOOK)} for k in range(8)]
+        r.res["procs8"] = {"ranks": ranks, "errors": []}
+        r.budget.log.append(("8 rank processes at once (dense20)", 22, 3.0, ""))
+        r.budget.log.append(("tensor parallel: vLLM's narrow loop and the get_slice loop (qwen2)", 900, None,
+                             "not run: needs ~900 s, 50 s left"))
+        with mock_exists("/x/big", 2 << 30):
+            rows = {x["name"]: x for x in r.rows()}
+        self.assertEqual(set(rows) - set(gpu_rows.SPECS), set())
+        self.assertEqual(set(gpu_rows.ISSUE27_ROWS) - set(rows) - {"kv_16k", "kv_64k", "kv_write_16k", "kv_write_64k"},
+                         set(), "every issue-27 row but the KV ones (gpu_rows makes those)")
+        lf = rows["moe_load_file_vs_ref"]
+        self.assertEqual((lf["status"], lf["value"], lf["baseline"]), ("measured", 8e9 / 0.2 / 1e9, 50.0), "best of the two")
+        self.assertAlmostEqual(lf["ratio"], 0.8)
+        self.assertFalse(lf["met"])
+        self.assertEqual(rows["moe_engine_vs_ref"]["status"], "failed", "a tensor differs from stock's")
+        hot = rows["dense20_from_pretrained_hot"]
+        self.assertEqual((hot["status"], hot["ratio"], hot["met"]), ("measured", 2.5 / 0.8, True))
+        self.assertIn("stock 5.50 s, hooked 3.80 s", hot["note"])
+        self.assertEqual(rows["dense20_from_pretrained_load"]["status"], "failed", "a hooked process that erred")
+        span = rows["dense20_from_pretrained_bytes_vs_ref"]
+        self.assertEqual(span["status"], "failed")
+        self.assertEqual(rows["moe_from_pretrained_hot"]["status"], "failed", "the hook was not on")
+        self.assertIn("the hook was not on", rows["moe_from_pretrained_hot"]["missing"][0])
+        self.assertEqual(rows["vllm_tp_world8"]["status"], "failed", "an engine's operation differs")
+        self.assertEqual((rows["vllm_tp_world4"]["status"], rows["vllm_tp_world4"]["ratio"]), ("measured", 3.0))
+        self.assertEqual(rows["vllm_tp_world2"]["status"], "not run")
+        self.assertIn("not run: needs ~900 s", rows["slice_tp_world8"]["missing"][0], "the budget says why")
+        p8 = rows["tp_8procs_vs_pinned"]
+        self.assertAlmostEqual(p8["value"], 8 * 2.5 / 0.5)
+        self.assertEqual((p8["baseline"], p8["status"]), (55.0, "measured"))
+        w = rows["whole_file_vs_ref"]
+        self.assertEqual(w["baseline"], 45.0, "staged_ceiling.cu on the same file alone")
+        self.assertAlmostEqual(w["value"], (2 << 30) / 0.05 / 1e9)
+        for x in rows.values():
+            self.assertTrue(x["timed"], x["name"])
+            self.assertNotIn("QUICK", x["timed"])
+        # A rank that differs from stock fails the aggregate.
+        ranks[3]["mismatch"] = ["model.norm.weight"]
+        with mock_exists("/x/big", 2 << 30):
+            self.assertEqual({x["name"]: x for x in r.rows()}["tp_8procs_vs_pinned"]["status"], "failed")
+        q = self.run_of(quick=True)
+        self.assertTrue(all(x["timed"].startswith("QUICK") or x["status"] == "not run" for x in q.rows()))
+
+    def test_budget(self):
+        b = gpu_shapes.Budget(30)
+        calls = []
+        self.assertIsNone(b.run("big", 60, lambda: calls.append("big")))
+        self.assertEqual(b.run("small", 1, lambda: calls.append("small") or 7), 7)
+        self.assertEqual(calls, ["small"])
+        self.assertIn("not run: needs ~60 s", b.why("big"))
+        self.assertEqual(b.why("small"), "")
+        self.assertIn("| big | 60 |  | not run", b.table())
+
+    def test_plan_fits(self):
+        for quick, budget in ((False, 480), (True, 105)):
+            r = self.run_of(quick)
+            r.a.reps = 1 if quick else 2
+            total = sum(e for _, e, _ in r.plan())
+            self.assertLess(total, budget, f"quick={quick}")
+
+
+def argparse_ns(**kw):
+    import argparse
+    return argparse.Namespace(**kw)
+
+
+class mock_exists:
+    """os.path.getsize of one made-up path (the whole file's) while in use."""
+
+    def __init__(self, path, size):
+        self.path, self.size = path, size
+
+    def __enter__(self):
+        self.real = os.path.getsize
+        os.path.getsize = lambda p: self.size if p == self.path else self.real(p)
+
+    def __exit__(self, *exc):
+        os.path.getsize = self.real
+
+
+class Issue27ModeTest(unittest.TestCase):
+    def test_plan_runs_without_a_gpu(self):
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, OUT=os.path.join(d, "out"), PHX_GPU_WORK=os.path.join(d, "work"))
+            for mode in ("issue27-plan", "issue27-quick-plan"):
+                r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu-test.sh"), mode], env=env,
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertIn("together ~", r.stdout)
+                self.assertIn("8 rank processes at once", r.stdout)
+                self.assertRegex(r.stdout, r"setup ~\d+ s")
+
+
+# --- a stand-in of torch and safetensors (numpy underneath), for the loops --------------
+
+class _Dt:
+    def __init__(self, name, np_name, size):
+        self.name, self.np_name, self.size = name, np_name, size
+
+    def __repr__(self):
+        return f"torch.{self.name}"
+
+
+def fake_modules(np):
+    """(torch, safetensors, safetensors.torch) stand-ins enough for the
+    loops of tploops.py and gpu_shapes.py's children: tensors are numpy
+    arrays, "cuda:0" a name, BF16 kept as its bits (casts round to nearest
+    even, as torch does)."""
+    import types
+    torch = types.ModuleType("torch")
+    bf16, f32, f16, u8 = _Dt("bfloat16", "uint16", 2), _Dt("float32", "float32", 4), _Dt("float16", "float16", 2), \
+        _Dt("uint8", "uint8", 1)
+    torch.bfloat16, torch.float32, torch.float16, torch.uint8 = bf16, f32, f16, u8
+    by_st = {"BF16": bf16, "F32": f32, "F16": f16, "U8": u8}
+
+    def cast(arr, src, dst):
+        if src is dst:
+            return arr
+        if src is bf16:
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+            src = f32
+        if dst is bf16:
+            bits = arr.astype(np.float32).view(np.uint32)
+            return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return arr.astype(dst.np_name)
+
+    class Tensor:
+        def __init__(self, arr, dtype, device="cpu"):
+            self.a, self.dtype, self.device = arr, dtype, device
+
+        @property
+        def shape(self):
+            return tuple(self.a.shape)
+
+        def numel(self):
+            return int(self.a.size)
+
+        def element_size(self):
+            return self.dtype.size
+
+        def narrow(self, dim, start, length):
+            idx = [slice(None)] * self.a.ndim
+            idx[dim] = slice(start, start + length)
+            return Tensor(self.a[tuple(idx)], self.dtype, self.device)
+
+        def __getitem__(self, idx):
+            return Tensor(self.a[idx], self.dtype, self.device)
+
+        def copy_(self, src):
+            if tuple(src.shape) != self.shape:
+                raise RuntimeError(f"copy_ of {src.shape} into {self.shape}")
+            self.a[...] = cast(src.a, src.dtype, self.dtype)
+            return self
+
+        def fill_(self, v):
+            self.a[...] = v
+            return self
+
+        def contiguous(self):
+            return Tensor(np.ascontiguousarray(self.a), self.dtype, self.device)
+
+        def view(self, dt):
+            return Tensor(np.ascontiguousarray(self.a).view(dt.np_name), dt, self.device)
+
+        def to(self, device):
+            return Tensor(self.a.copy(), self.dtype, device)
+
+    def empty(shape, dtype=f32, device="cpu"):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return Tensor(np.zeros(shape, dtype=dtype.np_name), dtype, device)
+
+    torch.Tensor, torch.empty = Tensor, empty
+    torch.equal = lambda a, b: a.shape == b.shape and bool(np.array_equal(a.a, b.a))
+    torch.cuda = types.SimpleNamespace(synchronize=lambda *a: None, is_available=lambda: False)
+
+    st = types.ModuleType("safetensors")
+    st_torch = types.ModuleType("safetensors.torch")
+
+    class Slice:
+        def __init__(self, t):
+            self.t = t
+
+        def get_shape(self):
+            return list(self.t.shape)
+
+        def __getitem__(self, idx):
+            return self.t[idx]
+
+    class SafeOpen:
+        def __init__(self, path, framework, device="cpu"):
+            h = benchlib.read_header(path)
+            raw = np.fromfile(path, dtype=np.uint8)[h.data_start:]
+            self.ts = {t.name: Tensor(raw[t.begin:t.end].view(by_st[t.dtype].np_name).reshape(t.shape).copy(),
+                                      by_st[t.dtype], device) for t in h.tensors}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def keys(self):
+            return list(self.ts)
+
+        def get_tensor(self, k):
+            return self.ts[k]
+
+        def get_slice(self, k):
+            return Slice(self.ts[k])
+
+    st.safe_open = SafeOpen
+    st_torch.load_file = lambda path, device="cpu": dict(SafeOpen(path, "pt", device).ts)
+    st.torch = st_torch
+    return torch, st, st_torch, cast
+
+
+@unittest.skipIf(mountutil.np is None, f"SKIP: {mountutil.WHY_NO_NUMPY}")
+class LoopsTest(unittest.TestCase):
+    """tploops.py's loops and gpu_shapes.py's children on stand-ins of torch
+    and safetensors: what each rank's parameters hold is the checkpoint's
+    bytes as vLLM's loaders place them, and the comparisons catch a tensor
+    that differs."""
+
+    @classmethod
+    def setUpClass(cls):
+        np = cls.np = mountutil.np
+        cls.torch, st, st_torch, cast = fake_modules(np)
+        cls.cast = staticmethod(cast)
+        cls.saved = {k: sys.modules.get(k) for k in ("torch", "safetensors", "safetensors.torch")}
+        sys.modules.update({"torch": cls.torch, "safetensors": st, "safetensors.torch": st_torch})
+        cls.root = tempfile.mkdtemp(prefix="phxloops-", dir="/var/tmp")
+        cls.q = ckpt_gen.generate(os.path.join(cls.root, "a"), "qwen2", dict(tiny("qwen2"), max_shard=40_000), cpu=True)
+        cls.q_copy = os.path.join(cls.root, "copy")
+        shutil.copytree(cls.q, cls.q_copy)
+        cls.other = ckpt_gen.generate(os.path.join(cls.root, "b"), "qwen2", dict(tiny("qwen2"), max_shard=40_000),
+                                      cpu=True)  # the same shapes, other bytes
+        cls.moe = ckpt_gen.generate(os.path.join(cls.root, "a"), "moe", tiny("moe"), cpu=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        for k, v in cls.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        shutil.rmtree(cls.root)
+
+    def file_tensors(self, d):
+        out = {}
+        for f in tploops.files_of(d):
+            with sys.modules["safetensors"].safe_open(f, "pt") as g:
+                out.update(g.ts)
+        return out
+
+    def args(self, **kw):
+        return argparse_ns(**dict(dict(device="cuda:0", start_at=0.0, ops=False, ref=""), **kw))
+
+    def test_narrow_loop_is_vllms(self):
+        np, want = self.np, self.file_tensors(self.q)
+        self.assertGreater(len(tploops.files_of(self.q)), 1, "more than one file")
+        for world in (1, 2, 4, 8):
+            for rank in range(world):
+                plan, params = tploops.narrow_params(self.q, rank, world)
+                got, _ = tploops.narrow_loop(tploops.files_of(self.q), plan, params)
+                qpr, hd = 64 // world, 8
+                kv_rows, kv_head = (hd, rank // (world // 2)) if world >= 2 else (2 * hd, 0)
+                qkv = got["model.layers.1.self_attn.qkv_proj.weight"].a
+                w = {p: want[f"model.layers.1.self_attn.{p}_proj.weight"].a for p in "qkvo"}
+                np.testing.assert_array_equal(qkv[:qpr], w["q"][rank * qpr:(rank + 1) * qpr])
+                np.testing.assert_array_equal(qkv[qpr:qpr + kv_rows], w["k"][kv_head * kv_rows:(kv_head + 1) * kv_rows])
+                np.testing.assert_array_equal(qkv[qpr + kv_rows:], w["v"][kv_head * kv_rows:(kv_head + 1) * kv_rows])
+                bias = got["model.layers.1.self_attn.qkv_proj.bias"].a
+                np.testing.assert_array_equal(bias[:qpr], want["model.layers.1.self_attn.q_proj.bias"].a[rank * qpr:(rank + 1) * qpr])
+                np.testing.assert_array_equal(got["model.layers.1.self_attn.o_proj.weight"].a,
+                                              w["o"][:, rank * qpr:(rank + 1) * qpr])
+                ipr = 128 // world
+                gu = got["model.layers.0.mlp.gate_up_proj.weight"].a
+                np.testing.assert_array_equal(gu[ipr:], want["model.layers.0.mlp.up_proj.weight"].a[rank * ipr:(rank + 1) * ipr])
+                np.testing.assert_array_equal(got["model.layers.0.mlp.down_proj.weight"].a,
+                                              want["model.layers.0.mlp.down_proj.weight"].a[:, rank * ipr:(rank + 1) * ipr])
+                emb, per = got["model.embed_tokens.weight"].a, 320 // world
+                n = max(0, min(per, 300 - rank * per))
+                np.testing.assert_array_equal(emb[:n], want["model.embed_tokens.weight"].a[rank * per:rank * per + n])
+                self.assertFalse(emb[n:].any(), "the vocabulary's padding zeroed")
+                norm = got["model.norm.weight"]
+                self.assertEqual(norm.dtype, self.torch.bfloat16, "an F32 norm cast to the model's dtype")
+                np.testing.assert_array_equal(norm.a, self.cast(want["model.norm.weight"].a, self.torch.float32,
+                                                                self.torch.bfloat16))
+
+    def test_children_compare(self):
+        for loop in ("narrow", "slice"):
+            same = tploops.child(self.args(loop=loop, dir=self.q, ref=self.q_copy, rank=3, world=4))
+            self.assertEqual(same["mismatch"], [], loop)
+            self.assertGreater(same["compared"], 10)
+            self.assertIsNone(same["hook"], "no hook in this process")
+            other = tploops.child(self.args(loop=loop, dir=self.q, ref=self.other, rank=3, world=4))
+            self.assertTrue(other["mismatch"], f"{loop}: other bytes must differ")
+        s = tploops.child(self.args(loop="slice", dir=self.q, rank=1, world=2))
+        want = self.file_tensors(self.q)
+        self.assertEqual(s["bytes"], sum(
+            t.numel() * 2 // (2 if tploops.tp_dim(k, t.shape) is not None else 1) if t.dtype is self.torch.bfloat16
+            else t.numel() * 4 for k, t in want.items()))
+        for kind in ("load_file", "engine"):
+            fn = gpu_shapes.CHILDREN[kind]
+            r = fn(argparse_ns(dir=self.moe, ref=self.moe))
+            self.assertEqual((r["mismatch"], r["tensors"]), ([], 102), kind)
+            self.assertEqual(r["bytes"], ckpt_gen.layout("moe", tiny("moe"))["bytes"])
+            self.assertTrue(fn(argparse_ns(dir=self.q, ref=self.other))["mismatch"], kind)
