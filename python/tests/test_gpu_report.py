@@ -814,7 +814,10 @@ class ShapesRowsTest(unittest.TestCase):
         self.assertIn("| big | 60 |  | not run", b.table())
 
     def test_plan_fits(self):
-        for quick, budget in ((False, 480), (True, 105)):
+        """The rows' estimates fit what gpu-test.sh leaves them on a bare
+        machine (its deadline, less the report's reserve and the setup
+        issue27-plan estimates)."""
+        for quick, budget in ((False, 570 - 25 - 55), (True, 190 - 25 - 50)):
             r = self.run_of(quick)
             r.a.reps = 1 if quick else 2
             total = sum(e for _, e, _ in r.plan())

@@ -57,7 +57,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt_gen  # noqa: E402
 import gpu_rows  # noqa: E402
-from benchlib import fresh, hook_fails, hook_stats, read_header, say, write_json  # noqa: E402
+from benchlib import fresh, hook_fails, hook_stats, in_threads, read_header, resident_pages, say, warm, \
+    write_json  # noqa: E402
 from gpu_rows import row  # noqa: E402
 from tploops import files_of, mismatches, nbytes  # noqa: E402
 
@@ -280,6 +281,17 @@ class Run:
             argv += [f"--{k.replace('_', '-')}", str(v)]
         return self.proc(argv, hook=hook, tag=tag or kind)
 
+    def warm(self):
+        """Every file read once (hot rows: in the page cache whatever ran
+        before), and how much of them is resident then."""
+        files = [os.path.join(d["back"], f) for d in self.dirs.values() for f in os.listdir(d["back"])
+                 if f.endswith((".safetensors", ".bin"))]
+        in_threads(lambda i: [warm(f) for f in files[i::8]], 8)
+        res = [resident_pages(f) for f in files]
+        frac = sum(r for r, _ in res) / max(1, sum(n for _, n in res))
+        self.res["resident_after_warm"] = frac
+        say(f"  {len(files)} files read; {frac:.3f} of their pages resident")
+
     # the references
     def refs(self):
         ref_dir, raw = self.a.ref_dir, self.a.raw
@@ -409,7 +421,9 @@ class Run:
         nref = 1 if self.a.quick else self.a.ref_files
         q2, nw = size["qwen2"], len(self.narrow_worlds()) + 1
         nfp = 3 if self.a.quick else 4  # from_pretrained processes a repetition
+        total = sum(size.values()) + size["kv"]  # and the KV write file
         steps = [
+            ("the page cache: every file read once", 2 + total / (20 * GB), self.warm),
             ("references (staged_ceiling.cu, kv_blocks.cu)", (nref + nref + 1) * 4.0 + 6, self.refs),
             ("pinned ceiling", STARTUP_S + 3, self.pinned),
             ("moe: load_file and the engines' loop", p(2 * R, 0, 2 * R * size["moe"], compare=2 * size["moe"]), self.moe),
