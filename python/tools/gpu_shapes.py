@@ -367,6 +367,19 @@ class Run:
                                         hook="cuda:0", tag=tag))
                 self.res[f"tp_{kind}_{w}"] = {"stock": st, "hooked": hk}
 
+    def qwen2_check(self):
+        """The Qwen2 checkpoint through a hooked from_pretrained, against
+        stock's: q/k/v biases, the tied head, the F32 norms cast (a check,
+        no row: a difference is a failure of the run)."""
+        d = self.dirs["qwen2"]
+        r = self.child("from_pretrained", "1", d["back"], "qwen2 from_pretrained check", dir=d["mnt"], variant="user",
+                       spawned=time.time())
+        self.res["qwen2_fp_check"] = r
+        self.fails += check_fails([r], "qwen2 from_pretrained") + hook_fails(
+            [r.get("hook")] if not r.get("error") else [], "qwen2 from_pretrained")
+        if not r.get("error") and not r.get("tied"):
+            self.fails.append("qwen2 from_pretrained: the hooked model's head is not its embeddings (tied)")
+
     def narrow_worlds(self):
         """vLLM's loop at every world the rows name; --quick: world 8 alone."""
         return (8,) if self.a.quick else (2, 4, 8)
@@ -437,6 +450,8 @@ class Run:
             ("8 rank processes at once (dense20)", 2.5 * STARTUP_S + (2 + 1) * size["dense20"] / (STOCK_GBPS * GB),
              self.procs8),
             ("KV blocks (gpu_kv.py)", 25 if not self.a.quick else 8, self.kv),
+            ("qwen2: a hooked from_pretrained against stock's (biases, tied head, F32 norms)",
+             p(1, q2, q2, True), self.qwen2_check),
         ]
         return steps
 
