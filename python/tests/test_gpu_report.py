@@ -1071,3 +1071,43 @@ class LoopsTest(unittest.TestCase):
             self.assertEqual((r["mismatch"], r["tensors"]), ([], 102), kind)
             self.assertEqual(r["bytes"], ckpt_gen.layout("moe", tiny("moe"))["bytes"])
             self.assertTrue(fn(argparse_ns(dir=self.q, ref=self.other))["mismatch"], kind)
+
+
+class TpWorldRowsTest(unittest.TestCase):
+    """gpu_tp's tp_world rows: every repetition a fresh process (one call of
+    loop_in_fresh_process each), both sides, the first hooked one comparing."""
+
+    def test_fresh_processes(self):
+        import gpu_tp
+        calls = []
+
+        def fake(mnt, back, rank, world, hooked, compare):
+            calls.append((rank, world, hooked, compare))
+            if not hooked:
+                return {"seconds": 1.0 / world}
+            r = {"seconds": 0.1 / world, "hook": dict(HOOK_TP)}
+            return dict(r, compared=5, mismatch=[]) if compare else r
+
+        real = gpu_tp.loop_in_fresh_process
+        gpu_tp.loop_in_fresh_process = fake
+        try:
+            rows, fails = gpu_tp.engine_rows("/m", "/b", {})
+            self.assertEqual(fails, [])
+            self.assertEqual(len(calls), 2 * 2 * 2 * 3, "2 ranks x 2 repetitions x 2 sides x 3 worlds")
+            self.assertEqual(sum(1 for c in calls if c[3]), 6, "the first hooked process of each rank compares")
+            self.assertEqual([(r["name"], r["ratio"], r["status"]) for r in rows],
+                             [(f"tp_world{w}", 10.0, "measured") for w in (2, 4, 8)])
+            calls.clear()
+            rows, _ = gpu_tp.engine_rows("/m", "/b", {}, ranks="last")
+            self.assertEqual(len(calls), 12)
+            self.assertIn("rank 7", rows[2]["timed"])
+            HOOK_TP["fallbacks"] = 1
+            rows, fails = gpu_tp.engine_rows("/m", "/b", {})
+            self.assertTrue(all(r["status"] == "failed" for r in rows))
+            self.assertTrue(any("fell back" in f for f in fails))
+        finally:
+            gpu_tp.loop_in_fresh_process = real
+            HOOK_TP["fallbacks"] = 0
+
+
+HOOK_TP = {"files": 2, "fallbacks": 0, "summary": "2 file(s) through phxmount"}
