@@ -226,6 +226,31 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(re.findall(r"^\| (\w+) \| not run", table, re.M), list(gpu_rows.ISSUE27_ROWS))
 
 
+class HookStatsTest(unittest.TestCase):
+    def test_only_a_loaded_hook_that_is_on(self):
+        import types
+        saved = sys.modules.get("phxmount.hook")
+        try:
+            sys.modules.pop("phxmount.hook", None)
+            self.assertIsNone(benchlib.hook_stats())
+            fake = types.ModuleType("phxmount.hook")
+            fake.report = types.SimpleNamespace(files=2, tensors=9, bytes=10, fallbacks=0, starts=1, first=1.0, last=2.0,
+                                                summary=lambda: "2 file(s)")
+            fake._mode = types.SimpleNamespace(on=False)
+            sys.modules["phxmount.hook"] = fake
+            self.assertIsNone(benchlib.hook_stats(), "loaded, off")
+            fake._mode.on = True
+            self.assertEqual(benchlib.hook_stats(), {"files": 2, "tensors": 9, "bytes": 10, "fallbacks": 0, "starts": 1,
+                                                     "first": 1.0, "last": 2.0, "summary": "2 file(s)"})
+            self.assertEqual(benchlib.hook_fails([benchlib.hook_stats(), None, dict(benchlib.hook_stats(), files=0)], "x"),
+                             ["x: no file went through phxmount (2 file(s))", "x: the hook was not on"])
+        finally:
+            if saved is None:
+                sys.modules.pop("phxmount.hook", None)
+            else:
+                sys.modules["phxmount.hook"] = saved
+
+
 class CommittedReportTest(unittest.TestCase):
     def test_docs_bench_gpu_latest_is_in_the_format(self):
         """docs/bench/gpu-latest.json: every row of SPECS in its order, every

@@ -248,17 +248,18 @@ def pinned_ceiling_gbps() -> float:
 
 
 def hook_stats():
-    """What the phxmount hook did in this process (its report: files,
-    tensors, bytes landed, fallbacks, and the perf_counter of the first
-    read asked for and the last landed), or None where it is not on.
-    Importing the hook would turn it on: only a loaded one is asked."""
+    """What the phxmount hook did in this process (its report, hook.report:
+    files, tensors, bytes landed, fallbacks, and the perf_counter of the
+    first read asked for and the last landed), or None where it is not on.
+    Importing the hook would turn it on: only a loaded one is asked (the
+    .pth loads it at interpreter start when PHXMOUNT_HOOK is set)."""
     hook = sys.modules.get("phxmount.hook")
     mode = getattr(hook, "_mode", None)
-    if hook is None or not getattr(mode, "on", False):
+    r = getattr(hook, "report", None)
+    if hook is None or r is None or (mode is not None and not getattr(mode, "on", True)):
         return None
-    r = hook.report
     out = {k: getattr(r, k, None) for k in ("files", "tensors", "bytes", "fallbacks", "starts", "first", "last")}
-    out["summary"] = r.summary()
+    out["summary"] = r.summary() if hasattr(r, "summary") else ""
     return out
 
 
