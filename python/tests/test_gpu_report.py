@@ -837,6 +837,9 @@ class ShapesRowsTest(unittest.TestCase):
         self.assertIn("not run: needs ~60 s", b.why("big"))
         self.assertEqual(b.why("small"), "")
         self.assertIn("| big | 60 |  | not run", b.table())
+        self.assertIsNone(b.run("broken", 1, lambda: 1 / 0))
+        self.assertIn("failed: ZeroDivisionError", b.why("broken"))
+        self.assertEqual(b.failures(), ["step 'broken' failed: ZeroDivisionError: division by zero"])
 
     def test_plan_fits(self):
         """The rows' estimates fit what gpu-test.sh leaves them on a bare

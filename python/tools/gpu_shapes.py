@@ -215,7 +215,8 @@ class Budget:
         return self.end - time.monotonic()
 
     def run(self, name: str, estimate: float, fn):
-        """fn() if estimate fits; else None, and the step is skipped."""
+        """fn() if estimate fits; else None, and the step is skipped. A step
+        that raises is a failure of the run (failures()), and the next runs."""
         left = self.left()
         if estimate > left:
             self.log.append((name, estimate, None, f"not run: needs ~{estimate:.0f} s, {left:.0f} s left"))
@@ -223,18 +224,26 @@ class Budget:
             return None
         say(f"--- {name} (estimate {estimate:.0f} s, {left:.0f} s left)")
         t0 = time.monotonic()
+        why = ""
         try:
             return fn()
+        except Exception as e:  # noqa: BLE001: the other steps still run; the rows of this one say why
+            why = f"failed: {type(e).__name__}: {e}"
+            say(f"FAIL {name}: {why}")
+            return None
         finally:
             took = time.monotonic() - t0
-            self.log.append((name, estimate, took, ""))
+            self.log.append((name, estimate, took, why))
             say(f"    {name}: {took:.1f} s (estimate {estimate:.0f} s)")
 
     def why(self, name: str) -> str:
-        for n, _, took, why in self.log:
-            if n == name and took is None:
+        for n, _, _, why in self.log:
+            if n == name and why:
                 return why
         return ""
+
+    def failures(self) -> list:
+        return [f"step {n!r} {why}" for n, _, took, why in self.log if took is not None and why]
 
     def table(self) -> str:
         lines = ["| step | estimate s | took s | |", "| --- | --- | --- | --- |"]
@@ -264,22 +273,22 @@ class Run:
     def have(self, name) -> bool:
         return os.path.exists(os.path.join(self.dirs[name]["back"], ckpt_gen.DONE))
 
-    def proc(self, tool_argv, hook="", timeout=300.0, tag="") -> dict:
+    def proc(self, tool_argv, hook="", timeout=300.0, tag="", side="") -> dict:
         left = self.budget.left()
         if left < 5:
             return {"error": f"{NOT_RUN_ERROR} no time left in the budget"}
         r = fresh([sys.executable] + tool_argv, hook=hook, timeout=min(timeout, left), pythonpath=[PYDIR])
-        say(f"  {tag} {'PHXMOUNT_HOOK=' + hook if hook else 'stock'}: " + (
+        say(f"  {tag} {side or ('PHXMOUNT_HOOK=' + hook if hook else 'stock')}: " + (
             f"ERROR {r['error'][-300:]}" if r.get("error") else json.dumps(
                 {k: v for k, v in r.items() if k in ("seconds", "gbps", "bytes", "tensors", "mismatch", "process_s")})))
         self.res["procs"].setdefault(tag, []).append(dict(r, hook_mode=hook or "off"))
         return r
 
-    def child(self, kind, hook="", ref="", tag="", **kw) -> dict:
+    def child(self, kind, hook="", ref="", tag="", side="", **kw) -> dict:
         argv = [HERE, "child", kind] + (["--ref", ref] if ref else [])
         for k, v in kw.items():
             argv += [f"--{k.replace('_', '-')}", str(v)]
-        return self.proc(argv, hook=hook, tag=tag or kind)
+        return self.proc(argv, hook=hook, tag=tag or kind, side=side)
 
     def warm(self):
         """Every file read once (hot rows: in the page cache whatever ran
@@ -350,7 +359,8 @@ class Run:
     def whole(self):
         f = largest(files_of(self.dirs["dense20"]["back"]))
         mnt = os.path.join(self.dirs["dense20"]["mnt"], os.path.basename(f))
-        _, hk = self.reps(None, lambda c: self.child("whole", "", f if c else "", "whole file", file=mnt))
+        _, hk = self.reps(None, lambda c: self.child("whole", "", f if c else "", "whole file", "phxmount.load_safetensors",
+                                                     file=mnt))
         self.res["whole"] = {"file": f, "runs": hk}
 
     def tp(self):
@@ -694,7 +704,8 @@ def main(argv=None) -> int:
         return plan_only(a)
     run = Run(a)
     rows = run.go()
-    fails = run.fails + [f"{x['name']}: {m}" for x in rows if x["status"] == gpu_rows.FAILED for m in x["missing"]]
+    fails = run.fails + run.budget.failures() + [f"{x['name']}: {m}" for x in rows if x["status"] == gpu_rows.FAILED
+                                                 for m in x["missing"]]
     write_json(a.out, {"results": run.res, "rows": rows, "failures": sorted(set(fails)),
                        "budget": run.budget.log})
     for x in rows:
