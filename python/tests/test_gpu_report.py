@@ -5,8 +5,9 @@ from the run's files, the reference programs' stdout parsed in their printf
 formats, a row whose inputs are absent is "not run", met is computed, and
 a worse value is never met whichever way its row is better); cold runs are
 checked cold (mincore); ckpt_gen.py's checkpoints have the shapes issue 27
-asks for; tploops.py's plan is vLLM's; gpu_shapes.py's rows and time
-budget; gpu-test.sh issue27-plan."""
+asks for; tploops.py's plan and loops are vLLM's; gpu_shapes.py's
+processes (shapes_children.py), rows and time budget; gpu-test.sh
+issue27-plan."""
 
 import json
 import mmap
@@ -32,6 +33,7 @@ import gpu_report  # noqa: E402
 import gpu_rows  # noqa: E402
 import gpu_shapes  # noqa: E402
 import mountutil  # noqa: E402
+import shapes_children  # noqa: E402
 import tploops  # noqa: E402
 
 ROWS = ["hot_registered", "hot_registered_vs_pinned", "hot_end_to_end", "hot_vs_safetensors", "cold", "kv_16k",
@@ -1094,7 +1096,7 @@ class LoopsTest(unittest.TestCase):
             t.numel() * 2 // (2 if tploops.tp_dim(k, t.shape) is not None else 1) if t.dtype is self.torch.bfloat16
             else t.numel() * 4 for k, t in want.items()))
         for kind in ("load_file", "engine"):
-            fn = gpu_shapes.CHILDREN[kind]
+            fn = shapes_children.CHILDREN[kind]
             r = fn(argparse_ns(dir=self.moe, ref=self.moe))
             self.assertEqual((r["mismatch"], r["tensors"]), ([], 102), kind)
             self.assertEqual(r["bytes"], ckpt_gen.layout("moe", tiny("moe"))["bytes"])

@@ -10,7 +10,9 @@ fresh process per repetition, stock and hooked taking turns.
         --raw RAW --out run-shapes.json [--quick] [--reps N] [--budget-s S]
     gpu_shapes.py plan [--quick] [--reps N] [--budget-s S]   the steps and their time, no GPU
 
-What each row's clock holds (SPECS in gpu_rows.py names the rows):
+The processes are shapes_children.py's and tploops.py's, the rows
+shapes_rows.py's. What each row's clock holds (SPECS in gpu_rows.py names
+the rows):
 * moe_load_file_vs_ref: safetensors.torch.load_file(f, device="cuda:0")
   of every file in turn, PHXMOUNT_HOOK=1; the CUDA context made before;
 * moe_engine_vs_ref: safe_open(f, framework="pt", device="cpu"), get_tensor
@@ -57,147 +59,19 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt_gen  # noqa: E402
 import gpu_rows  # noqa: E402
-from benchlib import fresh, hook_fails, hook_stats, in_threads, read_header, resident_pages, say, warm, \
-    write_json  # noqa: E402
+from benchlib import fresh, in_threads, resident_pages, say, warm, write_json  # noqa: E402
 from gpu_rows import row  # noqa: E402
-from tploops import files_of, mismatches, nbytes  # noqa: E402
+from shapes_rows import NOT_RUN_ERROR, rate_row, span_row, time_row, hook_fails, check_fails  # noqa: E402
+from tploops import files_of  # noqa: E402
 
 GB = 1e9
 HERE = os.path.abspath(__file__)
 PYDIR = os.path.dirname(os.path.dirname(HERE))
 TOOLS = os.path.dirname(HERE)
+CHILD = os.path.join(TOOLS, "shapes_children.py")
 STARTUP_S = 3.5  # a fresh process: python, torch, the CUDA context (the plan's guess, printed beside the actuals)
 HF_STARTUP_S = 2.5  # and transformers with the model's module
 STOCK_GBPS, HOOKED_GBPS = 5.0, 20.0  # the plan's guesses of the loads' rates
-NOT_RUN_ERROR = "not run:"  # a process the budget had no time left for: no figure, no failure
-
-
-# --- the fresh processes --------------------------------------------------------------
-
-def _dtype(st):
-    import torch
-    return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[st]
-
-
-def child_load_file(a) -> dict:
-    import torch
-    from safetensors.torch import load_file
-    torch.empty(1, device="cuda:0")
-
-    def load(d):
-        out = {}
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for f in files_of(d):
-            out.update(load_file(f, device="cuda:0"))
-        torch.cuda.synchronize()
-        return out, time.perf_counter() - t0
-
-    got, secs = load(a.dir)
-    res = {"seconds": secs, "bytes": nbytes(got), "tensors": len(got), "hook": hook_stats()}
-    if a.ref:
-        want, _ = load(a.ref)
-        res.update(compared=len(want), mismatch=mismatches(got, want)[:10])
-    return res
-
-
-def child_engine(a) -> dict:
-    import torch
-    from safetensors import safe_open
-
-    def loop(d):
-        files = files_of(d)
-        params = {t.name: torch.empty(t.shape, dtype=_dtype(t.dtype), device="cuda:0")
-                  for f in files for t in read_header(f).tensors}
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for p in files:
-            with safe_open(p, framework="pt", device="cpu") as f:
-                for k in f.keys():
-                    params[k].copy_(f.get_tensor(k))
-        torch.cuda.synchronize()
-        return params, time.perf_counter() - t0
-
-    got, secs = loop(a.dir)
-    res = {"seconds": secs, "bytes": nbytes(got), "tensors": len(got), "hook": hook_stats()}
-    if a.ref:
-        want, _ = loop(a.ref)
-        res.update(compared=len(want), mismatch=mismatches(got, want)[:10])
-    return res
-
-
-def child_from_pretrained(a) -> dict:
-    # What a user's program has at its top: torch and transformers.
-    import importlib
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    mt = ckpt_gen_config(a.dir)["model_type"]
-    if a.variant == "load":  # loading only: the context and the model's module before the clock
-        torch.empty(1, device="cuda:0")
-        importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
-    t0 = time.perf_counter()
-    m = AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.bfloat16, device_map="cuda:0")
-    torch.cuda.synchronize()
-    t1 = time.perf_counter()
-    res = {"variant": a.variant, "seconds": t1 - t0, "process_s": time.time() - a.spawned if a.spawned else None,
-           "peak_reserved": torch.cuda.max_memory_reserved(0)}
-    hs = hook_stats()
-    if hs:
-        if hs.get("first") is not None and hs.get("last") is not None:
-            hs["first_s"], hs["last_s"] = hs["first"] - t0, hs["last"] - t0
-        res["hook"] = hs
-    got = dict(m.named_parameters()) | dict(m.named_buffers())
-    res["bytes"] = sum(os.path.getsize(f) for f in files_of(a.dir))
-    res["tied"] = tied(m)
-    if a.ref:
-        ref, info = AutoModelForCausalLM.from_pretrained(a.ref, dtype=torch.bfloat16, device_map="cuda:0",
-                                                         output_loading_info=True)
-        want = dict(ref.named_parameters()) | dict(ref.named_buffers())
-        res["loading_info"] = {k: sorted(map(str, info.get(k) or []))[:5] for k in
-                               ("missing_keys", "unexpected_keys", "mismatched_keys") if (info or {}).get(k)}
-        res.update(compared=len(want), mismatch=mismatches(got, want)[:10], ref_tied=tied(ref))
-    return res
-
-
-def tied(m) -> bool:
-    """Whether the model's lm_head is its embeddings (tie_word_embeddings)."""
-    try:
-        return m.get_output_embeddings().weight.data_ptr() == m.get_input_embeddings().weight.data_ptr()
-    except AttributeError:
-        return False
-
-
-def ckpt_gen_config(d: str) -> dict:
-    with open(os.path.join(d, "config.json")) as f:
-        return json.load(f)
-
-
-def child_whole(a) -> dict:
-    import torch
-    from safetensors.torch import load_file
-    torch.empty(1, device="cuda:0")
-    from phxmount import load_safetensors  # a program imports it at its start
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    got = load_safetensors(a.file, 0)
-    torch.cuda.synchronize()
-    res = {"seconds": time.perf_counter() - t0, "bytes": nbytes(got), "tensors": len(got)}
-    if a.ref:
-        want = load_file(a.ref, device="cuda:0")
-        res.update(compared=len(want), mismatch=mismatches(got, want)[:10])
-    return res
-
-
-def child_pinned(a) -> dict:
-    from benchlib import pinned_ceiling_gbps
-    return {"gbps": pinned_ceiling_gbps()}
-
-
-CHILDREN = {"load_file": child_load_file, "engine": child_engine, "from_pretrained": child_from_pretrained,
-            "whole": child_whole, "pinned": child_pinned}
 
 
 # --- the time budget ------------------------------------------------------------------
@@ -285,7 +159,7 @@ class Run:
         return r
 
     def child(self, kind, hook="", ref="", tag="", side="", **kw) -> dict:
-        argv = [HERE, "child", kind] + (["--ref", ref] if ref else [])
+        argv = [CHILD, kind] + (["--ref", ref] if ref else [])
         for k, v in kw.items():
             argv += [f"--{k.replace('_', '-')}", str(v)]
         return self.proc(argv, hook=hook, tag=tag or kind, side=side)
@@ -601,68 +475,6 @@ def run_ref(argv, out_path, budget) -> str:
     return text
 
 
-def ok_runs(runs):
-    return [r for r in runs or [] if not r.get("error")]
-
-
-def check_fails(runs, what) -> list:
-    """Errors of the runs, and what their comparisons with stock found."""
-    out = [f"{what}: {r['error'][-300:]}" for r in runs or [] if r.get("error")
-           and not r["error"].startswith(NOT_RUN_ERROR)]
-    out += [f"{what}: differs from stock: {r['mismatch']}" for r in runs or [] if r.get("mismatch")]
-    out += [f"{what}: {r['ops_mismatch']}" for r in runs or [] if r.get("ops_mismatch")]
-    out += [f"{what}: stock's own load was not clean: {r['loading_info']}" for r in runs or [] if r.get("loading_info")]
-    out += [f"{what}: tied {r['tied']} against stock's {r['ref_tied']}" for r in runs or []
-            if "ref_tied" in r and r["tied"] != r["ref_tied"]]
-    if ok_runs(runs) and not any("compared" in r for r in ok_runs(runs)) and not out:
-        out.append(f"{what}: no hooked run compared its tensors with stock")
-    return out
-
-
-def rate_row(name, runs, ref, timed, why, hooked=True) -> dict:
-    """GB/s of the best run against ref (gpu_rows.staged_over_files)."""
-    if runs is None:
-        return row(name, None, ref.get("best"), ref.get("best_name") or "staged_ceiling.cu", timed=timed, missing=[why])
-    fails = check_fails(runs, name) + (hook_fails([r.get("hook") for r in ok_runs(runs)], name) if hooked else [])
-    good = [r["bytes"] / r["seconds"] / GB for r in ok_runs(runs) if r.get("seconds")]
-    return row(name, max(good) if good else None, ref.get("best"), ref.get("best_name") or "staged_ceiling.cu",
-               timed=timed, failed=fails, missing=[] if ref.get("best") else [ref.get("why") or "no ref"])
-
-
-def span_row(name, side, ref, timed, why) -> dict:
-    """The hook's first-read-to-last-landed rate of the hooked runs."""
-    hk = (side or {}).get("hooked")
-    if hk is None:
-        return row(name, None, ref.get("best"), ref.get("best_name") or "staged_ceiling.cu", timed=timed, missing=[why])
-    fails = check_fails(hk, name) + hook_fails([r.get("hook") for r in ok_runs(hk)], name)
-    rates = []
-    for r in ok_runs(hk):
-        h = r.get("hook") or {}
-        if h.get("first") is not None and h.get("last") is not None and h["last"] > h["first"]:
-            rates.append(h["bytes"] / (h["last"] - h["first"]) / GB)
-    return row(name, max(rates) if rates else None, ref.get("best"), ref.get("best_name") or "staged_ceiling.cu",
-               timed=timed, failed=fails, missing=[] if ref.get("best") else [ref.get("why") or "no ref"])
-
-
-def time_row(name, side, timed, why, with_process=False) -> dict:
-    """stock s / hooked s, the best run of each."""
-    if side is None:
-        return row(name, None, None, "stock, the same program off the mount", timed=timed, missing=[why])
-    st, hk = side["stock"], side["hooked"]
-    fails = check_fails(hk, name) + hook_fails([r.get("hook") for r in ok_runs(hk)], name)
-    fails += [f"{name} stock: {r['error'][-300:]}" for r in st if r.get("error")
-              and not r["error"].startswith(NOT_RUN_ERROR)]
-    s = min((r["seconds"] for r in ok_runs(st)), default=None)
-    h = min((r["seconds"] for r in ok_runs(hk)), default=None)
-    note = ""
-    if with_process:
-        ps = [min((r["process_s"] for r in ok_runs(x) if r.get("process_s")), default=None) for x in (st, hk)]
-        if all(ps):
-            note = f"from the interpreter's start to the model loaded: stock {ps[0]:.2f} s, hooked {ps[1]:.2f} s"
-    return row(name, h, s, "stock, the same program off the mount (the backing directory)", timed=timed, failed=fails,
-               note=note, missing=[] if st else ["no stock run (--quick runs loading only's hooked side alone)"])
-
-
 def plan_only(a) -> int:
     """The plan of a run at these sizes, without a GPU (what gpu-test.sh
     issue27 prints first)."""
@@ -689,15 +501,7 @@ def main(argv=None) -> int:
         r.add_argument("--reps", type=int, default=None)
         r.add_argument("--ref-files", type=int, default=4, help="files of each checkpoint staged_ceiling.cu reads")
         r.add_argument("--budget-s", type=float, default=540)
-    c = sub.add_parser("child")
-    c.add_argument("kind", choices=sorted(CHILDREN))
-    for k in ("--dir", "--ref", "--file", "--variant"):
-        c.add_argument(k, default="")
-    c.add_argument("--spawned", type=float, default=0.0)
     a = ap.parse_args(argv)
-    if a.cmd == "child":
-        print(json.dumps(CHILDREN[a.kind](a)), flush=True)
-        return 0
     if a.reps is None:
         a.reps = 1 if a.quick else 2
     if a.cmd == "plan":
