@@ -24,6 +24,20 @@
 #                                    does them too)
 #   bash scripts/gpu-test.sh focus   the Go suites on the GPU, hf's checks and rows,
 #                                    and the report (one device call's worth)
+#   bash scripts/gpu-test.sh issue27 issue 27's Targets table in one call: the
+#                                    checkpoints of python/tools/ckpt_gen.py (made
+#                                    once a session, kept in $WORK/backing/ckpt27),
+#                                    staged_ceiling.cu and kv_blocks.cu built here
+#                                    and run on the same files, every row in fresh
+#                                    processes (python/tools/gpu_shapes.py), the
+#                                    report; within PHX27_DEADLINE_S (570) of its
+#                                    start, each step's time planned and printed
+#   bash scripts/gpu-test.sh issue27-quick  the same on small checkpoints, one
+#                                    repetition, in under 200 s (PHX27_DEADLINE_S
+#                                    190): a first look, no issue's figures
+#   bash scripts/gpu-test.sh issue27-plan   what issue27 would do and how long each
+#                                    step should take (no GPU needed; issue27-quick-plan:
+#                                    issue27-quick's)
 #   bash scripts/gpu-test.sh report  gpu_report.py over the raw files in $RAW
 #                                    (PHX_GPU_RAW; no GPU needed: raw.tgz of
 #                                    several runs unpacked into one folder)
@@ -38,7 +52,11 @@
 # directory on a real disk, default /var/tmp/phxgpu), PHX_BENCH_ONLY (the
 # bench steps to run, of: go gokv refs py kv shard save two; default all of
 # them, more than one device call's 10 minutes: split it), PHX_EXTRA_ROWS (JSON files of more
-# report rows, space-separated).
+# report rows, space-separated), PHX_TP_RANKS (both: the tp_world rows take the slower of ranks 0
+# and W-1, each repetition a fresh process; last: W-1 alone, half the processes), PHX27_REPS
+# (issue27's fresh processes a side and row, default 2; quick 1), PHX27_DEADLINE_S, PHX27_RESERVE_S
+# (issue27's seconds in all, and those kept for the report). PHX_RUN_DATE, PHX_RUN_COMMIT,
+# PHX_RUN_MACHINE: the run every row says it belongs to (set here when unset).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.devcarry
@@ -114,7 +132,7 @@ why_no_gpu() {
 }
 
 need_binaries() {
-	for b in phxmount phxbench-gpu phxfs.test nvidia.test; do
+	for b in ${*:-phxmount phxbench-gpu phxfs.test nvidia.test}; do
 		[ -x "$CARRY/$b" ] || {
 			fail "no .devcarry/$b: run 'bash scripts/gpu-test.sh build' where Go is, and carry .devcarry"
 			exit 1
@@ -229,7 +247,7 @@ tensor_parallel() {
 		done
 	fi
 	py_tool gpu_tp 600 run --mount-dir "$MNT" --backing-dir "$WORK/backing" --ckpt llama --out "$RAW/run-tp.json" \
-		${METRICS_URL:+--metrics-url "$METRICS_URL"} --ref-col "${outs[@]}"
+		--ranks "${PHX_TP_RANKS:-both}" ${METRICS_URL:+--metrics-url "$METRICS_URL"} --ref-col "${outs[@]}"
 }
 
 # go_tests: the nvidia connector's tests and the phxfs suites on it.
@@ -252,6 +270,7 @@ go_tests() {
 run_header() {
 	cd "$ROOT" || exit 1
 	need_binaries
+	run_identity
 	rm -f "$RAW"/run-*.json
 	say "=== gpu-test $1: $(date -u +%FT%TZ) $(nvidia-smi -L 2>&1 | head -1); kernel $(uname -r); python $(python3 -c 'import sys; print(sys.version.split()[0])')"
 }
@@ -308,8 +327,8 @@ build_refs() {
 		line=$(sed -n 's|^// Build: *||p' "$REF/$p.cu" | sed 's/ *;.*//' | head -1)
 		[ -n "$line" ] || line="nvcc -O2 -std=c++17 -o $p $p.cu -lpthread"
 		# shellcheck disable=SC2086 # the build line is words
-		( (cd "$REF" && timeout 300 $nvcc ${line#nvcc } -arch=sm_90) >"$RAW/ref-build-$p.log" 2>&1 ||
-			(cd "$REF" && timeout 300 $nvcc ${line#nvcc }) >>"$RAW/ref-build-$p.log" 2>&1) &
+		( (cd "$REF" && timeout "${NVCC_TIMEOUT:-300}" $nvcc ${line#nvcc } -arch=sm_90) >"$RAW/ref-build-$p.log" 2>&1 ||
+			(cd "$REF" && timeout "${NVCC_TIMEOUT:-300}" $nvcc ${line#nvcc }) >>"$RAW/ref-build-$p.log" 2>&1) &
 		pids+=($!)
 	done
 	# Only the builds: a bare wait would also wait for a mounted daemon.
@@ -350,15 +369,93 @@ py_tool() {
 	fi
 }
 
+# run_identity names the run every tool's rows belong to (benchlib.this_run
+# reads it; the report stamps the rows it makes with the same).
+run_identity() {
+	export PHX_RUN_DATE=${PHX_RUN_DATE:-$(date -u +%FT%TZ)}
+	export PHX_RUN_COMMIT=${PHX_RUN_COMMIT:-$(cat "$CARRY/commit" 2>/dev/null || echo unknown)}
+	[ -n "${PHX_RUN_MACHINE:-}" ] ||
+		export PHX_RUN_MACHINE="$(nvidia-smi -L 2>/dev/null | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $(free -g | awk '/^Mem:/{print $2}') GiB"
+}
+
+# report [--table NAME]: docs/bench/gpu-latest.json's rows from $RAW.
 report() {
-	local machine
-	machine="$(nvidia-smi -L 2>/dev/null | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $(free -g | awk '/^Mem:/{print $2}') GiB"
+	run_identity
 	# shellcheck disable=SC2086 # PHX_EXTRA_ROWS: JSON files of more rows, space-separated
 	python3 python/tools/gpu_report.py --go "$RAW/bench-go.json" --py "$RAW/bench-py.json" --kv "$RAW/bench-kv.json" \
 		--shard "$RAW/bench-shard.json" --save "$RAW/bench-save.json" --ref-staged "$RAW/ref-staged_ceiling.txt" \
-		--ref-kv "$RAW/ref-kv_blocks.txt" --rows $(ls "$RAW"/bench-two.json "$RAW"/run-*.json 2>/dev/null) ${PHX_EXTRA_ROWS:-} --commit "$(cat "$CARRY/commit" 2>/dev/null || echo unknown)" \
-		--machine "$machine" --json-out "$OUT/gpu-latest.json" "$ROOT/docs/bench/gpu-latest.json" --md-out "$OUT/bench.md" |
+		--ref-kv "$RAW/ref-kv_blocks.txt" --rows $(ls "$RAW"/bench-two.json "$RAW"/run-*.json 2>/dev/null) ${PHX_EXTRA_ROWS:-} --commit "$PHX_RUN_COMMIT" \
+		--machine "$PHX_RUN_MACHINE" --date "$PHX_RUN_DATE" "$@" --json-out "$OUT/gpu-latest.json" "$ROOT/docs/bench/gpu-latest.json" --md-out "$OUT/bench.md" |
 		tee -a "$LOG" || fail "gpu_report"
+}
+
+# issue27 [quick|plan]: issue 27's rows in one call (see the header). Every
+# step's time is said as it ends; the Python part gets what is left of
+# PHX27_DEADLINE_S less PHX27_RESERVE_S (unmount, report, pack) and runs
+# only the steps that fit it.
+issue27() {
+	local mode=${1:-full} q= deadline reserve=${PHX27_RESERVE_S:-25} need free t budget refpid setup
+	[ "$mode" = full ] || q=--quick
+	deadline=${PHX27_DEADLINE_S:-$([ "$mode" = full ] && echo 570 || echo 190)}
+	local ckpts=$WORK/backing/ckpt27 reps=${PHX27_REPS:+--reps $PHX27_REPS}
+	cd "$ROOT" || exit 1
+	if [ "${2:-}" = plan ]; then
+		# What a bare machine spends before the rows: the package, nvcc
+		# (beside the generation), the checkpoints at about 1.5 GB/s to
+		# the disk, their sync.
+		need=$(python3 python/tools/ckpt_gen.py need --root "$ckpts" $q)
+		setup=$((15 + (need / 1000000000 * 2 / 3 > 35 ? need / 1000000000 * 2 / 3 : 35)))
+		echo "issue27 $mode: deadline ${deadline} s; setup ~${setup} s (package, nvcc beside generating $((need / 1000000000)) GB); report and unmount ${reserve} s"
+		# shellcheck disable=SC2086
+		python3 python/tools/ckpt_gen.py plan $q
+		# shellcheck disable=SC2086
+		python3 python/tools/gpu_shapes.py plan --budget-s $((deadline - reserve - setup)) $q $reps
+		return
+	fi
+	need_binaries phxmount
+	run_identity
+	rm -f "$RAW"/run-*.json "$RAW"/bench-*.json "$RAW"/ref-*.txt "$OUT/gpu-latest.json" "$OUT/bench.md"
+	say "=== gpu-test issue27 ($mode): $PHX_RUN_DATE $PHX_RUN_MACHINE; commit $PHX_RUN_COMMIT; deadline ${deadline} s"
+	# shellcheck disable=SC2086
+	python3 python/tools/ckpt_gen.py plan $q | tee -a "$LOG"
+	# The disk: what is not generated yet must fit, with 2 GB to spare;
+	# checkpoints of other layouts go first.
+	need=$(python3 python/tools/ckpt_gen.py need --root "$ckpts" $q)
+	free=$(df -B1 --output=avail "$WORK" | tail -1)
+	if [ "$need" -gt $((free - 2000000000)) ]; then
+		python3 python/tools/ckpt_gen.py prune --root "$ckpts" | tee -a "$LOG"
+		free=$(df -B1 --output=avail "$WORK" | tail -1)
+	fi
+	say "disk: $((need / 1000000000)) GB to write, $((free / 1000000000)) GB free on $WORK"
+	[ "$need" -le $((free - 2000000000)) ] || { fail "issue27: the checkpoints need $need bytes, $free free on $WORK"; return 1; }
+	say "--- [${SECONDS} s] reference programs built in the background (nvcc), the package installed, checkpoints generated"
+	# Each nvcc try gets a sixth of the deadline (two tries: a third): the wait below is bounded.
+	NVCC_TIMEOUT=$((deadline / 6)) build_refs staged_ceiling kv_blocks >"$RAW/ref-build.txt" 2>&1 &
+	refpid=$!
+	install_py || return 1
+	t=$SECONDS
+	# shellcheck disable=SC2086
+	timeout $((deadline / 2)) python3 python/tools/ckpt_gen.py gen --root "$ckpts" $q --sync 2>&1 | tee -a "$LOG" ||
+		{ fail "issue27: generate the checkpoints"; return 1; }
+	say "checkpoints: $((SECONDS - t)) s"
+	t=$SECONDS
+	wait "$refpid"
+	say "reference builds: waited $((SECONDS - t)) s more"
+	for p in staged_ceiling kv_blocks; do
+		[ -x "$REF/$p" ] || fail "issue27: the reference $p did not build (see ref-build.txt, ref-build-$p.log): its rows have no ref"
+	done
+	mount_phx || return 1
+	budget=$((deadline - reserve - SECONDS))
+	# Too little left still runs the tool: its rows then say they were not run, and why.
+	[ "$budget" -ge 10 ] || budget=10
+	say "--- [${SECONDS} s] gpu_shapes: ${budget} s of the budget left for the rows"
+	# shellcheck disable=SC2086
+	py_tool gpu_shapes $((budget + 15)) run --backing-dir "$WORK/backing" --mount-dir "$MNT" --ckpt-root "$ckpts" \
+		--ref-dir "$REF" --raw "$RAW" --out "$RAW/run-shapes.json" --budget-s "$budget" $q $reps
+	unmount
+	say "--- [${SECONDS} s] report"
+	report --table issue27
+	say "issue27 ($mode): ${SECONDS} s in all"
 }
 
 # step NAME: whether PHX_BENCH_ONLY (default: every step) includes NAME.
@@ -390,6 +487,7 @@ two() {
 bench() {
 	cd "$ROOT" || exit 1
 	need_binaries
+	run_identity
 	gen_file || return
 	gen_kv || return
 	say "=== benchmark: file -> GPU memory, $SIZE safetensors, hot and cold; KV blocks; rank shards; saving"
@@ -427,6 +525,16 @@ build) build ;;
 run) run ;;
 bench) bench ;;
 report) report ;;
+issue27) issue27 full ;;
+issue27-quick) issue27 quick ;;
+issue27-plan)
+	issue27 full plan
+	exit $?
+	;;
+issue27-quick-plan)
+	issue27 quick plan
+	exit $?
+	;;
 hf)
 	cd "$ROOT" && need_binaries && mount_phx && drop_in && tensor_parallel
 	unmount
@@ -456,7 +564,7 @@ all)
 	run
 	;;
 *)
-	echo "usage: $0 [build|run|bench|all]" >&2
+	echo "usage: $0 [build|run|bench|all|focus|hf|issue27|issue27-quick|issue27-plan|issue27-quick-plan|report]" >&2
 	exit 2
 	;;
 esac

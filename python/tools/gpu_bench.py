@@ -10,7 +10,10 @@ memory, hot and cold, every side the best of N runs of the same shape:
   (every allocation and registration new), for the record;
 * safetensors.torch.load_file(device="cuda:0"); a read into pageable memory
   then .cuda();
-* cold: each run of each side after sync + drop_caches.
+* cold: each run of each side after sync + drop_caches, and only once
+  mincore finds no page of the file resident (benchlib.cold_start: the
+  backing file, and the file through the mount where it maps); a side
+  whose file stays resident is not run, and says why.
 
 Raw numbers to --out (JSON), progress on stdout; a stage that hangs ends
 the run (exit 3) naming the stage."""
@@ -19,7 +22,7 @@ import ctypes
 import os
 import sys
 
-from benchlib import tool_args, Watchdog, best_of, drop_caches, failed, record, say, warm, write_json
+from benchlib import NotCold, tool_args, Watchdog, best_of, cold_start, failed, record, say, warm, write_json
 
 import phxmount  # noqa: E402
 from phxmount.loader import LoadStats  # noqa: E402
@@ -88,9 +91,20 @@ def end_to_end(a, h, wd, cold: bool):
         out.append(record("phxmount load_safetensors first load hot", h.data_len, best, note=note))
     reps = a.cold_reps if cold else a.reps
     wd.stage(f"{'cold' if cold else 'hot'}, end to end: {reps} loads", 60 + reps * (60 if cold else 10))
-    best, note = best_of(reps, run, drop_caches if cold else None)
-    out.append(record(f"{E2E} {'cold' if cold else 'hot'}", h.data_len, best, note=note))
+    name = f"{E2E} {'cold' if cold else 'hot'}"
+    try:
+        best, note = best_of(reps, run, cold_before(a.backing_file, a.mount_file) if cold else None)
+    except NotCold as e:
+        return out + [failed(name, e)]
+    out.append(record(name, h.data_len, best, note=note))
     return out
+
+
+def cold_before(backing: str, mount: str = "", drop=None):
+    """What runs before each cold run: the caches dropped (drop, default
+    benchlib.drop_caches) and the file checked cold (NotCold otherwise:
+    the run is not timed)."""
+    return lambda: cold_start([backing], [mount] if mount else [], drop=drop)
 
 
 def safetensors_side(a, h, wd, cold: bool):
@@ -106,8 +120,12 @@ def safetensors_side(a, h, wd, cold: bool):
     reps = a.cold_reps if cold else a.reps
     wd.stage(f"safetensors load_file, {'cold' if cold else 'hot'}: {reps} loads", 60 + reps * 60)
     fresh()
-    best, note = best_of(reps, run, drop_caches if cold else None)
-    return [record(f"c safetensors load_file cuda {'cold' if cold else 'hot'}", h.data_len, best, note=note)]
+    name = f"c safetensors load_file cuda {'cold' if cold else 'hot'}"
+    try:
+        best, note = best_of(reps, run, cold_before(a.backing_file) if cold else None)
+    except NotCold as e:
+        return [failed(name, e)]
+    return [record(name, h.data_len, best, note=note)]
 
 
 def pageable_side(a, h, wd, cold: bool):
@@ -131,8 +149,12 @@ def pageable_side(a, h, wd, cold: bool):
 
     reps = 1 if cold else 2
     wd.stage(f"pageable read + .cuda(), {'cold' if cold else 'hot'}", 60 + reps * 60)
-    best, note = best_of(reps, run, drop_caches if cold else None)
-    return [record(f"d pageable read + .cuda() {'cold' if cold else 'hot'}", h.data_len, best, note=note)]
+    name = f"d pageable read + .cuda() {'cold' if cold else 'hot'}"
+    try:
+        best, note = best_of(reps, run, cold_before(a.backing_file) if cold else None)
+    except NotCold as e:
+        return [failed(name, e)]
+    return [record(name, h.data_len, best, note=note)]
 
 
 def main() -> int:

@@ -11,9 +11,13 @@ Llama-shaped bf16 checkpoint that transformers itself writes
 
 Each measurement is one fresh Python process (imports outside the clock):
 * stock: AutoModelForCausalLM.from_pretrained(B/NAME, dtype=bfloat16,
-  device_map="cuda:0"), timed, with torch's peak reserved memory (the
-  CUDA context and the model's modules, which from_pretrained imports
-  lazily, made and imported before the clock on both sides);
+  device_map="cuda:0"), timed, with torch's peak reserved memory, loading
+  only: the CUDA context and the model's modules, which from_pretrained
+  imports lazily, made and imported before the clock on both sides;
+* user: the same call as a user's program sees it, stock and hooked:
+  torch and transformers imported at the top, then the whole call, its
+  CUDA context and the model's module made and imported inside it (and
+  the time from the interpreter's start beside it);
 * hooked: the same call on M/NAME with PHXMOUNT_HOOK=1 (no other change),
   timed, peak; then, in the same process, the stock call on B/NAME and
   every parameter and buffer compared (torch.equal); load_file of a file on
@@ -25,17 +29,21 @@ Each measurement is one fresh Python process (imports outside the clock):
   PHXMOUNT_HOOK=cuda:0; the hooked one compared with a stock loop on B;
 * cold: caches dropped, the hooked from_pretrained; the cold-read ceiling
   (the checkpoint's files read with 8 threads, O_DIRECT 16 MiB and buffered
-  1 MiB, caches dropped before each; the better one) in the same run;
+  1 MiB, caches dropped before each; the better one) in the same run; each
+  cold side checks, right before its clock, that no page of the files is
+  resident (mincore, benchlib.check_cold), and is not run where one is;
 * first load: a fresh mount, a fresh process, phxmount.load_safetensors of
   every file (in parallel; the name imported before the clock, as a
   program imports it at its start); the pinned host-to-device ceiling
   measured in a fresh process beside it.
 
-Rows (gpu_rows.row; every ratio higher-is-better): hf_from_pretrained_hot
-(stock s / hooked s, target 6), hf_from_pretrained_cold (hooked GB/s /
-cold ceiling, 0.9), engine_iterator_hot (without / with, 6),
-first_load_fresh_mount (GB/s / pinned, 0.85), hook_peak_memory (stock peak
-/ hooked peak, 0.952: within 1.05x). One run each, hot unless named cold.
+Rows (gpu_rows.row, targets in gpu_rows.SPECS; every ratio higher-is-better):
+hf_from_pretrained_hot (loading only, stock s / hooked s),
+hf_from_pretrained_user (the whole call, stock s / hooked s; no target),
+hf_from_pretrained_cold (hooked GB/s / cold ceiling), engine_iterator_hot
+(without / with), first_load_fresh_mount (GB/s / pinned), hook_peak_memory
+(lower is better: stock peak / hooked peak, within 1.05x). One run each,
+hot unless named cold.
 """
 
 import argparse
@@ -48,8 +56,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import drop_caches, in_threads, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
-from gpu_rows import TARGETS as T, row  # noqa: E402
+from benchlib import NotCold, check_cold, cold_start, fresh as fresh_process, in_threads, pinned_ceiling_gbps, say, \
+    warm, write_json  # noqa: E402
+from gpu_rows import row  # noqa: E402
 
 LAYERS = 12
 GB = 1e9
@@ -90,11 +99,12 @@ def child(kind: str, args) -> dict:
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     from transformers import AutoModelForCausalLM
-    torch.cuda.init()
-    torch.empty(1, device="cuda:0")  # the CUDA context, outside the clock (as a serving process has it)
-    # The model's code, outside the clock on both sides: from_pretrained
-    # imports it lazily, about 0.5 s in a fresh process that loads no byte.
-    import transformers.models.llama.modeling_llama  # noqa: F401
+    if kind != "user":  # loading only; the user's call makes both inside it
+        torch.cuda.init()
+        torch.empty(1, device="cuda:0")  # the CUDA context, outside the clock (as a serving process has it)
+        # The model's code, outside the clock on both sides: from_pretrained
+        # imports it lazily, about 0.5 s in a fresh process that loads no byte.
+        import transformers.models.llama.modeling_llama  # noqa: F401
 
     def load(d):
         global T_LOAD
@@ -104,7 +114,19 @@ def child(kind: str, args) -> dict:
         return m, time.perf_counter() - t0
 
     out = {"kind": kind}
-    if kind in ("stock", "hooked"):
+    if args.cold:  # the parent dropped the caches: none of the files may be resident as the clock starts
+        try:
+            out["cold_check"] = check_cold(ckpt_files(args.dir_backing or args.dir),
+                                           ckpt_files(args.dir) if args.dir_backing else ())
+        except NotCold as e:
+            return {"kind": kind, "error": f"NotCold: {e}"}
+    if kind == "user":
+        m, out["seconds"] = load(args.dir)
+        out["process_s"] = time.time() - args.spawned if args.spawned else None
+        out["bytes"] = ckpt_bytes(args.dir)
+        if args.ref:
+            out.update(hook_checks(args, m, load))
+    elif kind in ("stock", "hooked"):
         prof = os.environ.get("PHX_HF_PROFILE")
         if prof:  # where the time of the load goes (not in the rows: a profiled run is slower)
             import cProfile
@@ -222,24 +244,20 @@ def pinned() -> dict:
     return {"gbps": pinned_ceiling_gbps()}
 
 
-def fresh(kind: str, d: str, ref: str = "", hook: str = "", timeout: float = 300, profile: str = "") -> dict:
+def fresh(kind: str, d: str, ref: str = "", hook: str = "", timeout: float = 300, profile: str = "",
+          cold_backing: str = "") -> dict:
     """child(kind) in a fresh process (PHXMOUNT_HOOK=hook, or unset);
-    profile: a path prefix for a cProfile of one extra load first."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PHXMOUNT_HOOK", "PHX_HF_PROFILE")}
+    profile: a path prefix for a cProfile of one extra load first;
+    cold_backing: the checkpoint's backing directory, whose files (and d's)
+    the child checks cold right before its clock."""
+    env = {k: v for k, v in os.environ.items() if k != "PHX_HF_PROFILE"}
     if profile:
         env["PHX_HF_PROFILE"] = profile
-    if hook:
-        env["PHXMOUNT_HOOK"] = hook
-    env["PYTHONPATH"] = os.pathsep.join([PYDIR, env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, os.path.abspath(__file__), "child", kind, "--dir", d, "--ref", ref]
+    cmd = [sys.executable, os.path.abspath(__file__), "child", kind, "--dir", d, "--ref", ref,
+           "--spawned", repr(time.time())] + (["--cold", "--dir-backing", cold_backing] if cold_backing else [])
     say(f"fresh process: {kind} {d}" + (f" (PHXMOUNT_HOOK={hook})" if hook else ""))
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    for line in r.stderr.splitlines():
-        if "phxmount hook:" in line or "Error" in line or "error" in line:
-            say(f"  {line[:300]}")
-    if r.returncode != 0:
-        return {"kind": kind, "error": f"exit {r.returncode}: {r.stderr[-800:]}"}
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = fresh_process(cmd, hook=hook, timeout=timeout, env=env, pythonpath=[PYDIR])
+    res.setdefault("kind", kind)
     say(f"  {json.dumps(res)[:400]}")
     return res
 
@@ -254,7 +272,11 @@ def cold_ceiling(files) -> dict:
     out = {}
     total = sum(os.path.getsize(f) for f in files)
     for name, flags, chunk in (("odirect", os.O_DIRECT, 16 << 20), ("buffered", 0, 1 << 20)):
-        drop_caches()
+        try:
+            cold_start(files)
+        except NotCold as e:
+            out[name] = {"error": f"NotCold: {e}"}
+            continue
         jobs = [(f, off) for f in files for off in range(0, os.path.getsize(f), chunk)]
         lock = threading.Lock()
 
@@ -277,7 +299,7 @@ def cold_ceiling(files) -> dict:
             t.start()
         for t in ts:
             t.join()
-        out[name] = total / (time.perf_counter() - t0) / GB
+        out[name] = {"gbps": total / (time.perf_counter() - t0) / GB}
     return out
 
 
@@ -309,6 +331,8 @@ def run(a) -> int:
     r = {"bytes": nbytes}
     r["stock"] = fresh("stock", back)
     r["hooked"] = fresh("hooked", mnt, back, hook="1")
+    r["user_stock"] = fresh("user", back)
+    r["user_hooked"] = fresh("user", mnt, back, hook="1")
     if a.profile:
         prof = os.path.join(os.path.dirname(os.path.abspath(a.out)), "hf-profile")
         r["profiled"] = {k: fresh(k, d, ref, hook=h, profile=prof) for k, d, ref, h in
@@ -316,8 +340,11 @@ def run(a) -> int:
     r["engine_stock"] = fresh("engine", mnt)
     r["engine_hooked"] = fresh("engine", mnt, back, hook="cuda:0")
     r["cold_ceiling"] = cold_ceiling(files)
-    drop_caches()
-    r["hooked_cold"] = fresh("hooked", mnt, back, hook="1")
+    try:
+        r["cold_start"] = cold_start(files, ckpt_files(mnt))
+        r["hooked_cold"] = fresh("hooked", mnt, back, hook="1", cold_backing=back)
+    except NotCold as e:
+        r["hooked_cold"] = {"error": f"NotCold: {e}"}
     for f in files:
         warm(f)
     r["pinned"] = fresh("pinned", back)
@@ -345,9 +372,19 @@ def run(a) -> int:
 def checks(r) -> list:
     fails = []
     for k, v in r.items():
-        if isinstance(v, dict) and v.get("error"):
+        if isinstance(v, dict) and v.get("error") and not v["error"].startswith("NotCold"):
             fails.append(f"{k}: {v['error'][-300:]}")
-    h = r.get("hooked", {})
+    for k in ("hooked", "user_hooked", "hooked_cold"):
+        fails += hooked_checks(k, r.get(k, {}))
+    e = r.get("engine_hooked", {})
+    if not e.get("error") and e.get("mismatch"):
+        fails.append(f"engine loop with the hook: tensors differ: {e['mismatch']}")
+    return fails
+
+
+def hooked_checks(k: str, h: dict) -> list:
+    """What a hooked from_pretrained's process found against stock."""
+    fails = []
     if not h.get("error"):
         if h.get("mismatch"):
             fails.append(f"hooked from_pretrained: parameters differ from stock: {h['mismatch']}")
@@ -359,41 +396,55 @@ def checks(r) -> list:
             fails.append(f"load_file(device='cpu') on the mount: not host tensors equal to stock: {h}")
         if not h.get("off_mount_stock"):
             fails.append(f"a file off the mount got {h.get('off_mount_type')}, not safetensors' own")
-    e = r.get("engine_hooked", {})
-    if not e.get("error") and e.get("mismatch"):
-        fails.append(f"engine loop with the hook: tensors differ: {e['mismatch']}")
-    return fails
+    return [f"{k}: {f}" for f in fails]
 
 
 def ok(x, key):
     return None if not isinstance(x, dict) or x.get("error") else x.get(key)
 
 
+def why(*xs) -> list:
+    return [x["error"][-300:] for x in xs if isinstance(x, dict) and x.get("error")]
+
+
 def build_rows(r) -> list:
     n = r["bytes"]
     st, hk, hc = r.get("stock"), r.get("hooked"), r.get("hooked_cold")
-    cold = r.get("cold_ceiling") or {}
-    cold_best = max(cold.values()) if cold else None
+    us, uh = r.get("user_stock"), r.get("user_hooked")
+    cold = {k: v.get("gbps") for k, v in (r.get("cold_ceiling") or {}).items() if isinstance(v, dict)}
+    cold_best = max((v for v in cold.values() if v), default=None)
     hc_gbps = n / ok(hc, "seconds") / GB if ok(hc, "seconds") else None
+    user_note = ""
+    if ok(us, "process_s") and ok(uh, "process_s"):
+        user_note = (f"from the interpreter's start to the model loaded: stock {us['process_s']:.2f} s, hooked "
+                     f"{uh['process_s']:.2f} s")
+    call = "from_pretrained(dtype=bfloat16, device_map='cuda:0')"
     rows = [
-        row("hf_from_pretrained_hot", ok(hk, "seconds"), ok(st, "seconds"), T["hf_from_pretrained_hot"],
-            "stock from_pretrained, backing dir",
-            unit="s", note="from_pretrained(dtype=bfloat16, device_map='cuda:0'), fresh process each "
-                           "(CUDA context and model modules before the clock), one run each"),
-        row("hf_from_pretrained_cold", hc_gbps, cold_best, T["hf_from_pretrained_cold"],
+        row("hf_from_pretrained_hot", ok(hk, "seconds"), ok(st, "seconds"), "stock from_pretrained, backing dir",
+            missing=why(st, hk), timed=f"{call}, loading only: the CUDA context and the model's module made and "
+                                       "imported before the clock, a fresh process each side, one run each"),
+        row("hf_from_pretrained_user", ok(uh, "seconds"), ok(us, "seconds"), "stock from_pretrained, backing dir",
+            missing=why(us, uh), note=user_note,
+            timed=f"{call} as a user's program sees it: the whole call (its CUDA context and the model's module "
+                  "inside it; torch and transformers imported at the top), a fresh process each side, one run each"),
+        row("hf_from_pretrained_cold", hc_gbps, cold_best,
             "best cold read of the checkpoint (8 threads, O_DIRECT 16 MiB or buffered 1 MiB)",
-            note="hooked from_pretrained after dropping caches; GB/s of the checkpoint's bytes"),
+            missing=why(hc) + [f"cold ceiling {k}: {v['error']}" for k, v in (r.get("cold_ceiling") or {}).items()
+                               if isinstance(v, dict) and v.get("error")],
+            timed="hooked from_pretrained (loading only) after dropping caches, the files checked not resident "
+                  "(mincore) right before the clock; GB/s of the checkpoint's bytes"),
         row("engine_iterator_hot", ok(r.get("engine_hooked"), "seconds"), ok(r.get("engine_stock"), "seconds"),
-            T["engine_iterator_hot"],
-            "the same loop without the hook, on the mount", unit="s",
-            note="safe_open(device='cpu'), get_tensor per key, copy_ into GPU tensors allocated before the clock"),
+            "the same loop without the hook, on the mount", missing=why(r.get("engine_stock"), r.get("engine_hooked")),
+            timed="safe_open(device='cpu'), get_tensor per key, copy_ into GPU tensors allocated before the clock, "
+                  "PHXMOUNT_HOOK=cuda:0 against no hook, a fresh process each"),
         row("first_load_fresh_mount", ok(r.get("first"), "gbps"), ok(r.get("pinned"), "gbps"),
-            T["first_load_fresh_mount"],
-            "pinned H2D copy, 1 GiB, torch", note="load_safetensors of every file at once, fresh process, fresh mount; "
-                                                  "the name imported before the clock; the CUDA context made before it"),
-        row("hook_peak_memory", ok(hk, "peak_reserved"), ok(st, "peak_reserved"), T["hook_peak_memory"],
-            "stock from_pretrained's peak reserved", unit="bytes", smaller=True,
-            note="torch.cuda.max_memory_reserved after the load, fresh process each; ratio = stock / hooked"),
+            "pinned H2D copy, 1 GiB, torch", missing=why(r.get("first"), r.get("pinned")),
+            timed="load_safetensors of every file at once, fresh process, fresh mount; the name imported before "
+                  "the clock; the CUDA context made before it"),
+        row("hook_peak_memory", ok(hk, "peak_reserved"), ok(st, "peak_reserved"),
+            "stock from_pretrained's peak reserved", missing=why(st, hk),
+            timed="torch.cuda.max_memory_reserved after the load, fresh process each; lower is better: ratio = "
+                  "stock / hooked"),
     ]
     return rows
 
@@ -407,6 +458,9 @@ def main(argv=None) -> int:
     c.add_argument("kind")
     c.add_argument("--dir", required=True)
     c.add_argument("--ref", default="")
+    c.add_argument("--spawned", type=float, default=0.0, help="time.time() when the parent started it")
+    c.add_argument("--cold", action="store_true", help="check the files not resident before the clock")
+    c.add_argument("--dir-backing", default="", help="with --cold: the backing directory of --dir")
     r = sub.add_parser("run")
     for k in ("--mount-dir", "--backing-dir", "--ckpt", "--phxmount", "--out"):
         r.add_argument(k, required=True)

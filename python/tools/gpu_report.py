@@ -1,9 +1,13 @@
-"""The report of one GPU benchmark run (scripts/gpu-test.sh bench):
-docs/bench/gpu-latest.json, {"date", "commit", "machine", "rows": [...]}
-with the rows of issues 9 and 15 (gpu_rows.py computes them, ratios to the
-reference programs and ceilings measured in the same run), and a Markdown
-file with the ratio table first, then the detail table of the file loads
-(paths against their ceilings and safetensors).
+"""The report of one GPU benchmark run (scripts/gpu-test.sh bench, focus,
+issue27): docs/bench/gpu-latest.json, {"date", "commit", "machine", "rows":
+[...]} with every row of gpu_rows.SPECS in its format (gpu_rows.py computes
+the rows of issues 9 and 15 from the raw outputs, ratios to the reference
+programs and ceilings measured in the same run; the other tools' rows
+come in by --rows and are judged again by SPECS; a row that no input
+measured is "not run"; each row says which run measured it), and a
+Markdown file with the measured rows first, then why the others did not
+run, then the detail table of the file loads (paths against their
+ceilings and safetensors).
 
     gpu_report.py --go bench-go.json --py bench-py.json --kv bench-kv.json \
         --shard bench-shard.json --save bench-save.json \
@@ -151,30 +155,55 @@ def render(g, p):
 def fmt(v, unit):
     if v is None:
         return NOT_RUN
-    return f"{v:.4f} s" if unit == "s" else f"{v:.2f} {unit}"
+    if unit == "s":
+        return f"{v:.4f} s"
+    if unit == "bytes":
+        return f"{v / 1e9:.3f} GB"
+    return f"{v:.2f} {unit}"
+
+
+def met_cell(r) -> str:
+    if r.get("target") is None:
+        return "(no target)"
+    return "yes" if r.get("met") else "NO" if r.get("status") == gpu_rows.MEASURED else "no"
 
 
 def row_line(r) -> str:
     unit = r.get("unit", "GB/s")
+    target = "" if r.get("target") is None else f"{r['target']}"
     if r.get("status", "measured") != "measured" or r.get("ratio") is None:
         why = "; ".join(r.get("missing") or [])
         return f"| {r['name']} | {r.get('status') or NOT_RUN}{f' ({why})' if why else ''} | {fmt(r.get('baseline'), unit)} " \
-               f"{r.get('baseline_name', '')} | | {r.get('target')} | no |"
+               f"{r.get('baseline_name', '')} | | {target} | {met_cell(r)} |"
     return (f"| {r['name']} | {fmt(r['value'], unit)} | {fmt(r['baseline'], unit)} {r.get('baseline_name', '')} "
-            f"| {r['ratio']:.2f} | {r['target']} | {'yes' if r['met'] else 'NO'} |")
+            f"| {r['ratio']:.2f} | {target} | {met_cell(r)} |")
 
 
-def markdown(doc: dict, detail: str) -> str:
+def run_of(doc: dict) -> dict:
+    return {"date": doc["date"], "commit": doc["commit"], "machine": doc["machine"]}
+
+
+def markdown(doc: dict, detail: str, tables=()) -> str:
     lines = [f"GPU benchmark {doc['date']}, commit {doc['commit']}, {doc['machine']}", "",
              "| row | value | baseline | ratio | target | met |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [row_line(r) for r in doc["rows"]]
+    measured = [r for r in doc["rows"] if r.get("status") != NOT_RUN]
+    lines += [row_line(r) for r in measured]
+    skipped = [r for r in doc["rows"] if r.get("status") == NOT_RUN]
+    lines += ["", f"Not run ({len(skipped)}):"] + [f"- {r['name']}: {'; '.join(r.get('missing') or [])}" for r in skipped]
     b = doc.get("baselines", {})
-    lines += [""] + [f"- {r['name']}: {r['note']}" for r in doc["rows"] if r.get("note")]
-    lines += ["", "Ratios: GB/s rows are value / baseline; time rows (s) are baseline / value (a speed-up). "
-                  "Every ratio is better higher; met = ratio >= target.",
+    lines += [""] + [f"- {r['name']} ({r.get('direction')} is better): {r.get('timed', '')}"
+                     + (f"; {r['note']}" if r.get("note") else "")
+                     + (f"; measured in another run: {r['run']}" if r.get("run") and r["run"] != run_of(doc) else "")
+                     for r in measured]
+    lines += ["", "Ratios are better when higher: value / baseline where a higher value is better (rates), "
+                  "baseline / value where a lower one is (times, memory peaks: a speed-up). met = ratio >= target.",
               f"Reference check: staged_ceiling.cu verify sample {b.get('staged_verify') or NOT_RUN}; "
               f"kv_blocks.cu mismatches {b.get('kv_mismatch') if b.get('kv_mismatch') is not None else NOT_RUN}.",
               "", "## File loads in detail", "", detail]
+    for name in tables:
+        by = {r["name"]: r for r in doc["rows"]}
+        lines += ["", f"## The rows of {name}", "", "| row | value | baseline | ratio | target | met |",
+                  "| --- | --- | --- | --- | --- | --- |"] + [row_line(by[n]) for n in gpu_rows.TABLES[name] if n in by]
     return "\n".join(lines)
 
 
@@ -191,8 +220,9 @@ def build_doc(a) -> dict:
     inp.update(ref_staged=read(a.ref_staged, False), ref_kv=read(a.ref_kv, False),
                extra=[d for d in (read(x) for x in a.rows) if d])
     b = gpu_rows.baselines(inp)
-    return {"date": a.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": a.commit, "machine": a.machine, "rows": gpu_rows.build(inp),
+    date = a.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    run = {"date": date, "commit": a.commit, "machine": a.machine}
+    return {"date": date, "commit": a.commit, "machine": a.machine, "rows": gpu_rows.stamp(gpu_rows.build(inp), run),
             "baselines": {k: v for k, v in b.items() if k != "kv"}, "reference_kv": b["kv"],
             "inputs": {k: (getattr(a, k) if inp.get(k) is not None else f"absent: {getattr(a, k)}")
                        for k in ("go", "py", "kv", "shard", "save", "ref_staged", "ref_kv")}}, inp
@@ -206,11 +236,13 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--machine", default="unknown")
     ap.add_argument("--date", default="")
+    ap.add_argument("--table", action="append", default=[], choices=sorted(gpu_rows.TABLES),
+                    help="also a table of these rows alone, in their order (issue27: its Targets table)")
     ap.add_argument("--json-out", nargs="+", required=True)
     ap.add_argument("--md-out", required=True)
     a = ap.parse_args(argv)
     doc, inp = build_doc(a)
-    text = markdown(doc, render(inp.get("go") or {}, inp.get("py") or {}))
+    text = markdown(doc, render(inp.get("go") or {}, inp.get("py") or {}), a.table)
     for path in a.json_out:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:

@@ -1,34 +1,131 @@
-"""The rows of docs/bench/gpu-latest.json (issues 9 and 15), computed from
-one benchmark run's raw outputs: the Go bench's JSON (ceilings), the
-Python tools' JSON (gpu_bench, gpu_kv, gpu_bench_shard, gpu_bench_save)
-and the reference programs' stdout (../shared/reference/staged_ceiling.cu
-and kv_blocks.cu, built and run in the same call).
+"""The rows of docs/bench/gpu-latest.json: one format, defined here, from the
+tool that measures to the report (docs/bench/README.md says it in words).
 
-A row is {"name", "value", "baseline", "ratio", "target", "met"} plus
-"unit", "baseline_name", "status" ("measured", "not run" or "failed") and,
-when not measured, "missing". Rates are GB/s and ratio = value / baseline;
-time rows (unit "s", the shard rows) have ratio = baseline / value, a
-speed-up: every ratio is better when higher, and met = ratio >= target.
-Nothing is typed in: a row whose inputs are absent is "not run", never a
-number."""
+A row is
+    {"name", "value", "unit", "direction", "baseline", "baseline_name",
+     "ratio", "target", "met", "timed", "status"}
+plus "missing" (why it has no figure), "note" and "run" ({"date",
+"commit", "machine"}: which run measured it). "direction" says which way
+the VALUE is better: "higher" (a rate) or "lower" (a time, a memory peak).
+The ratio is always better when higher: value / baseline where higher is
+better, baseline / value where lower is better (a speed-up, stock / ours);
+met = ratio >= target. So a worse value gives a lower ratio whichever the
+direction, and can never meet a target a better one misses.
+
+Every row's target, unit and direction are in SPECS, once: row() takes
+them from there, and a row read back from a tool's file (extra_rows) is
+judged again with them, whatever the file says. A row whose inputs are
+absent is "not run" (value, ratio null, met false) with "missing"; one
+whose check failed is "failed"; a row with no target (recorded, not
+held to anything) has target and met null. Nothing is typed in: a row
+whose inputs are absent is "not run", never a number."""
 
 import re
+from dataclasses import dataclass
+from typing import Optional
 
 NOT_RUN = "not run"
+FAILED = "failed"
+MEASURED = "measured"
+HIGHER, LOWER = "higher", "lower"
+FIELDS = ("name", "value", "unit", "direction", "baseline", "baseline_name", "ratio", "target", "met", "timed",
+          "status")
 
-# Every target, defined once: the rows below and gpu_report.py's target
-# lines read them here (docs/python.md lists them).
-TARGETS = {
-    "hot_registered": 0.95, "hot_registered_vs_pinned": 0.9, "hot_end_to_end": 0.8, "hot_vs_safetensors": 9,
-    "cold": 0.95, "kv": 0.9, "kv_write": 0.9, "save_nofsync": 3, "save_fsync": 3, "save_fsync_vs_disk": 0.9,
-    "shard_row_vs_full": 5, "shard_col_vs_full": 2, "shard_vs_safetensors": 5,
-    # the drop-in (gpu_hf.py)
-    "hf_from_pretrained_hot": 6, "hf_from_pretrained_cold": 0.9, "engine_iterator_hot": 6,
-    "first_load_fresh_mount": 0.85, "hook_peak_memory": 0.952,
-    # tensor-parallel ranks (gpu_tp.py)
-    "tp_world2": 5, "tp_world4": 5, "tp_world8": 5, "tp_rank_vs_ceiling": 0.8, "col_shard_vs_ref": 0.8,
-    "tp_8procs_vs_pinned": 0.8,
+
+@dataclass(frozen=True)
+class Spec:
+    """What a row is: its target (the least ratio that meets it; None: no
+    issue set one), the unit and direction of its value, and what it
+    measures (the issue's words; a row that did not run says this)."""
+    target: Optional[float]
+    unit: str
+    direction: str
+    what: str
+
+
+def _rate(target, what):
+    return Spec(target, "GB/s", HIGHER, what)
+
+
+def _time(target, what):
+    return Spec(target, "s", LOWER, what)
+
+
+# Every row, in the issues' order, defined once: row(), extra_rows(), the
+# report's "not run" rows and its target lines read them here.
+SPECS = {
+    # issues 9 and 15 (gpu_bench, gpu_kv, gpu_bench_save, gpu_bench_shard)
+    "hot_registered": _rate(0.95, "load_into, tensors allocated and registered before the clock / staged_ceiling.cu best"),
+    "hot_registered_vs_pinned": _rate(0.9, "load_into, registered / the pinned H2D ceiling"),
+    "hot_end_to_end": _rate(0.8, "load_safetensors, best of N in one process / the pinned H2D ceiling"),
+    "hot_vs_safetensors": _rate(9, "load_safetensors / safetensors.torch.load_file(device=cuda:0)"),
+    "cold": _rate(0.95, "load_safetensors after dropping caches (checked cold) / the best cold read"),
+    # issue 27 lowered the small blocks' targets to 0.85
+    "kv_16k": _rate(0.85, "KV blocks of 16 KiB read, the worse of 1 and 4 client threads / best kv_blocks.cu row"),
+    "kv_64k": _rate(0.85, "KV blocks of 64 KiB read / best kv_blocks.cu row"),
+    "kv_256k": _rate(0.9, "KV blocks of 256 KiB read / best kv_blocks.cu row"),
+    "kv_1m": _rate(0.9, "KV blocks of 1 MiB read / best kv_blocks.cu row"),
+    "kv_write_16k": _rate(0.85, "KV blocks of 16 KiB written / the reference pipeline in reverse"),
+    "kv_write_64k": _rate(0.85, "KV blocks of 64 KiB written / the reference pipeline in reverse"),
+    "kv_write_256k": _rate(0.9, "KV blocks of 256 KiB written / the reference pipeline in reverse"),
+    "kv_write_1m": _rate(0.9, "KV blocks of 1 MiB written / the reference pipeline in reverse"),
+    "save_nofsync": _rate(3, "save_safetensors / safetensors.torch.save_file"),
+    "save_fsync": _rate(3, "save_safetensors(fsync=True) / save_file + fsync"),
+    "save_fsync_vs_disk": _rate(0.9, "save_safetensors(fsync=True) / the disk's write + fsync ceiling"),
+    "shard_row_vs_full": _time(5, "rank 0 of 8, row shards / a full load_safetensors"),
+    "shard_col_vs_full": _time(2, "rank 0 of 8, column shards / a full load_safetensors"),
+    "shard_row_vs_safetensors": _time(5, "rank 0 of 8, row shards / safetensors get_slice"),
+    "shard_col_vs_safetensors": _time(5, "rank 0 of 8, column shards / safetensors get_slice"),
+    # issue 10 (gpu_two)
+    "two_gpu_shards": _rate(0.95, "one shard per GPU, one process / two_gpu.cu bounce, 2 GPUs"),
+    "two_gpu_processes": _rate(0.95, "one process per GPU / two_gpu.cu bounce, 2 GPUs"),
+    "two_gpu_replicated": _rate(1.6, "one shard onto both GPUs, bytes landed / onto one GPU"),
+    "two_gpu_cold": _rate(0.95, "both shards after dropping caches (checked cold) / the best cold read"),
+    # issue 19, the drop-in (gpu_hf)
+    "hf_from_pretrained_hot": _time(6, "from_pretrained, loading only (CUDA context and the model's module before "
+                                       "the clock), stock / hooked"),
+    "hf_from_pretrained_user": _time(None, "from_pretrained as a user's program sees it (the whole call in a fresh "
+                                           "process, the model's module imported inside it), stock / hooked"),
+    "hf_from_pretrained_cold": _rate(0.9, "hooked from_pretrained after dropping caches (checked cold) / the best "
+                                          "cold read"),
+    "engine_iterator_hot": _time(6, "the engines' loop (get_tensor, copy_), stock / PHXMOUNT_HOOK=cuda:0"),
+    "first_load_fresh_mount": _rate(0.85, "load_safetensors of every file, fresh process, fresh mount / pinned"),
+    "hook_peak_memory": Spec(0.952, "bytes", LOWER, "hooked from_pretrained's peak reserved GPU memory, stock / "
+                                                    "hooked"),
+    # issue 20, tensor-parallel ranks (gpu_tp)
+    "tp_world2": _time(5, "the get_slice loop, world 2, stock / hooked, a fresh process per repetition"),
+    "tp_world4": _time(5, "the get_slice loop, world 4, stock / hooked, a fresh process per repetition"),
+    "tp_world8": _time(5, "the get_slice loop, world 8, stock / hooked, a fresh process per repetition"),
+    "tp_rank_vs_ceiling": _time(0.8, "world 8 rank 7 in one load_safetensors call per file / its bytes at the "
+                                     "pinned ceiling + 10 ms"),
+    "col_shard_vs_ref": _rate(0.8, "the dim-1 tensors' shards, one call per file / col_shard.cu"),
+    # issue 27, the shapes users have (gpu_shapes)
+    "moe_load_file_vs_ref": _rate(0.85, "hooked load_file of every file of the MoE checkpoint / ref"),
+    "moe_engine_vs_ref": _rate(0.85, "the engines' default loop with PHXMOUNT_HOOK=cuda:0, MoE / ref"),
+    "moe_from_pretrained_bytes_vs_ref": _rate(0.85, "hooked from_pretrained, first read to last landed, MoE / ref"),
+    "moe_from_pretrained_hot": _time(None, "from_pretrained of the MoE checkpoint, the whole call in a fresh "
+                                           "process, stock / hooked"),
+    "moe_from_pretrained_load": _time(None, "from_pretrained of the MoE checkpoint, loading only, stock / hooked"),
+    "dense20_from_pretrained_bytes_vs_ref": _rate(0.85, "hooked from_pretrained, first read to last landed, the "
+                                                        "dense >= 20 GB checkpoint / ref"),
+    "dense20_from_pretrained_hot": _time(3, "from_pretrained of the dense >= 20 GB checkpoint, the whole call in a "
+                                           "fresh process, stock / hooked"),
+    "dense20_from_pretrained_load": _time(None, "from_pretrained of the dense >= 20 GB checkpoint, loading only, "
+                                                "stock / hooked"),
+    "vllm_tp_world2": _time(3, "vLLM's narrow loop, world 2, last rank, stock / hooked"),
+    "vllm_tp_world4": _time(3, "vLLM's narrow loop, world 4, last rank, stock / hooked"),
+    "vllm_tp_world8": _time(3, "vLLM's narrow loop, world 8, last rank, stock / hooked"),
+    "slice_tp_world8": _time(4, "the get_slice loop at world 8, last rank, stock / hooked"),
+    "tp_8procs_vs_pinned": _rate(0.8, "8 rank processes of world 8 at once, aggregate / the pinned ceiling"),
+    "whole_file_vs_ref": _rate(0.95, "load_safetensors of one large file, fresh process / ref (no regression)"),
 }
+TARGETS = {k: s.target for k, s in SPECS.items()}
+# The rows of issue 27's Targets table, in its order (gpu-test.sh issue27).
+ISSUE27_ROWS = ("moe_load_file_vs_ref", "moe_engine_vs_ref", "moe_from_pretrained_bytes_vs_ref",
+                "dense20_from_pretrained_bytes_vs_ref", "dense20_from_pretrained_hot", "vllm_tp_world2",
+                "vllm_tp_world4", "vllm_tp_world8", "slice_tp_world8", "tp_8procs_vs_pinned", "kv_16k", "kv_64k",
+                "kv_write_16k", "kv_write_64k", "whole_file_vs_ref")
+TABLES = {"issue27": ISSUE27_ROWS}  # the tables a report can show on their own (gpu_report.py --table)
 KV_SIZES = ((16 << 10, "16k"), (64 << 10, "64k"), (256 << 10, "256k"), (1 << 20, "1m"))  # kv_16k, kv_write_16k, ...
 
 _STAGED_PINNED = re.compile(r"^C ceiling pinned H2D .*?([\d.]+) GB/s", re.M)
@@ -36,6 +133,90 @@ _STAGED_A = re.compile(r"^A bounce\s+threads=\s*(\d+) chunk=\s*(\d+) MiB\s+([\d.
 _STAGED_B = re.compile(r"^B pagecache-DMA .*?\s([\d.]+) GB/s", re.M)
 _KV_LINE = re.compile(r"^([PABD])\s+(\d+) KiB blocks: (.*?)\s+([\d.]+) GB/s", re.M)
 _MISMATCH = re.compile(r"^([A-D]) MISMATCH", re.M)
+
+
+def judge(value, baseline, direction: str, target):
+    """(ratio, met) of a measured value against its baseline: the ratio
+    better when higher whichever the direction, met = ratio >= target
+    (None without a target). (None, False) when either figure is absent or
+    not positive: nothing to judge is never met."""
+    if direction not in (HIGHER, LOWER):
+        raise ValueError(f"direction {direction!r}: want {HIGHER!r} or {LOWER!r}")
+    if not _positive(value) or not _positive(baseline):
+        return None, False
+    ratio = value / baseline if direction == HIGHER else baseline / value
+    return ratio, (None if target is None else ratio >= target)
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and x == x and x != float("inf")
+
+
+def row(name, value, baseline, baseline_name, *, timed, missing=(), note="", failed=()):
+    """One row of SPECS[name] (its target, unit and direction): the value
+    and baseline measured in this run, what the clock held (timed), and,
+    for a figure that is absent, why (missing). failed: the checks that
+    failed (a tensor that differs from stock): the row has no figure then."""
+    spec = SPECS[name]
+    r = {"name": name, "value": value, "unit": spec.unit, "direction": spec.direction, "baseline": baseline,
+         "baseline_name": baseline_name, "ratio": None, "target": spec.target, "met": unmet(spec), "timed": timed,
+         "status": MEASURED}
+    if note:
+        r["note"] = note
+    if failed:
+        r.update(value=None, status=FAILED, missing=list(failed))
+        return r
+    ratio, met = judge(value, baseline, spec.direction, spec.target)
+    if ratio is None:
+        r.update(value=None, status=NOT_RUN,
+                 missing=list(missing) or [w for w, v in (("value", value), ("baseline", baseline)) if not _positive(v)])
+        return r
+    r.update(ratio=ratio, met=met)
+    return r
+
+
+def unmet(spec: Spec):
+    """met of a row of spec with no figure: false, or None where there is
+    no target to meet."""
+    return None if spec.target is None else False
+
+
+def not_run(name, why) -> dict:
+    """The row of SPECS[name] that no input of this report measured."""
+    return row(name, None, None, "", timed=SPECS[name].what, missing=[why])
+
+
+def judged_again(r: dict) -> dict:
+    """A row read back from a tool's file, judged again by SPECS: its
+    target, unit and direction are SPECS', its ratio and met recomputed
+    from its value and baseline. A row SPECS does not know, or whose unit
+    or direction disagrees with SPECS', is failed: no file decides which
+    way its own figure is better."""
+    r = dict(r)
+    spec = SPECS.get(r.get("name"))
+    bad = []
+    if spec is None:
+        bad.append(f"{r.get('name')!r} is not a row of gpu_rows.SPECS")
+    else:
+        for k, want in (("unit", spec.unit), ("direction", spec.direction)):
+            if r.get(k) is not None and r[k] != want:
+                bad.append(f"its {k} {r[k]!r} is not SPECS' {want!r}")
+    if bad:
+        r.update(status=FAILED, ratio=None, met=False, missing=list(r.get("missing") or []) + bad)
+        return r
+    r.update(unit=spec.unit, direction=spec.direction, target=spec.target)
+    r.setdefault("timed", spec.what)
+    r.setdefault("baseline_name", "")
+    if r.get("status", MEASURED) != MEASURED:
+        r.update(ratio=None, met=unmet(spec))
+        return r
+    ratio, met = judge(r.get("value"), r.get("baseline"), spec.direction, spec.target)
+    if ratio is None:
+        r.update(status=NOT_RUN, ratio=None, met=unmet(spec),
+                 missing=list(r.get("missing") or []) or ["value or baseline absent"])
+    else:
+        r.update(status=MEASURED, ratio=ratio, met=met)
+    return r
 
 
 def parse_staged(text: str) -> dict:
@@ -61,6 +242,32 @@ def parse_kv(text: str) -> dict:
     return {"pinned": max(pinned) if pinned else None, "sizes": sizes, "mismatch": _MISMATCH.findall(text)}
 
 
+def staged_over_files(runs) -> dict:
+    """staged_ceiling.cu run on each of a checkpoint's files, [(file bytes,
+    its stdout)]: the rate of each of its configurations over all of them
+    (the bytes it moved, file size rounded down to 4 KiB as it does, over
+    the sum of its times on each file), and the best one: "ref" for the
+    checkpoint's rows. A configuration missing from one file's output
+    counts in none; a run that found a mismatch spoils the reference."""
+    per = {}
+    for size, text in runs:
+        moved = size & ~4095
+        confs = {f"bounce {t} threads x {c} MiB": float(v) for t, c, v in _STAGED_A.findall(text)}
+        confs.update({"page-cache DMA": float(v) for v in _STAGED_B.findall(text)})
+        for k, v in confs.items():
+            if v > 0:
+                b, s, n = per.get(k, (0, 0.0, 0))
+                per[k] = (b + moved, s + moved / (v * 1e9), n + 1)
+    rates = {k: b / s / 1e9 for k, (b, s, n) in per.items() if n == len(runs) and s > 0}
+    bad = [i for i, (_, text) in enumerate(runs) if "MISMATCH" in text or "verify sample: ok" not in text]
+    if not rates or bad:
+        return {"best": None, "best_name": "", "rates": rates, "files": len(runs),
+                "why": f"staged_ceiling.cu's check did not pass on file(s) {bad}" if bad else "no staged_ceiling.cu output"}
+    k = max(rates, key=rates.get)
+    return {"best": rates[k], "best_name": f"staged_ceiling.cu {k}, over {len(runs)} file(s)", "rates": rates,
+            "files": len(runs)}
+
+
 def by_name(doc) -> dict:
     return {r["name"]: r for r in (doc or {}).get("results", []) if "name" in r}
 
@@ -73,25 +280,15 @@ def seconds(r):
     return r.get("seconds") if r and not r.get("error") else None
 
 
+def why_not(*results) -> list:
+    """Why results give no figure: their errors (a cold run that found the
+    file resident says so), or nothing where none of them says."""
+    return [f"{r.get('name', '')}: {r['error']}" for r in results if r and r.get("error")]
+
+
 def best_prefix(results: dict, *prefixes):
     vals = [gbps(r) for n, r in results.items() if n.startswith(prefixes) and gbps(r)]
     return max(vals) if vals else None
-
-
-def row(name, value, baseline, target, baseline_name, unit="GB/s", missing=(), note="", smaller=False):
-    """One row; the ratio is a speed-up for time rows, and baseline / value
-    for any row where smaller is better (memory)."""
-    r = {"name": name, "value": value, "baseline": baseline, "ratio": None, "target": target, "met": False,
-         "unit": unit, "baseline_name": baseline_name, "status": "measured"}
-    if note:
-        r["note"] = note
-    if value is None or baseline is None or not value or not baseline:
-        r.update(value=None, status=NOT_RUN,
-                 missing=list(missing) or [w for w, v in (("value", value), ("baseline", baseline)) if not v])
-        return r
-    r["ratio"] = baseline / value if unit == "s" or smaller else value / baseline
-    r["met"] = r["ratio"] >= target
-    return r
 
 
 def baselines(inp: dict) -> dict:
@@ -106,19 +303,26 @@ def baselines(inp: dict) -> dict:
 
 def hot_rows(inp: dict, b: dict) -> list:
     py = by_name(inp.get("py"))
-    reg = gbps(py.get("phxmount load_into registered hot"))
-    e2e = gbps(py.get("a phxmount ioctl (python client) hot"))
-    st = gbps(py.get("c safetensors load_file cuda hot"))
-    cold = gbps(py.get("a phxmount ioctl (python client) cold"))
+    reg_r, e2e_r = py.get("phxmount load_into registered hot"), py.get("a phxmount ioctl (python client) hot")
+    st_r, cold_r = py.get("c safetensors load_file cuda hot"), py.get("a phxmount ioctl (python client) cold")
+    reg, e2e, st, cold = gbps(reg_r), gbps(e2e_r), gbps(st_r), gbps(cold_r)
     first = gbps(py.get("phxmount load_safetensors first load hot"))
     e2e_note = "best of N; registrations reused, as in a process that loads again" + \
         (f"; its first load in a fresh state: {first:.2f} GB/s" if first else "")
+    pinned = "pinned H2D ceiling (best measured)"
     return [
-        row("hot_registered", reg, b["staged_best"], TARGETS["hot_registered"], b["staged_best_name"] or "staged_ceiling.cu best"),
-        row("hot_registered_vs_pinned", reg, b["pinned"], TARGETS["hot_registered_vs_pinned"], "pinned H2D ceiling (best measured)"),
-        row("hot_end_to_end", e2e, b["pinned"], TARGETS["hot_end_to_end"], "pinned H2D ceiling (best measured)", note=e2e_note),
-        row("hot_vs_safetensors", e2e, st, TARGETS["hot_vs_safetensors"], "safetensors.torch.load_file(device=cuda), hot"),
-        row("cold", cold, b["cold"], TARGETS["cold"], "best cold read ceiling (Go bench: O_DIRECT / buffered)"),
+        row("hot_registered", reg, b["staged_best"], b["staged_best_name"] or "staged_ceiling.cu best",
+            timed="load_into of every tensor, allocated and registered before the clock, best of N",
+            missing=why_not(reg_r)),
+        row("hot_registered_vs_pinned", reg, b["pinned"], pinned, timed="the same loads", missing=why_not(reg_r)),
+        row("hot_end_to_end", e2e, b["pinned"], pinned, note=e2e_note, missing=why_not(e2e_r),
+            timed="load_safetensors(file, 0) end to end (header, allocation, registration, reads), best of N in "
+                  "one process"),
+        row("hot_vs_safetensors", e2e, st, "safetensors.torch.load_file(device=cuda), hot", missing=why_not(e2e_r, st_r),
+            timed="the same loads against load_file of the backing file, best of N each"),
+        row("cold", cold, b["cold"], "best cold read ceiling (Go bench: O_DIRECT / buffered)", missing=why_not(cold_r),
+            timed="load_safetensors after sync + drop_caches, the file's pages checked not resident (mincore) "
+                  "before the clock"),
     ]
 
 
@@ -135,18 +339,16 @@ def kv_results(inp: dict, size: int, direction: str, side: str = "phxmount") -> 
     return out
 
 
-def kv_row(name: str, mine: list, base, target, bname: str, note: str, refs=()) -> dict:
+def kv_row(name: str, mine: list, base, bname: str, note: str, timed: str, refs=()) -> dict:
     """A KV row: the worse of the client thread counts, or "failed" when a
     run (its own or its baseline's) erred or found blocks that differ."""
     bad = [r["name"] for r in list(mine) + list(refs) if r.get("error") or r.get("mismatches")]
     vals = [gbps(r) for r in mine]
-    value = min(vals) if len(vals) >= 2 and all(vals) and not bad else None
+    value = min(vals) if len(vals) >= 2 and all(vals) else None
     depth = {x.get("inflight") for x in mine} - {None}
-    r = row(name, value, base, target, bname, note=note +
-            (f", each keeping {depth.pop()} BATCH ioctls in flight" if len(depth) == 1 else ""))
-    if bad:
-        r.update(status="failed", missing=[f"{n}: error or blocks that differ" for n in bad])
-    return r
+    return row(name, value, base, bname, timed=timed, note=note +
+               (f", each keeping {depth.pop()} BATCH ioctls in flight" if len(depth) == 1 else ""),
+               failed=[f"{n}: error or blocks that differ" for n in bad])
 
 
 def kv_rows(inp: dict, b: dict) -> list:
@@ -155,8 +357,9 @@ def kv_rows(inp: dict, b: dict) -> list:
         ref = {m: v for m, v in b["kv"].get(size, {}).items() if m in "ABD"}
         base = max(ref.values()) if ref else None
         bname = f"kv_blocks.cu best of A/B/D ({max(ref, key=ref.get)})" if ref else "kv_blocks.cu"
-        out.append(kv_row(f"kv_{tag}", kv_results(inp, size, "read"), base, TARGETS["kv"], bname,
-                          "the worse of 1 and 4 client threads"))
+        out.append(kv_row(f"kv_{tag}", kv_results(inp, size, "read"), base, bname, "the worse of 1 and 4 client threads",
+                          "the BATCH ioctls of 2 GiB of random blocks into shuffled slots of one buffer registered "
+                          "before the clock; every block verified after"))
     return out
 
 
@@ -171,21 +374,25 @@ def kv_write_rows(inp: dict, b: dict) -> list:
         best = max(refs, key=lambda r: gbps(r) or 0) if vals else None
         bname = (f"the reference pipeline in reverse, best of its thread counts ({best['name']})" if best
                  else "the reference pipeline in reverse (gpu_kv.py)")
-        out.append(kv_row(f"kv_write_{tag}", kv_results(inp, size, "write"), max(vals) if vals else None,
-                          TARGETS["kv_write"], bname, "the worse of 1 and 4 client threads, to the page cache "
-                          "(no fsync)", refs))
+        out.append(kv_row(f"kv_write_{tag}", kv_results(inp, size, "write"), max(vals) if vals else None, bname,
+                          "the worse of 1 and 4 client threads, to the page cache (no fsync)",
+                          "the BATCH_WRITE ioctls of the buffer's shuffled slots to distinct random blocks of a file "
+                          "(the file synced before); every block verified after", refs))
     return out
 
 
 def save_rows(inp: dict, b: dict) -> list:
     s = by_name(inp.get("save"))
-    nofs = row("save_nofsync", gbps(s.get("phxmount save_safetensors")), gbps(s.get("safetensors save_file")), TARGETS["save_nofsync"],
-               "safetensors.torch.save_file, same tensors, same file system")
-    fs = row("save_fsync", gbps(s.get("phxmount save_safetensors fsync")), gbps(s.get("safetensors save_file fsync")),
-             TARGETS["save_fsync"], "safetensors.torch.save_file + os.fsync")
-    disk = row("save_fsync_vs_disk", gbps(s.get("phxmount save_safetensors fsync")), best_prefix(s, "disk write ceiling"),
-               TARGETS["save_fsync_vs_disk"], "sequential write + fsync of the same bytes, same run (best of buffered "
-               "and O_DIRECT)")
+    mine, mine_fs = s.get("phxmount save_safetensors"), s.get("phxmount save_safetensors fsync")
+    nofs = row("save_nofsync", gbps(mine), gbps(s.get("safetensors save_file")),
+               "safetensors.torch.save_file, same tensors, same file system", timed="save_safetensors of the "
+               "tensors, best of N", missing=why_not(mine, s.get("safetensors save_file")))
+    fs = row("save_fsync", gbps(mine_fs), gbps(s.get("safetensors save_file fsync")),
+             "safetensors.torch.save_file + os.fsync", timed="save_safetensors(fsync=True), best of N",
+             missing=why_not(mine_fs, s.get("safetensors save_file fsync")))
+    disk = row("save_fsync_vs_disk", gbps(mine_fs), best_prefix(s, "disk write ceiling"),
+               "sequential write + fsync of the same bytes, same run (best of buffered and O_DIRECT)",
+               timed="save_safetensors(fsync=True), best of N", missing=why_not(mine_fs))
     return [nofs, fs, disk]
 
 
@@ -196,33 +403,51 @@ def shard_rows(inp: dict, b: dict) -> list:
     for kind in ("row", "col"):
         mine = seconds(s.get(f"phxmount shard {kind}s"))
         st = seconds(s.get(f"safetensors get_slice {kind}s"))
-        out.append(row(f"shard_{kind}_vs_full", mine, full, TARGETS[f"shard_{kind}_vs_full"], "full load_safetensors of the file",
-                       unit="s"))
-        out.append(row(f"shard_{kind}_vs_safetensors", mine, st, TARGETS["shard_vs_safetensors"],
-                       f"safetensors get_slice, the same {kind} shards",
-                       unit="s"))
+        timed = f"load_safetensors(shard=(dim, 0, 8)) of the {kind} shards of every 2-D tensor, best of N in one process"
+        out.append(row(f"shard_{kind}_vs_full", mine, full, "full load_safetensors of the file", timed=timed))
+        out.append(row(f"shard_{kind}_vs_safetensors", mine, st, f"safetensors get_slice, the same {kind} shards",
+                       timed=timed))
     return [out[0], out[2], out[1], out[3]]
 
 
 def extra_rows(docs) -> list:
-    """Rows given as they are (other issues' tools): ratio and met
-    recomputed where value, baseline and target are there."""
+    """Rows as other tools wrote them ({"rows": [...]}), each judged again
+    by SPECS (judged_again): a file's own ratio, met or direction count for
+    nothing."""
+    return [judged_again(r) for doc in docs or [] for r in doc.get("rows", [])]
+
+
+def complete(rows: list) -> list:
+    """Every row of SPECS once, in SPECS' order: what no input measured is
+    "not run"; a name that two inputs measured is failed (which run is
+    meant cannot be told); rows SPECS does not know come last."""
+    seen = {}
+    for r in rows:
+        seen.setdefault(r["name"], []).append(r)
     out = []
-    for doc in docs or []:
-        for r in doc.get("rows", []):
-            r = dict(r)
-            if r.get("value") and r.get("baseline") and r.get("target") is not None:
-                r.update({k: v for k, v in row(r["name"], r["value"], r["baseline"], r["target"],
-                                               r.get("baseline_name", ""), r.get("unit", "GB/s")).items()
-                          if k in ("ratio", "met", "status")})
-            out.append(r)
+    for name in list(SPECS) + [n for n in seen if n not in SPECS]:
+        got = seen.get(name)
+        if not got:
+            out.append(not_run(name, "no input of this report measured it"))
+            continue
+        r = got[0]
+        if len(got) > 1:
+            r = dict(r, status=FAILED, ratio=None, met=unmet(SPECS[name]) if name in SPECS else False,
+                     missing=[f"measured {len(got)} times in this report's inputs (runs "
+                              f"{sorted({str(x.get('run')) for x in got})}): which is meant cannot be told"])
+        out.append(r)
     return out
 
 
 def build(inp: dict) -> list:
-    """Every row, in the issues' order, from the run's inputs: go, py, kv,
+    """Every row of SPECS, in its order, from the run's inputs: go, py, kv,
     shard, save (JSON documents), ref_staged, ref_kv (text), extra (a list
     of {"rows": [...]})."""
     b = baselines(inp)
-    return hot_rows(inp, b) + kv_rows(inp, b) + kv_write_rows(inp, b) + save_rows(inp, b) + shard_rows(inp, b) + \
-        extra_rows(inp.get("extra"))
+    return complete(hot_rows(inp, b) + kv_rows(inp, b) + kv_write_rows(inp, b) + save_rows(inp, b) +
+                    shard_rows(inp, b) + extra_rows(inp.get("extra")))
+
+
+def stamp(rows: list, run: dict) -> list:
+    """Each row that does not say which run measured it gets run."""
+    return [r if r.get("run") else dict(r, run=dict(run)) for r in rows]

@@ -6,13 +6,15 @@ dim 1 (a slice of every row), norms whole.
 
     gpu_tp.py run --mount-dir M --backing-dir B --ckpt NAME --out J [--ref-col F ...]
 
-Rows (gpu_rows.row, targets in gpu_rows.TARGETS, every ratio higher-is-better):
-* tp_world2, tp_world4, tp_world8: the engines' pattern, one process:
-  safe_open(f, "pt", device="cpu"), for every key get_slice, the rank's
-  index, then .to("cuda:0"); stock safetensors on M against the same loop
-  with the phxmount hook on (PHXMOUNT_HOOK=cuda:0, turned on in-process:
-  the loop's code is the same); ranks 0 and W-1, best of 2 each side, the
-  slower rank's ratio (stock s / hooked s); every tensor compared;
+Rows (gpu_rows.row, targets in gpu_rows.SPECS, every ratio higher-is-better):
+* tp_world2, tp_world4, tp_world8: the engines' pattern (tploops.py's
+  slice loop): safe_open(f, "pt", device="cpu"), for every key get_slice,
+  the rank's index, then .to("cuda:0"); stock safetensors on M against the
+  same loop with PHXMOUNT_HOOK=cuda:0; every repetition a fresh process,
+  both sides (nothing a hooked loop registered, measured or guessed
+  carries over to the next); ranks 0 and W-1, best of 2 each side, the
+  slower rank's ratio (stock s / hooked s); the first hooked process of
+  each rank compares every tensor with stock's;
 * tp_rank_vs_ceiling: world 8, rank 7, one call per file
   (load_safetensors(shard=the plan), the files at once):
   (rank bytes / pinned ceiling + 10 ms) / measured s;
@@ -35,23 +37,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import Watchdog, in_threads, pinned_ceiling_gbps, say, warm, write_json  # noqa: E402
-from gpu_rows import TARGETS as T, row  # noqa: E402
+from benchlib import Watchdog, fresh, hook_fails, in_threads, pinned_ceiling_gbps, read_header, say, warm, write_json  # noqa: E402
+from gpu_rows import row  # noqa: E402
 from reqprobe import RequestProbe  # noqa: E402
+from tploops import files_of, mismatches, nbytes, slice_loop, tp_dim  # noqa: E402
 
 GB = 1e9
-DIM0 = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
-        "embed_tokens.weight", "lm_head.weight")
-DIM1 = ("o_proj.weight", "down_proj.weight")
-
-
-def tp_dim(name: str, shape) -> object:
-    """Llama's tensor-parallel split of a tensor: 0, 1, or None (whole)."""
-    if len(shape) == 2 and name.endswith(DIM0):
-        return 0
-    if len(shape) == 2 and name.endswith(DIM1):
-        return 1
-    return None
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.dirname(TOOLS)
 
 
 def plan_for(rank: int, world: int):
@@ -60,30 +53,6 @@ def plan_for(rank: int, world: int):
         d = tp_dim(name, shape)
         return None if d is None else (d, rank, world)
     return shard
-
-
-def files_of(d: str):
-    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
-
-
-def engine_loop(files, rank: int, world: int):
-    """The engines' loop; returns ({name: tensor on cuda:0}, seconds)."""
-    import torch
-    from safetensors import safe_open
-    from phxmount.slicing import shard_index
-    torch.cuda.synchronize()
-    out = {}
-    t0 = time.perf_counter()
-    for p in files:
-        with safe_open(p, framework="pt", device="cpu") as f:
-            for k in f.keys():
-                s = f.get_slice(k)
-                shape = s.get_shape()
-                d = tp_dim(k, shape)
-                idx = shard_index(shape, d, rank, world) if d is not None else Ellipsis
-                out[k] = s[idx].to("cuda:0")
-    torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
 
 
 def one_call(files, rank: int, world: int, names=None):
@@ -108,15 +77,6 @@ def one_call(files, rank: int, world: int, names=None):
     return out, secs
 
 
-def nbytes(ts) -> int:
-    return sum(t.numel() * t.element_size() for t in ts.values())
-
-
-def mismatches(got, want):
-    import torch
-    return sorted(k for k in want if k not in got or got[k].dtype != want[k].dtype or not torch.equal(got[k], want[k]))
-
-
 def probe_requests(files, mnt: str, url, out: dict) -> None:
     """One more hooked loop of world 8, rank 7, untimed, with its opens and
     closes watched from three sides (reqprobe.py): where the time that run
@@ -125,7 +85,7 @@ def probe_requests(files, mnt: str, url, out: dict) -> None:
     hook.install(hook.Mode(True, "cuda:0"))
     try:
         with RequestProbe(mnt, os.path.join(mnt, "config.json"), url) as p:
-            _, secs = engine_loop(files, 7, 8)
+            _, secs = slice_loop(files, 7, 8)
     finally:
         hook.uninstall()
     s = p.summary()
@@ -133,40 +93,50 @@ def probe_requests(files, mnt: str, url, out: dict) -> None:
     say(f"requests during a hooked world-8 loop ({secs:.3f} s): {json.dumps(s)}")
 
 
-def engine_rows(files, out: dict) -> list:
-    """tp_world{2,4,8}: stock against hooked, the engines' loop."""
-    from phxmount import hook
+def loop_in_fresh_process(mnt: str, back: str, rank: int, world: int, hooked: bool, compare: bool) -> dict:
+    """tploops.py's slice loop in a process of its own: stock on the mount,
+    or with PHXMOUNT_HOOK=cuda:0 (and, compare, every tensor checked against
+    stock's of the backing directory after the clock)."""
+    argv = [sys.executable, os.path.join(TOOLS, "tploops.py"), "child", "--loop", "slice", "--dir", mnt,
+            "--rank", str(rank), "--world", str(world)] + (["--ref", back] if compare else [])
+    return fresh(argv, hook="cuda:0" if hooked else "", timeout=180, pythonpath=[PYDIR])
+
+
+def engine_rows(mnt: str, back: str, out: dict, ranks: str = "both") -> list:
+    """tp_world{2,4,8}: stock against hooked, the engines' loop, every
+    repetition a fresh process; ranks 0 and W-1 (ranks "last": W-1 alone)."""
     rows, fails = [], []
     for w in (2, 4, 8):
         ratios = []
-        for rank in sorted({0, w - 1}):
-            times = {"stock": [], "hooked": []}
-            kept = {}
-            for _ in range(2):
-                for side in ("stock", "hooked"):
-                    if side == "hooked":
-                        hook.install(hook.Mode(True, "cuda:0"))
-                    else:
-                        hook.uninstall()
-                    got, secs = engine_loop(files, rank, w)
-                    times[side].append(secs)
-                    kept[side] = got
-            hook.uninstall()
-            bad = mismatches(kept["hooked"], kept["stock"])
+        for rank in sorted({0, w - 1} if ranks == "both" else {w - 1}):
+            runs = {"stock": [], "hooked": []}
+            for rep in range(2):
+                runs["stock"].append(loop_in_fresh_process(mnt, back, rank, w, False, False))
+                runs["hooked"].append(loop_in_fresh_process(mnt, back, rank, w, True, rep == 0))
+            errs = [r["error"] for side in runs.values() for r in side if r.get("error")]
+            bad = [m for r in runs["hooked"] for m in r.get("mismatch", [])]
+            hook = [(r.get("hook") or {}).get("summary") for r in runs["hooked"] if not r.get("error")]
+            if errs:
+                fails.append(f"world {w} rank {rank}: {errs[0][-300:]}")
             if bad:
-                fails.append(f"world {w} rank {rank}: {len(bad)} tensors differ from stock get_slice, e.g. {bad[:3]}")
-            st, hk = min(times["stock"]), min(times["hooked"])
-            say(f"engine loop world {w} rank {rank}: {nbytes(kept['stock']) / GB:.2f} GB, stock {st:.4f} s, "
-                f"hooked {hk:.4f} s, {st / hk:.2f}x, every tensor {'equal' if not bad else 'NOT equal'}")
-            out.setdefault("engine", []).append({"world": w, "rank": rank, "bytes": nbytes(kept["stock"]),
-                                                 "stock_s": times["stock"], "hooked_s": times["hooked"],
-                                                 "mismatch": bad[:10], "hook": hook.report.summary()})
-            ratios.append((st / hk, st, hk, rank))
-            del kept
-        worst = min(ratios)
-        rows.append(row(f"tp_world{w}", worst[2], worst[1], T[f"tp_world{w}"], "stock safetensors get_slice + .to()",
-                        unit="s", note=f"engines' loop, rank {worst[3]} of {w} (the slower of ranks 0 and {w - 1}), "
-                                       "best of 2, hooked in-process (PHXMOUNT_HOOK=cuda:0)"))
+                fails.append(f"world {w} rank {rank}: tensors differ from stock get_slice, e.g. {bad[:3]}")
+            if not any("compared" in r for r in runs["hooked"]):
+                fails.append(f"world {w} rank {rank}: no hooked process compared its tensors with stock")
+            fails += hook_fails([r.get("hook") for r in runs["hooked"] if not r.get("error")], f"world {w} rank {rank}")
+            out.setdefault("engine", []).append({"world": w, "rank": rank, "runs": runs, "hook": hook})
+            st = min((r["seconds"] for r in runs["stock"] if not r.get("error")), default=None)
+            hk = min((r["seconds"] for r in runs["hooked"] if not r.get("error")), default=None)
+            if st and hk:
+                say(f"engine loop world {w} rank {rank}: stock {st:.4f} s, hooked {hk:.4f} s, {st / hk:.2f}x, "
+                    f"every tensor {'equal' if not bad else 'NOT equal'}")
+                ratios.append((st / hk, st, hk, rank))
+        failed = [f for f in fails if f.startswith(f"world {w} ")]
+        worst = min(ratios) if ratios and not failed else (None, None, None, None)
+        rows.append(row(f"tp_world{w}", worst[2], worst[1], "stock safetensors get_slice + .to(), on the mount",
+                        failed=failed, timed=f"the get_slice loop of every file, world {w}, "
+                        f"{'the slower of ranks 0 and ' if ranks == 'both' else 'rank '}{w - 1}, PHXMOUNT_HOOK=cuda:0 "
+                        "against stock; every repetition a fresh process (torch, safetensors and the CUDA context "
+                        "before the clock), best of 2 each side"))
     return rows, fails
 
 
@@ -186,7 +156,6 @@ def parse_col_ref(paths) -> dict:
 
 
 def col_rows(files, ref: dict, out: dict) -> list:
-    from phxmount.stformat import read_header
     widths = {}
     for p in files:
         for t in read_header(p).tensors:
@@ -206,13 +175,14 @@ def col_rows(files, ref: dict, out: dict) -> list:
             out.setdefault("col", []).append({"row_bytes": rowb, "world": w, "gbps": gbps, "ref": r})
             if r:
                 pairs.append((gbps / r, gbps, r, rowb, w))
+    timed = ("load_safetensors(names=the dim-1 tensors, shard=(1, W-1, W)) of every file in parallel threads, best "
+             "of 2 in one process, the worst width and W")
     if not pairs:
-        return [row("col_shard_vs_ref", None, None, T["col_shard_vs_ref"], "col_shard.cu best, same width",
+        return [row("col_shard_vs_ref", None, None, "col_shard.cu best, same width", timed=timed,
                     missing=["col_shard.cu output"])]
     worst = min(pairs)
-    return [row("col_shard_vs_ref", worst[1], worst[2], T["col_shard_vs_ref"],
-                f"col_shard.cu best at {worst[3]}-byte rows, W={worst[4]}",
-                note="the dim-1 tensors alone, one load_safetensors call per file, the worst width and W")]
+    return [row("col_shard_vs_ref", worst[1], worst[2], f"col_shard.cu best at {worst[3]}-byte rows, W={worst[4]}",
+                timed=timed)]
 
 
 def child_rank(a) -> dict:
@@ -227,7 +197,7 @@ def child_rank(a) -> dict:
     t0 = time.time()
     got, _ = one_call(files, a.rank, a.world)
     t1 = time.time()
-    want, _ = engine_loop(files_of(a.ref), a.rank, a.world)
+    want, _ = slice_loop(files_of(a.ref), a.rank, a.world)
     return {"rank": a.rank, "start": t0, "end": t1, "bytes": nbytes(got), "mismatch": mismatches(got, want)[:5]}
 
 
@@ -245,19 +215,21 @@ def procs_row(a, pinned: float, out: dict) -> list:
             continue
         res.append(json.loads(o.strip().splitlines()[-1]))
     out["procs"] = res
+    timed = ("8 processes at once, one per rank of world 8, each one load_safetensors(shard=Llama's plan) call per "
+             "file onto cuda:0: all ranks' bytes from the first start to the last end")
     if errs or len(res) != 8:
         out["procs_errors"] = errs
-        return [row("tp_8procs_vs_pinned", None, pinned, T["tp_8procs_vs_pinned"], "pinned H2D copy, 1 GiB",
-                    missing=["a rank process failed"])], [f"8 rank processes: {e}" for e in errs]
+        return [row("tp_8procs_vs_pinned", None, pinned, "pinned H2D copy, 1 GiB", timed=timed,
+                    failed=[f"8 rank processes: {e}" for e in errs] or ["a rank process failed"])], \
+            [f"8 rank processes: {e}" for e in errs]
     late = max(r["start"] for r in res) - min(r["start"] for r in res)
     span = max(r["end"] for r in res) - min(r["start"] for r in res)
     total = sum(r["bytes"] for r in res)
     fails = [f"rank process {r['rank']}: tensors differ from stock get_slice: {r['mismatch']}" for r in res if r["mismatch"]]
     say(f"8 rank processes of world 8 at once: {total / GB:.2f} GB in {span:.3f} s ({total / span / GB:.2f} GB/s), "
         f"starts within {late * 1e3:.1f} ms")
-    return [row("tp_8procs_vs_pinned", total / span / GB, pinned, T["tp_8procs_vs_pinned"], "pinned H2D copy, 1 GiB",
-                note=f"8 processes, one per rank of world 8, each one load_safetensors call per file, onto cuda:0; "
-                     f"starts within {late * 1e3:.1f} ms")], fails
+    return [row("tp_8procs_vs_pinned", total / span / GB, pinned, "pinned H2D copy, 1 GiB", timed=timed,
+                failed=fails, note=f"starts within {late * 1e3:.1f} ms")], fails
 
 
 def run(a) -> int:
@@ -272,8 +244,8 @@ def run(a) -> int:
     wd.stage("pinned ceiling", 60)
     pinned = pinned_ceiling_gbps()
     out["pinned_gbps"] = pinned
-    wd.stage("the engines' loop, worlds 2, 4, 8, stock and hooked", 300)
-    r, f = engine_rows(files, out)
+    wd.stage("the engines' loop, worlds 2, 4, 8, stock and hooked, a fresh process each", 400)
+    r, f = engine_rows(mnt, os.path.join(a.backing_dir, a.ckpt), out, a.ranks)
     rows += r
     fails += f
     wd.stage("where opens and closes wait, a hooked loop", 60)
@@ -283,16 +255,16 @@ def run(a) -> int:
     for _ in range(3):
         got, secs = one_call(files, 7, 8)
         best = min(best or 1e9, secs)
-    want, _ = engine_loop(files_of(os.path.join(a.backing_dir, a.ckpt)), 7, 8)
+    want, _ = slice_loop(files_of(os.path.join(a.backing_dir, a.ckpt)), 7, 8)
     bad = mismatches(got, want)
     if bad:
         fails.append(f"load_safetensors(shard=plan) world 8 rank 7: tensors differ: {bad[:3]}")
     ideal = nbytes(got) / (pinned * GB) + 0.010
     out["one_call"] = {"bytes": nbytes(got), "seconds": best, "ideal_s": ideal}
     say(f"one call, world 8 rank 7: {nbytes(got) / GB:.3f} GB in {best:.4f} s; ideal {ideal:.4f} s")
-    rows.append(row("tp_rank_vs_ceiling", best, ideal, T["tp_rank_vs_ceiling"],
-                    "rank bytes / pinned ceiling + 10 ms", unit="s",
-                    note="world 8 rank 7, load_safetensors(shard=Llama's plan) of both files at once, best of 3"))
+    rows.append(row("tp_rank_vs_ceiling", best, ideal, "rank bytes / pinned ceiling + 10 ms",
+                    timed="world 8 rank 7, load_safetensors(shard=Llama's plan) of every file at once in threads, best "
+                          "of 3 in one process"))
     del got, want
     wd.stage("dim-1 shards against col_shard.cu", 240)
     rows += col_rows(files, parse_col_ref(a.ref_col), out)
@@ -317,6 +289,8 @@ def main(argv=None) -> int:
     for k in ("--mount-dir", "--backing-dir", "--ckpt", "--out"):
         r.add_argument(k, required=True)
     r.add_argument("--ref-col", nargs="*", default=[], help="col_shard.cu's stdout, one file per row width")
+    r.add_argument("--ranks", choices=("both", "last"), default="both",
+                   help="the tp_world rows' ranks: 0 and W-1, or W-1 alone (half the fresh processes)")
     r.add_argument("--metrics-url", default=None, help="the daemon's /metrics (phxmount --metrics), for the request probe")
     c = sub.add_parser("child-rank")
     c.add_argument("--dir", required=True)
