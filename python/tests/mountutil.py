@@ -32,24 +32,36 @@ def why_not():
     return None
 
 
-def numpy_or_none():
-    """numpy, or None. A python3 that is not Debian's (pyenv, say) gets
-    Debian's python3-numpy (scripts/deps.sh installs it) when this one is
-    the same minor version."""
+def debian_module(name: str):
+    """The module, or None. A python3 that is not Debian's (pyenv, say)
+    gets Debian's package (python3-numpy, python3-torch: scripts/deps.sh
+    installs them) when this one is the same minor version."""
+    import importlib
     try:
-        import numpy
-        return numpy
+        return importlib.import_module(name)
     except ImportError:
         pass
     deb = "/usr/lib/python3/dist-packages"
-    if os.path.isdir(os.path.join(deb, "numpy")) and deb not in sys.path:
+    if os.path.isdir(os.path.join(deb, name)) and deb not in sys.path:
         sys.path.append(deb)
         try:
-            import numpy
-            return numpy
+            return importlib.import_module(name)
         except ImportError:
             sys.path.remove(deb)
+    elif deb in sys.path:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            pass
     return None
+
+
+def numpy_or_none():
+    return debian_module("numpy")
+
+
+def torch_or_none():
+    return debian_module("torch")
 
 
 np = numpy_or_none()
