@@ -152,7 +152,9 @@ func TestGatherFaultFallsBackToTheEngine(t *testing.T) {
 func TestMergePieces(t *testing.T) {
 	ps := []connector.Piece{{Off: 0, Dev: 100, Len: 10}, {Off: 10, Dev: 110, Len: 5}, {Off: 15, Dev: 200, Len: 5},
 		{Off: 64, Dev: 205, Len: 5}, {Off: 69, Dev: 210, Len: 1}}
-	got := mergePieces(nil, ps)
+	reg := &region{}
+	xs := []xfer{{reg: reg}, {reg: reg}, {reg: reg}, {reg: reg}, {reg: reg}}
+	got := mergePieces(nil, ps, []int{0, 1, 2, 3, 4}, xs)
 	want := []connector.Piece{{Off: 0, Dev: 100, Len: 15}, {Off: 15, Dev: 200, Len: 5}, {Off: 64, Dev: 205, Len: 6}}
 	if len(got) != len(want) {
 		t.Fatalf("merged %v, want %v", got, want)

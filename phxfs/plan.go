@@ -33,6 +33,13 @@ type xfer struct {
 	result  int64 // bytes moved or a negative errno; notRun until it ran
 	count   int64 // a run's pieces, each len/count bytes (0: one piece, len bytes)
 	stride  int64 // a run's file stride
+	// reg is the registration the bytes land in. Staged xfers and copies
+	// never span two: each is one allocation of the device's (a CUDA IPC
+	// import), and a copy past an allocation's end fails (CUDA: "copy is
+	// larger than memobj size") even where the next allocation follows it
+	// in the address space, as a caching allocator's segments and their
+	// imports do.
+	reg *region
 }
 
 // pieces is how many contiguous pieces of the file x moves.
@@ -87,6 +94,7 @@ type target struct {
 	host    uintptr // host address (not staged)
 	devAddr uint64  // device address (staged)
 	staged  bool
+	reg     *region
 }
 
 // prepare checks every request, takes a hold on every registration it uses,
@@ -158,7 +166,7 @@ func (l *Lib) resolve(p *plan) ([]target, error) {
 
 // target is where a request for device address addr inside r goes.
 func (r *region) target(i int, addr uint64) target {
-	t := target{i: i, devAddr: addr, staged: r.transport == Staged}
+	t := target{i: i, devAddr: addr, staged: r.transport == Staged, reg: r}
 	if !t.staged {
 		t.host = r.host + uintptr(addr-r.addr)
 	}
@@ -210,13 +218,14 @@ type piece struct {
 	devAddr uint64  // device address (staged)
 	dev     int
 	staged  bool
+	reg     *region
 }
 
 // pieceOf is piece j of the request of target t.
 func (p *plan) pieceOf(t target, j int64) piece {
 	rq := &p.reqs[t.i]
 	at := j * rq.BufStride
-	pc := piece{fd: rq.Fd, off: rq.FileOffset + j*rq.FileStride, len: rq.Len, dev: rq.Device, staged: t.staged}
+	pc := piece{fd: rq.Fd, off: rq.FileOffset + j*rq.FileStride, len: rq.Len, dev: rq.Device, staged: t.staged, reg: t.reg}
 	if t.staged {
 		pc.devAddr = t.devAddr + uint64(at)
 	} else {
@@ -291,7 +300,7 @@ func cutRuns(p *plan, t target, k int64, segs []segment) []segment {
 	for j := int64(0); j < rq.Count; j += k {
 		n := min(k, rq.Count-j)
 		x := xfer{fd: rq.Fd, off: rq.FileOffset + j*rq.FileStride, len: n * rq.Len, count: n, stride: rq.FileStride,
-			dev: rq.Device, devAddr: t.devAddr + uint64(j*rq.BufStride), staged: true, result: notRun}
+			dev: rq.Device, devAddr: t.devAddr + uint64(j*rq.BufStride), staged: true, result: notRun, reg: t.reg}
 		segs = append(segs, segment{x: len(p.xfers), n: x.len})
 		p.xfers = append(p.xfers, x)
 	}
@@ -311,7 +320,7 @@ func (l *Lib) cutPiece(p *plan, pc piece, segs []segment) []segment {
 		if pc.staged {
 			n = min(n, lim-(pc.off+done)%lim)
 		}
-		x := xfer{fd: pc.fd, off: pc.off + done, len: n, staged: pc.staged, result: notRun}
+		x := xfer{fd: pc.fd, off: pc.off + done, len: n, staged: pc.staged, result: notRun, reg: pc.reg}
 		if pc.staged {
 			x.dev, x.devAddr = pc.dev, pc.devAddr+uint64(done)
 			p.staged = true
@@ -337,7 +346,7 @@ func (l *Lib) join(p *plan, pc piece) (segment, bool) {
 	lim := l.limit(pc.staged)
 	fits := x.len+pc.len <= lim && (!pc.staged || x.off/lim == (pc.off+pc.len-1)/lim)
 	follows := fits && x.fd == pc.fd && x.staged == pc.staged && x.off+x.len == pc.off &&
-		((pc.staged && x.dev == pc.dev && x.devAddr+uint64(x.len) == pc.devAddr) ||
+		((pc.staged && x.dev == pc.dev && x.reg == pc.reg && x.devAddr+uint64(x.len) == pc.devAddr) ||
 			(!pc.staged && x.host+uintptr(x.len) == pc.host))
 	if !follows {
 		return segment{}, false

@@ -174,7 +174,7 @@ type slotFences []slotFlight
 // cannot move fail.
 func (sf slotFences) start(slot int, s connector.Stream, buf []byte, pieces []connector.Piece, idx []int, gather bool, xfers []xfer) {
 	fl := &sf[slot]
-	fl.merged = mergePieces(fl.merged[:0], pieces)
+	fl.merged = mergePieces(fl.merged[:0], pieces, idx, xfers)
 	if err := move(s, buf, fl.merged, gather); err != nil {
 		oneByOne(s, buf, pieces, idx, gather, xfers, err)
 		return
@@ -244,13 +244,15 @@ func moveAndWait(s connector.Stream, buf []byte, pieces []connector.Piece, gathe
 	return f.Wait()
 }
 
-// mergePieces appends to out the pieces, each joined to the one before it
-// when they follow on in both the slot and the device (the rows of a
-// column slice, packed one after the other): one copy instead of many. The
-// pieces themselves stay apart for a retry one by one.
-func mergePieces(out, ps []connector.Piece) []connector.Piece {
-	for _, p := range ps {
-		if n := len(out); n > 0 {
+// mergePieces appends to out the pieces (piece j moves xfer idx[j]), each
+// joined to the one before it when they follow on in both the slot and the
+// device and land in the same registration (the rows of a column slice,
+// packed one after the other): one copy instead of many. A copy never
+// spans two registrations (xfer.reg). The pieces themselves stay apart for
+// a retry one by one.
+func mergePieces(out, ps []connector.Piece, idx []int, xfers []xfer) []connector.Piece {
+	for j, p := range ps {
+		if n := len(out); n > 0 && xfers[idx[j]].reg == xfers[idx[j-1]].reg {
 			last := &out[n-1]
 			if last.Off+last.Len == p.Off && last.Dev+uint64(last.Len) == p.Dev {
 				last.Len += p.Len
