@@ -33,8 +33,8 @@
 #                                    report; within PHX27_DEADLINE_S (570) of its
 #                                    start, each step's time planned and printed
 #   bash scripts/gpu-test.sh issue27-quick  the same on small checkpoints, one
-#                                    repetition, in under 200 s (PHX27_DEADLINE_S
-#                                    190): a first look, no issue's figures
+#                                    repetition, in under 250 s (PHX27_DEADLINE_S
+#                                    240): a first look, no issue's figures
 #   bash scripts/gpu-test.sh issue27-plan   what issue27 would do and how long each
 #                                    step should take (no GPU needed; issue27-quick-plan:
 #                                    issue27-quick's)
@@ -396,7 +396,7 @@ report() {
 issue27() {
 	local mode=${1:-full} q= deadline reserve=${PHX27_RESERVE_S:-25} need free t budget refpid setup
 	[ "$mode" = full ] || q=--quick
-	deadline=${PHX27_DEADLINE_S:-$([ "$mode" = full ] && echo 570 || echo 190)}
+	deadline=${PHX27_DEADLINE_S:-$([ "$mode" = full ] && echo 570 || echo 240)}
 	local ckpts=$WORK/backing/ckpt27 reps=${PHX27_REPS:+--reps $PHX27_REPS}
 	cd "$ROOT" || exit 1
 	if [ "${2:-}" = plan ]; then

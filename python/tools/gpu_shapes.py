@@ -70,7 +70,12 @@ PYDIR = os.path.dirname(os.path.dirname(HERE))
 TOOLS = os.path.dirname(HERE)
 CHILD = os.path.join(TOOLS, "shapes_children.py")
 STARTUP_S = 3.5  # a fresh process: python, torch, the CUDA context (the plan's guess, printed beside the actuals)
-HF_STARTUP_S = 2.5  # and transformers with the model's module
+# and transformers with the model's module, and building the model: run 34
+# measured 17-20 s a from_pretrained process in all (its call 0.3-2.3 s)
+HF_STARTUP_S = 15.0
+# from_pretrained's fresh processes a side: one each (a process costs
+# 17-20 s, so --reps of them would not fit one device call beside the rest)
+FP_REPS = 1
 STOCK_GBPS, HOOKED_GBPS = 5.0, 20.0  # the plan's guesses of the loads' rates
 
 
@@ -200,11 +205,11 @@ class Run:
         return gpu_rows.staged_over_files([(r["bytes"], r["stdout"] or "") for r in runs])
 
     # the steps
-    def reps(self, fn_stock, fn_hooked):
-        """Stock and hooked taking turns, --reps each; the first hooked one
-        compares (fn_hooked(compare=True))."""
+    def reps(self, fn_stock, fn_hooked, n=None):
+        """Stock and hooked taking turns, --reps each (or n); the first
+        hooked one compares (fn_hooked(compare=True))."""
         st, hk = [], []
-        for i in range(self.a.reps):
+        for i in range(self.a.reps if n is None else n):
             if fn_stock is not None:
                 st.append(fn_stock())
             hk.append(fn_hooked(i == 0))
@@ -227,7 +232,7 @@ class Run:
                                    variant=variant, spawned=time.time()),
                 lambda c: self.child("from_pretrained", "1", d["back"] if c else "",
                                      f"{name} from_pretrained {variant}", dir=d["mnt"], variant=variant,
-                                     spawned=time.time()))
+                                     spawned=time.time()), n=FP_REPS)
             self.res[f"{name}_fp_{variant}"] = {"stock": st, "hooked": hk}
 
     def whole(self):
@@ -317,17 +322,13 @@ class Run:
 
         nref = 1 if self.a.quick else self.a.ref_files
         q2, nw = size["qwen2"], len(self.narrow_worlds()) + 1
-        nfp = 3 if self.a.quick else 4  # from_pretrained processes a repetition
+        nfp = 3 if self.a.quick else 4  # from_pretrained processes (FP_REPS a side)
         total = sum(size.values()) + size["kv"]  # and the KV write file
         steps = [
             ("the page cache: every file read once", 2 + total / (20 * GB), self.warm),
             ("references (staged_ceiling.cu, kv_blocks.cu)", (nref + nref + 1) * 4.0 + 6, self.refs),
             ("pinned ceiling", STARTUP_S + 3, self.pinned),
             ("moe: load_file and the engines' loop", p(2 * R, 0, 2 * R * size["moe"], compare=2 * size["moe"]), self.moe),
-            ("moe: from_pretrained", p(nfp * R, (nfp - 2) * R * size["moe"], 2 * R * size["moe"], True,
-                                       2 * size["moe"]), lambda: self.from_pretrained("moe")),
-            ("dense20: from_pretrained", p(nfp * R, (nfp - 2) * R * size["dense20"], 2 * R * size["dense20"], True,
-                                           2 * size["dense20"]), lambda: self.from_pretrained("dense20")),
             ("whole file", p(R, 0, R * 2e9, compare=2e9), self.whole),
             ("tensor parallel: vLLM's narrow loop and the get_slice loop (qwen2)",
              p(2 * nw * R, nw * R * q2, nw * R * q2 / 4, compare=nw * q2), self.tp),
@@ -336,7 +337,13 @@ class Run:
             ("KV blocks (gpu_kv.py)", 25 if not self.a.quick else 8, self.kv),
             ("qwen2: a hooked from_pretrained against stock's (biases, tied head, F32 norms)",
              p(1, q2, q2, True), self.qwen2_check),
-        ]
+            # Last: a from_pretrained process costs 17-20 s (run 34).
+            ("moe: from_pretrained", p(nfp * FP_REPS, (nfp - 2) * FP_REPS * size["moe"], 2 * FP_REPS * size["moe"], True,
+                                       2 * size["moe"]), lambda: self.from_pretrained("moe")),
+        ] + ([] if self.a.quick else [  # --quick: one from_pretrained checkpoint
+            ("dense20: from_pretrained", p(nfp * FP_REPS, (nfp - 2) * FP_REPS * size["dense20"], 2 * FP_REPS * size["dense20"], True,
+                                           2 * size["dense20"]), lambda: self.from_pretrained("dense20")),
+        ])
         return steps
 
     def go(self):
