@@ -37,16 +37,17 @@ from typing import Callable, Dict, List, Optional
 from .dtypes import is_torch_dtype
 from .hook_ahead import ReadAhead
 from .hook_close import Resources, closing
+from .hook_defer import Deferrals, handing, uses_seen
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, is_cpu, parse_mode, task, window
 from .hook_guess import GUESS_TASK, Guesses, guessed_plan, slices_seen
-from .hook_import import Patcher
+from .hook_import import Patcher, patch_spawn, unpatch_spawn
 from .hook_plan import Ahead, Held, Starts
 from .hook_report import Report, report
 from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index, stock_attr
 from .stformat import Header, TensorInfo, read_header
 
 __all__ = ["safe_open", "install", "uninstall", "install_from_env", "Mode", "parse_mode", "HookedFile", "HookedSlice",
-           "report", "Report", "closing", "mounts", "slices_seen", "describe", "ENV", "WINDOW_ENV", "TASK_ENV", "GUESS_TASK"]
+           "report", "Report", "closing", "mounts", "slices_seen", "uses_seen", "describe", "ENV", "WINDOW_ENV", "TASK_ENV", "GUESS_TASK"]
 
 
 class HookedSlice:
@@ -111,6 +112,7 @@ class HookedFile:
         self._ahead = Ahead(window(), self._lock)
         self._read_ahead = ReadAhead(self._sorted, {n: t.nbytes for n, t in self.tensors.items()}, self._lock)
         self._guesses = Guesses(self._sorted, {t.name: tuple(t.shape) for t in header.tensors}, self._lock)
+        self._defer = Deferrals({t.name: tuple(t.shape) for t in header.tensors})
 
     # safetensors' interface
     @if_installed
@@ -140,9 +142,14 @@ class HookedFile:
         if info is None or dev is None:
             return self.stock().get_tensor(name)
         had = self._take(name)  # before the read-ahead counts the window's room
-        self.defer(dev, name)
-        self._read_ahead.after(name, dev, self._ahead, lambda k: self.defer(dev, k), self._drop)
-        return self._gpu(info, None, dev, had)
+        t = None  # a deferred tensor (hook_defer), made before the read-ahead asks what it reads whole
+        if (had is None or had.kind == "guess") and self._defer.wants(name, dev):
+            t = handing(info, dev, had, self._gpu, self._drop, self._defer)
+        if t is None:
+            self.defer(dev, name)
+        self._read_ahead.after(name, dev, self._ahead, lambda k: self.defer(dev, k), self._drop,
+                               lambda k: self._defer.reads_ahead(k, dev))
+        return t if t is not None else self._gpu(info, None, dev, had)
 
     @if_installed
     def get_tensors(self):
@@ -365,19 +372,6 @@ def _open_reader(path: str, dev: int, availability=None, header=None, fd=None):
     return open_reader(path, dev, owned=True, availability=availability, header=header, fd=fd)
 
 
-def _bind_spawn(orig: Callable) -> Callable:
-    """transformers' spawn_materialize, which first tells a hooked slice
-    the device and dtype its tensor goes to."""
-
-    def spawn_materialize(thread_pool, tensor, device=None, dtype=None, *args, **kw):
-        if isinstance(tensor, HookedSlice):
-            tensor.bind(device, dtype)
-        return orig(thread_pool, tensor, device, dtype, *args, **kw)
-
-    spawn_materialize.__wrapped__ = orig
-    return spawn_materialize
-
-
 # --- installing -------------------------------------------------------------------------
 
 def _patch_safetensors(mod) -> None:
@@ -390,18 +384,9 @@ def _patch_safetensors(mod) -> None:
         _installed = Installed(real, str(getattr(mod, "__version__", "?")))
 
 
-def _patch_transformers(mod) -> None:
-    fn = getattr(mod, "spawn_materialize", None)
-    if fn is None:
-        report.say("no-spawn", "transformers has no core_model_loading.spawn_materialize here: "
-                               f"tensors it asks for on the cpu stay host tensors ({ENV}=cuda sends them to a GPU)")
-        return
-    if getattr(fn, "__wrapped__", None) is None:
-        mod.spawn_materialize = _bind_spawn(fn)
-
-
 # The real extension module keeps its own; so does this one.
-_patches = Patcher({"safetensors": _patch_safetensors, "transformers.core_model_loading": _patch_transformers},
+_patches = Patcher({"safetensors": _patch_safetensors,
+                    "transformers.core_model_loading": lambda m: patch_spawn(m, lambda t: isinstance(t, HookedSlice))},
                    skip=("safetensors._safetensors_rust", __name__))
 atexit.register(lambda: report.at_exit())
 
@@ -420,11 +405,9 @@ def uninstall() -> None:
     global _mode, _installed
     _mode, _installed = Mode(False), None
     slices_seen.forget()
+    uses_seen.forget()
     _patches.off({"safe_open": safe_open})
-    tcl = sys.modules.get("transformers.core_model_loading")
-    fn = getattr(tcl, "spawn_materialize", None)
-    if getattr(fn, "__wrapped__", None) is not None:
-        tcl.spawn_materialize = fn.__wrapped__
+    unpatch_spawn(sys.modules.get("transformers.core_model_loading"))
 
 
 def install_from_env() -> None:

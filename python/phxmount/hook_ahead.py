@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from .hook_plan import Ahead, Held
 
@@ -23,11 +23,13 @@ class ReadAhead:
         self.order: deque = deque()  # the names read ahead, in key order (some taken since)
 
     def after(self, name: str, dev: int, ahead: Ahead, defer: Callable[[str], None],
-              drop: Callable[[str, Held], None]) -> None:
+              drop: Callable[[str, Held], None], whole: Optional[Callable[[str], bool]] = None) -> None:
         """get_tensor(name) onto dev was asked: when in key order, the read-
         aheads of keys before it (passed over) are dropped, and each next
         key not read ahead yet is deferred (defer(k)) while the window has
-        room for it."""
+        room for it, up to the first key that whole(k) says is not read
+        whole (hook_defer: its tensor is deferred; the next call goes on
+        from there)."""
         with self.lock:
             i = self.index[name]
             sequential, self.expect = i == self.expect, i + 1
@@ -41,6 +43,8 @@ class ReadAhead:
             j = max(i + 1, self.ahead_to)
             while j < len(self.keys):
                 k = self.keys[j]
+                if whole is not None and not whole(k):
+                    break
                 if k not in ahead.held:  # (a slice guessed for it holds its own)
                     if not ahead.hold(k, Held(dev, self.sizes[k], "ahead")):
                         break

@@ -100,3 +100,33 @@ class Patcher:
             if real is not None:
                 rebind(attr, new, real, self.skip)
 
+
+
+def patch_spawn(mod, hooked: Callable[[object], bool]) -> None:
+    """transformers' core_model_loading.spawn_materialize, wrapped so that
+    it first tells a hooked slice (hooked(tensor)) the device and dtype its
+    tensor goes to (HookedSlice.bind)."""
+    fn = getattr(mod, "spawn_materialize", None)
+    if fn is None:
+        from .hook_env import ENV
+        from .hook_report import report
+        report.say("no-spawn", "transformers has no core_model_loading.spawn_materialize here: "
+                               f"tensors it asks for on the cpu stay host tensors ({ENV}=cuda sends them to a GPU)")
+        return
+    if getattr(fn, "__wrapped__", None) is not None:
+        return
+
+    def spawn_materialize(thread_pool, tensor, device=None, dtype=None, *args, **kw):
+        if hooked(tensor):
+            tensor.bind(device, dtype)
+        return fn(thread_pool, tensor, device, dtype, *args, **kw)
+
+    spawn_materialize.__wrapped__ = fn
+    mod.spawn_materialize = spawn_materialize
+
+
+def unpatch_spawn(mod) -> None:
+    """Puts transformers' own spawn_materialize back."""
+    fn = getattr(mod, "spawn_materialize", None)
+    if getattr(fn, "__wrapped__", None) is not None:
+        mod.spawn_materialize = fn.__wrapped__

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import types
 import unittest
 from unittest import mock
 
@@ -32,6 +33,14 @@ from phxmount import hook  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
 from phxmount.fetch import Fetcher  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
+from phxmount.hook_import import patch_spawn  # noqa: E402
+
+
+def spawned(orig):
+    """transformers' spawn_materialize orig as the hook wraps it."""
+    mod = types.SimpleNamespace(spawn_materialize=orig)
+    patch_spawn(mod, lambda t: isinstance(t, hook.HookedSlice))
+    return mod.spawn_materialize
 
 # A stand-in for the real package: safe_open records its arguments and
 # answers with them; safetensors.torch takes the name as the real one does.
@@ -212,7 +221,7 @@ class RoutingTest(HookedCase):
         b0 = self.batches()
         f = self.fake.safe_open(self.path, "pt", device="cpu", backend="mmap")
         slices = {k: f.get_slice(k) for k in f.keys()}
-        spawn = hook._bind_spawn(lambda pool, t, device=None, dtype=None, *a, **k: t)
+        spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
         for k, s in slices.items():  # what from_pretrained does: device and dtype per tensor
             spawn(None, s, "cuda:0", None)
         out, errs = {}, []
@@ -240,7 +249,7 @@ class RoutingTest(HookedCase):
         self.gpu_ok()
         f = self.fake.safe_open(self.path, "pt", device="cpu")
         s = f.get_slice("a.w")
-        hook._bind_spawn(lambda *a, **k: None)(None, s, "cpu", None)
+        spawned(lambda *a, **k: None)(None, s, "cpu", None)
         self.assertTrue(same(s[2:5, 7], self.arrays["a.w"][2:5, 7]))
         self.assertEqual(Served.tensors, 1)
 

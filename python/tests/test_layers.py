@@ -10,16 +10,17 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 # Lowest first; a module may import only modules of earlier layers.
 LAYERS = [
-    ["abi", "cuda", "stformat", "extents", "dtypes"],
+    ["abi", "cuda", "stformat", "extents", "dtypes", "deferred"],
     ["client", "slicing", "sharded"],
     ["batchio", "regcache", "loader", "availability"],
     ["fetch"],
     ["savefile", "hostbackends"],
     ["torch_mem"],
     ["torch_load", "torch_save"],
-    ["hook_env", "hook_report", "hook_close", "hook_import"],
-    ["hook_route", "hook_plan"],
+    ["hook_env", "hook_report", "hook_close"],
+    ["hook_route", "hook_plan", "hook_import"],
     ["hook_ahead", "hook_guess"],
+    ["hook_defer"],
     ["replicate", "hook"],
     ["check"],  # below hook in what it knows, above it so that it never imports it
     ["__init__", "__main__"],

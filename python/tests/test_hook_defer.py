@@ -1,0 +1,160 @@
+"""The hook's deferral (hook_defer) on a real emu mount, with torch's CPU
+tensors standing in for GPU memory: vLLM's loop (get_tensor, narrow to the
+rank, copy_ into the parameter) reads only the rank's bytes and gets
+stock's values; the regions of the next keys are guessed and read ahead;
+a role used whole goes back to whole tensors read ahead; a caller that
+collects tensors stops the deferral; PHXMOUNT_HOOK_DEFER=0 turns it off.
+Needs torch (Debian's python3-torch where the interpreter has none)."""
+
+import os
+import unittest
+from unittest import mock
+
+from hookutil import LAYERS, HookedCase
+from mountutil import np, torch_or_none
+
+torch = torch_or_none()
+WHY = None if torch is not None and np is not None else "torch or numpy is not importable (scripts/deps.sh installs them)"
+
+from phxmount import deferred, hook, hook_defer  # noqa: E402
+
+if torch is not None and not hasattr(torch.Tensor, "nbytes"):
+    # Debian's torch (1.13) predates Tensor.nbytes (2.1), which the hook's
+    # report reads of what landed.
+    torch.Tensor.nbytes = property(lambda t: t.numel() * t.element_size())
+
+SHAPES = {n: shape for n, _, shape in LAYERS}
+DTYPES = {n: dt for n, dt, _ in LAYERS}
+TORCH = {"BF16": "bfloat16", "F32": "float32", "F16": "float16"}
+# A rank of world 4 (hookutil.RANK): rows of q, columns of o, the norm whole.
+NARROW = {"attn.q.weight": (0, 32, 16), "attn.o.weight": (1, 128, 64)}
+
+
+def as_torch(x, st_dtype):
+    """The emu reader's numpy result as the torch tensor of its bytes."""
+    a = np.ascontiguousarray(x)
+    return torch.frombuffer(bytearray(a.tobytes()), dtype=getattr(torch, TORCH[st_dtype])).reshape(a.shape)
+
+
+class TorchReader:
+    """The emu reader, its results as torch tensors (a CUDA reader's are)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def get_planned(self, p, then=None):
+        return as_torch(self._inner.get_planned(p, then), p.dtype)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def same(a, b) -> bool:
+    """Equal shape, dtype and bytes (random bytes hold NaNs, which equal nothing)."""
+    return (a.shape == b.shape and a.dtype == b.dtype and
+            torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+
+def role_of(name):
+    return name.split(".", 3)[3]
+
+
+@unittest.skipIf(WHY, WHY)
+class DeferTest(HookedCase):
+    def setUp(self):
+        super().setUp()
+        inner = hook._open_reader
+        hook._open_reader = lambda *a, **k: TorchReader(inner(*a, **k))
+        self.storage = mock.patch.object(hook_defer, "_storage",
+                                         lambda shape, dt, dev: torch.empty(shape, dtype=getattr(torch, TORCH[dt])))
+        self.storage.start()
+        self.use(self.real, hook.Mode(True, "cuda:0"))
+        self.gpu_ok()
+
+    def tearDown(self):
+        self.storage.stop()
+        super().tearDown()
+
+    def want(self, k):
+        return as_torch(self.layers[k], DTYPES[k])
+
+    def read_bytes(self):
+        return sum(r.fetcher.read_bytes for r in self.readers)
+
+    def vllm_loop(self, f, check=True):
+        """get_tensor, narrow to the rank (or the whole), copy_ into a
+        parameter; returns {name: parameter}."""
+        out = {}
+        for k in f.keys():
+            t = f.get_tensor(k)
+            self.assertEqual(tuple(t.shape), SHAPES[k])
+            n = NARROW.get(role_of(k))
+            part = t.narrow(*n) if n else t
+            p = torch.empty(part.shape, dtype=part.dtype)
+            p.copy_(part)
+            out[k] = p
+            if check:
+                w = self.want(k)
+                self.assertTrue(same(p, w.narrow(*n) if n else w), k)
+        return out
+
+    def test_the_narrow_loop_reads_the_rank(self):
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            self.vllm_loop(f)
+        # What the planner reads for the rank's slice of each narrowed
+        # tensor (a covering read where extents cost more than bytes), and
+        # the norms whole: never a narrowed tensor whole.
+        fe = self.readers[0].fetcher
+        want = 0
+        for n, dt, shape in LAYERS:
+            cut = NARROW.get(role_of(n))
+            index = None if cut is None else (slice(None),) * cut[0] + (slice(cut[1], cut[1] + cut[2]),)
+            want += fe.plan(n, index).read_bytes
+        self.assertEqual(self.read_bytes(), want, "bytes read: the rank's slices as planned, the norms whole")
+        self.assertLess(want, sum(fe.info(n).nbytes for n, _, _ in LAYERS))
+        self.assertGreater(self.readers[0].served_from_prefetch, 0, "no region was read ahead")
+        self.assertEqual(hook.uses_seen.get("model.layers.#.attn.q.weight", (64, 96), 0), hook_defer.NARROW)
+        self.assertEqual(hook.uses_seen.get("model.layers.#.norm.weight", (96,), 0), hook_defer.WHOLE)
+
+    def test_views_are_stocks(self):
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            k = "model.layers.0.attn.o.weight"
+            t = f.get_tensor(k)
+            self.assertTrue(deferred.is_deferred(t))
+            v = t.narrow(1, 128, 64)
+            w = self.want(k).narrow(1, 128, 64)
+            self.assertEqual((v.stride(), v.storage_offset(), v.is_contiguous()), (w.stride(), w.storage_offset(), False))
+            self.assertTrue(same(v, w))
+            self.assertTrue(same(t.t(), self.want(k).t()))  # the rest read, kept values
+            self.assertIs(type(t), torch.Tensor)
+
+    def test_a_role_used_whole_is_read_ahead_whole(self):
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            keys = f.keys()
+            kinds = []
+            for k in keys:
+                t = f.get_tensor(k)
+                kinds.append(deferred.is_deferred(t))
+                p = torch.empty(t.shape, dtype=t.dtype)
+                p.copy_(t)
+                self.assertTrue(same(p, self.want(k)), k)
+        self.assertEqual(kinds[:3], [True] * 3, "the first tensor of each role is deferred")
+        self.assertEqual(kinds[3:], [False] * (len(keys) - 3), "a role used whole is not deferred again")
+        self.assertGreater(self.readers[0].served_from_prefetch, len(keys) // 2, "whole tensors not read ahead")
+
+    def test_a_caller_that_collects_stops_the_deferral(self):
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            got = {k: f.get_tensor(k) for k in f.keys()}
+            self.assertEqual(sum(deferred.is_deferred(t) for t in got.values()), 1)
+            for k, t in got.items():
+                self.assertTrue(same(t.clone(), self.want(k)), k)
+
+    def test_off(self):
+        with mock.patch.dict(os.environ, {hook_defer.DEFER_ENV: "0"}):
+            with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+                got = [f.get_tensor(k) for k in f.keys()]
+        self.assertFalse(any(deferred.is_deferred(t) for t in got))
+
+
+if __name__ == "__main__":
+    unittest.main()
