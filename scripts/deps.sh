@@ -13,6 +13,9 @@ have python3 || need+=(python3) # POSIX lock checks, the Python client's tests
 # The Python client's planner tests compare with numpy slicing. A python3
 # that is not Debian's (pyenv) finds Debian's numpy through the tests.
 python3 -c 'import numpy' 2>/dev/null || [ -d /usr/lib/python3/dist-packages/numpy ] || need+=(python3-numpy)
+# The deferred tensors (phxmount.deferred, the hook's deferral) are torch
+# tensors: their tests run on the CPU with Debian's torch.
+python3 -c 'import torch' 2>/dev/null || [ -d /usr/lib/python3/dist-packages/torch ] || need+=(python3-torch)
 # Installing and operating (scripts/acceptance.sh, the non-root tests):
 # curl for the metrics endpoint, fusermount3 for mounts by ordinary users,
 # venv with pip for `pip install ./python`, systemd-analyze for the unit,
