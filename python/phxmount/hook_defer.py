@@ -34,7 +34,7 @@ import threading
 import weakref
 from typing import Callable, Dict, Optional
 
-from .hook_guess import role
+from .hook_guess import RoleMemory, role
 
 DEFER_ENV = "PHXMOUNT_HOOK_DEFER"
 WHOLE, NARROW = "whole", "narrow"
@@ -44,28 +44,9 @@ def defer_enabled() -> bool:
     return os.environ.get(DEFER_ENV, "1").strip().lower() not in ("0", "off", "no", "false")
 
 
-class UseMemory:
-    """How the tensors of each role, shape and device were last used: WHOLE
-    or NARROW (in any file: the files of a checkpoint share their roles)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.uses: Dict[tuple, str] = {}
-
-    def get(self, rl: str, shape: tuple, dev: int) -> Optional[str]:
-        with self.lock:
-            return self.uses.get((rl, shape, dev))
-
-    def learn(self, rl: str, shape: tuple, dev: int, use: str) -> None:
-        with self.lock:
-            self.uses[(rl, shape, dev)] = use
-
-    def forget(self) -> None:
-        with self.lock:
-            self.uses.clear()
-
-
-uses_seen = UseMemory()
+# How the tensors of each role, shape and device were last used: WHOLE or
+# NARROW (in any file: the files of a checkpoint share their roles).
+uses_seen = RoleMemory()
 
 
 class Deferrals:

@@ -26,11 +26,11 @@ def role(name: str) -> str:
     return _NUMBER.sub("#", name)
 
 
-class SliceMemory:
-    """The last slice asked of each role and shape for each device, in any
-    file: an engine loading its tensor-parallel rank asks the same slices
-    of every file of a checkpoint, so a file's first request starts the
-    guesses of its roles at once, rather than after the first slice of each
+class RoleMemory:
+    """What was last learned of each role and shape for each device, in any
+    file. slices_seen holds the last slice asked: an engine loading its
+    tensor-parallel rank asks the same slices of every file of a
+    checkpoint, so a file's first request starts the guesses of its roles at once, rather than after the first slice of each
     role in that file has been read, one at a time. A file whose own
     requests taught it otherwise follows its own (Guesses.after)."""
 
@@ -51,7 +51,7 @@ class SliceMemory:
             self.index.clear()
 
 
-slices_seen = SliceMemory()
+slices_seen = RoleMemory()
 
 
 class Guesses:
