@@ -1,23 +1,36 @@
 package fusefs
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phxmount/phxmount/internal/procfs"
 )
 
 // onCredThread runs on a credThread with cr and reports that thread's id
 // and credentials as the kernel saw them inside the job.
 func onCredThread(t *testing.T, cr callerCreds, also func() unix.Errno) (int, threadState) {
 	t.Helper()
+	return inJob(t, func(fn func() unix.Errno) unix.Errno { return runOnCredThread(&cr, -1, fn) }, cr, also)
+}
+
+// inJob runs a job with run (runAs or runOnCredThread) and reports the
+// thread's id and credentials as the kernel saw them inside it.
+func inJob(t *testing.T, run func(func() unix.Errno) unix.Errno, cr callerCreds, also func() unix.Errno) (int, threadState) {
+	t.Helper()
 	var tid int
 	var st threadState
-	e := runAs(cr, func() unix.Errno {
+	e := run(func() unix.Errno {
 		tid = unix.Gettid()
 		var e unix.Errno
 		if st, e = threadCreds(); e != 0 {
@@ -29,7 +42,7 @@ func onCredThread(t *testing.T, cr callerCreds, also func() unix.Errno) (int, th
 		return 0
 	})
 	if e != 0 {
-		t.Fatalf("runAs %d: %v", cr.fsuid, e)
+		t.Fatalf("job as %d: %v", cr.fsuid, e)
 	}
 	return tid, st
 }
@@ -66,11 +79,12 @@ func TestCredThreadsTakeAndGiveBack(t *testing.T) {
 	}
 }
 
-// TestCredThreadEndsWhenItCannotGiveBack: a job that leaves its thread
-// unable to take the daemon's credentials back (here it drops a capability
-// from the thread's permitted set) ends that thread; the next job runs on
-// another thread with the daemon's full credentials.
-func TestCredThreadEndsWhenItCannotGiveBack(t *testing.T) {
+// TestThreadEndsWhenItCannotGiveBack: a job that leaves its thread unable
+// to take the daemon's credentials back (here it drops a capability from
+// the thread's permitted set) ends that thread, whether the job ran where
+// it was served (runAs) or on a credThread; the next job runs on another
+// thread with the daemon's full credentials.
+func TestThreadEndsWhenItCannotGiveBack(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
 	}
@@ -82,8 +96,7 @@ func TestCredThreadEndsWhenItCannotGiveBack(t *testing.T) {
 	if daemon.caps[0].Permitted&(1<<capMknod) == 0 {
 		t.Fatalf("the test process lacks CAP_MKNOD (permitted %#x)", daemon.caps[0].Permitted)
 	}
-	user := callerCreds{fsuid: 1000, fsgid: 1000}
-	tid, _ := onCredThread(t, user, func() unix.Errno {
+	dropMknod := func() unix.Errno {
 		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 		var data [2]unix.CapUserData
 		if err := unix.Capget(&hdr, &data[0]); err != nil {
@@ -92,29 +105,186 @@ func TestCredThreadEndsWhenItCannotGiveBack(t *testing.T) {
 		data[0].Permitted &^= 1 << capMknod
 		data[0].Effective &^= 1 << capMknod
 		return toErrno(unix.Capset(&hdr, &data[0]))
-	})
-	if tid == os.Getpid() {
-		t.Fatalf("a credThread ran on the main thread, which the runtime cannot end")
 	}
+	user := callerCreds{fsuid: 1000, fsgid: 1000}
+	runners := map[string]func(callerCreds, func() unix.Errno) unix.Errno{
+		"where served": runAs,
+		"credThread":   func(cr callerCreds, fn func() unix.Errno) unix.Errno { return runOnCredThread(&cr, -1, fn) },
+	}
+	for name, run := range runners {
+		t.Run(name, func(t *testing.T) {
+			tid, _ := inJob(t, func(fn func() unix.Errno) unix.Errno { return run(user, fn) }, user, dropMknod)
+			if tid == os.Getpid() {
+				t.Fatalf("a job ran on the main thread, which the runtime cannot end")
+			}
+			waitThreadGone(t, tid)
+			self := callerCreds{groups: daemon.groups, capEff: [2]uint32{daemon.caps[0].Effective, daemon.caps[1].Effective}}
+			tid2, st := inJob(t, func(fn func() unix.Errno) unix.Errno { return run(self, fn) }, self, nil)
+			if tid2 == tid {
+				t.Fatalf("a job ran on the thread that should have ended (%d)", tid)
+			}
+			if st.caps[0].Permitted&(1<<capMknod) == 0 {
+				t.Errorf("the next thread lacks CAP_MKNOD too: permitted %#x", st.caps[0].Permitted)
+			}
+		})
+	}
+}
+
+// waitThreadGone waits until thread tid of this process has ended.
+func waitThreadGone(t *testing.T, tid int) {
+	t.Helper()
 	task := "/proc/self/task/" + strconv.Itoa(tid)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(task); os.IsNotExist(err) {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("thread %d still lives after it could not take the daemon's credentials back", tid)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	tid2, st := onCredThread(t, callerCreds{groups: daemon.groups,
-		capEff: [2]uint32{daemon.caps[0].Effective, daemon.caps[1].Effective}}, nil)
-	if tid2 == tid {
-		t.Fatalf("a job ran on the thread that should have ended (%d)", tid)
+}
+
+// TestJobsWhereServedGiveBack: a job run where it is served has exactly
+// the caller's credentials inside, and afterwards every thread of the
+// process has the daemon's again, after many jobs of several callers at
+// once (a thread that kept a caller's credentials would serve the next
+// goroutine with them).
+func TestJobsWhereServedGiveBack(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
 	}
-	if st.caps[0].Permitted&(1<<capMknod) == 0 {
-		t.Errorf("the next thread lacks CAP_MKNOD too: permitted %#x", st.caps[0].Permitted)
+	daemon, e := threadCreds()
+	if e != 0 {
+		t.Fatal(e)
 	}
+	user := callerCreds{fsuid: 1000, fsgid: 1001, groups: []int{7, 1001}}
+	_, in := inJob(t, func(fn func() unix.Errno) unix.Errno { return runAs(user, fn) }, user, nil)
+	if in.fsuid != 1000 || in.fsgid != 1001 || !slices.Equal(in.groups, []int{7, 1001}) || in.caps[0].Effective != 0 || in.caps[1].Effective != 0 {
+		t.Errorf("inside the job: fsuid %d fsgid %d groups %v effective %#x %#x, want 1000 1001 [7 1001] 0 0",
+			in.fsuid, in.fsgid, in.groups, in.caps[0].Effective, in.caps[1].Effective)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 64)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				cr := callerCreds{fsuid: uint32(2000 + g), fsgid: uint32(3000 + i%3), groups: []int{4000 + g}}
+				e := runAs(cr, func() unix.Errno {
+					if u, _ := unix.SetfsuidRetUid(-1); u != int(cr.fsuid) {
+						return unix.EBADE
+					}
+					return 0
+				})
+				if e != 0 {
+					errs <- fmt.Sprintf("job %d of goroutine %d: %v", i, g, e)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	want := statusCreds(daemon)
+	tasks, _ := filepath.Glob("/proc/self/task/*/status")
+	for _, p := range tasks {
+		if got, err := taskCreds(p); err == nil && got != want {
+			t.Errorf("%s after the jobs: %s, want the daemon's %s", p, got, want)
+		}
+	}
+}
+
+// statusCreds is how /proc/<tid>/status shows s: the fsuid, fsgid, groups
+// and effective capabilities.
+func statusCreds(s threadState) string {
+	eff := uint64(s.caps[1].Effective)<<32 | uint64(s.caps[0].Effective)
+	return fmt.Sprintf("fsuid %d fsgid %d groups %v CapEff %016x", s.fsuid, s.fsgid, s.groups, eff)
+}
+
+// taskCreds reads a thread's credentials from its status file, as
+// statusCreds writes them.
+func taskCreds(p string) (string, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "", err
+	}
+	field := func(name string) []string {
+		v, _ := procfs.Field(b, name)
+		return strings.Fields(string(v))
+	}
+	uid, gid := field("Uid:"), field("Gid:")
+	if len(uid) < 4 || len(gid) < 4 {
+		return "", fmt.Errorf("%s: no Uid or Gid line", p)
+	}
+	groups := []int{}
+	for _, g := range field("Groups:") {
+		n, _ := strconv.Atoi(g)
+		groups = append(groups, n)
+	}
+	return fmt.Sprintf("fsuid %s fsgid %s groups %v CapEff %s", uid[3], gid[3], groups, field("CapEff:")[0]), nil
+}
+
+// TestCredThreadUmaskIsItsOwn: a job given a umask runs on a credThread
+// whose umask is that one while the process's (every other thread's)
+// stays as it was, and a file it creates gets the mode the umask leaves;
+// the thread's umask is its own again after the job.
+func TestCredThreadUmaskIsItsOwn(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
+	}
+	old := unix.Umask(0)
+	unix.Umask(old)
+	dir := t.TempDir()
+	user := callerCreds{fsuid: 0, fsgid: 0}
+	var inside, process int
+	e := runOnCredThread(&user, 0o077, func() unix.Errno {
+		inside = unix.Umask(0o077)
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(os.Getpid()) + "/status")
+		v, _ := procfs.Field(b, "Umask:")
+		n, _ := strconv.ParseInt(string(v), 8, 32)
+		process = int(n)
+		fd, err := unix.Open(filepath.Join(dir, "f"), unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o666)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return toErrno(err)
+	})
+	if e != 0 {
+		t.Fatal(e)
+	}
+	if inside != 0o077 || process != old {
+		t.Errorf("inside the job: the thread's umask %#o, the process's %#o; want 077 and %#o", inside, process, old)
+	}
+	if st := statOf(t, filepath.Join(dir, "f")); st.Mode&0o777 != 0o600 {
+		t.Errorf("created with 0666 under umask 077: mode %#o, want 0600", st.Mode&0o777)
+	}
+	if now := unix.Umask(old); now != old {
+		t.Errorf("the process umask is %#o after the job, want %#o", now, old)
+	}
+	e = runOnCredThread(&user, -1, func() unix.Errno {
+		inside = unix.Umask(0)
+		unix.Umask(inside)
+		return 0
+	})
+	if e != 0 || inside != old {
+		t.Errorf("the next job without a umask saw %#o (%v), want the thread's own %#o", inside, e, old)
+	}
+}
+
+// statOf stats p.
+func statOf(t *testing.T, p string) unix.Stat_t {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 // waitIdleCredThread waits until a credThread has given its job's
