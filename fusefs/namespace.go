@@ -69,14 +69,14 @@ func (n *node) created(ctx context.Context, name string, out *fuse.EntryOut) (*f
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Mkdirat(n.fd, name, mode)) }); e != 0 {
+	if e := n.asCreator(ctx, mode, func(mode uint32) unix.Errno { return toErrno(unix.Mkdirat(n.fd, name, mode)) }); e != 0 {
 		return nil, e
 	}
 	return n.created(ctx, name, out)
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Mknodat(n.fd, name, mode, int(dev))) }); e != 0 {
+	if e := n.asCreator(ctx, mode, func(mode uint32) unix.Errno { return toErrno(unix.Mknodat(n.fd, name, mode, int(dev))) }); e != 0 {
 		return nil, e
 	}
 	return n.created(ctx, name, out)

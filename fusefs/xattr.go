@@ -54,10 +54,22 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 		return uint32(copy(dest, v)), 0
 	}
 	sz, err := unix.Getxattr(procSelfFd(n.fd), attr, dest)
-	if err != nil {
-		return uint32(max(sz, 0)), toErrno(err)
+	e := toErrno(err)
+	if e == unix.EOPNOTSUPP && isACLName(attr) {
+		// A backing file system without ACLs has none: the kernel's
+		// permission checks (FUSE_POSIX_ACL) take ENODATA for "no ACL"
+		// and would fail with EOPNOTSUPP.
+		e = unix.ENODATA
+	}
+	if e != 0 {
+		return uint32(max(sz, 0)), e
 	}
 	return uint32(sz), 0
+}
+
+// isACLName says whether an xattr name is a POSIX ACL's.
+func isACLName(attr string) bool {
+	return attr == "system.posix_acl_access" || attr == "system.posix_acl_default"
 }
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {

@@ -134,33 +134,44 @@ func TestNetworkBackingRevalidates(t *testing.T) {
 	}
 }
 
-// TestBackingChmodThroughTheMount: a chmod 0600 made on the backing side
-// is enforced through a cache=auto mount within watchBound, and not
-// through a cache=exclusive one, where the kernel checks access against
-// attributes it keeps for 86400 s: the security consequence the README's
-// caching table and doctor state.
+// TestBackingChmodThroughTheMount: a chmod 0600 of a file made on the
+// backing side is enforced at the next open through the mount in every
+// cache mode (the open runs as the caller against the backing file); a
+// chmod 0700 of the directory above it is enforced through a cache=auto
+// mount within watchBound, and not through a cache=exclusive one, where
+// the kernel checks the search permission of the path against attributes
+// it keeps for 86400 s: the security consequence the README's caching
+// table and doctor state.
 func TestBackingChmodThroughTheMount(t *testing.T) {
 	for _, mode := range []string{"auto", "exclusive"} {
 		t.Run(mode, func(t *testing.T) {
 			d := startDaemon(t, withArgs("-o", "allow_other,cache="+mode))
+			must(t, os.Mkdir(d.Backing+"/dir", 0755))
+			must(t, os.WriteFile(d.Backing+"/dir/below", []byte("below"), 0644))
 			must(t, os.WriteFile(d.Backing+"/secret", []byte("secret"), 0644))
-			read := func() (string, error) { return asNobody("cat " + d.Mnt + "/secret") }
-			if out, err := read(); err != nil || out != "secret" {
-				t.Fatalf("nobody reads a 0644 file: %q, %v", out, err)
+			read := func(name string) (string, error) { return asNobody("cat " + d.Mnt + "/" + name) }
+			for _, name := range []string{"secret", "dir/below"} {
+				if out, err := read(name); err != nil || out != filepath.Base(name) {
+					t.Fatalf("nobody reads a 0644 file %s: %q, %v", name, out, err)
+				}
 			}
 			must(t, os.Chmod(d.Backing+"/secret", 0600))
+			if out, err := read("secret"); err == nil || !strings.Contains(out, "Permission denied") {
+				t.Errorf("cache=%s: nobody still reads a file made 0600 on the backing side: %q, %v", mode, out, err)
+			}
+			must(t, os.Chmod(d.Backing+"/dir", 0700))
 			if mode == "auto" {
-				eventually(t, "chmod 0600 on the backing side", func() string {
-					if out, err := read(); err == nil || !strings.Contains(out, "Permission denied") {
-						return fmt.Sprintf("nobody still reads it: %q, %v", out, err)
+				eventually(t, "chmod 0700 of the directory on the backing side", func() string {
+					if out, err := read("dir/below"); err == nil || !strings.Contains(out, "Permission denied") {
+						return fmt.Sprintf("nobody still reads below it: %q, %v", out, err)
 					}
 					return ""
 				})
 				return
 			}
 			time.Sleep(200 * time.Millisecond) // far more than a watched mount takes
-			if out, err := read(); err != nil || out != "secret" {
-				t.Errorf("cache=exclusive enforced the backing-side chmod (%q, %v): the README and doctor say it does not", out, err)
+			if out, err := read("dir/below"); err != nil || out != "below" {
+				t.Errorf("cache=exclusive enforced the backing-side chmod of the directory (%q, %v): the README and doctor say it does not", out, err)
 			}
 		})
 	}
