@@ -10,6 +10,20 @@ import (
 
 // Extended attributes: user.phx.* names go to the Control, every other
 // name to the backing file.
+//
+// What the kernel judges natively by the file's attributes runs as the
+// caller (ascaller.go), against the backing file as it is: setting and
+// removing user.* names (write permission) and system.posix_acl_* (the
+// owner), reading user.* names (read permission), and listing (a file
+// system lists trusted.* names only to a caller with CAP_SYS_ADMIN).
+// Setting and removing trusted.* and security.* names is judged by the
+// caller's capabilities, which the kernel has checked before the request
+// (they do not go stale as cached attributes do), and the kernel itself
+// removes security.capability after a write by anyone (the caller of
+// that REMOVEXATTR may not remove it with a call of its own): those run
+// as the daemon. The other reads need no permission natively beyond
+// reaching the file, and the kernel asks for system.posix_acl_* itself on
+// permission checks: they run as the daemon too.
 
 func (n *node) target(ctx context.Context, c Caller) XattrTarget {
 	var st unix.Stat_t
@@ -53,8 +67,18 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 		}
 		return uint32(copy(dest, v)), 0
 	}
-	sz, err := unix.Getxattr(procSelfFd(n.fd), attr, dest)
-	e := toErrno(err)
+	sz := 0
+	get := func() unix.Errno {
+		var err error
+		sz, err = unix.Getxattr(procSelfFd(n.fd), attr, dest)
+		return toErrno(err)
+	}
+	var e unix.Errno
+	if strings.HasPrefix(attr, "user.") {
+		e = asRequester(ctx, get)
+	} else {
+		e = get()
+	}
 	if e == unix.EOPNOTSUPP && isACLName(attr) {
 		// A backing file system without ACLs has none: the kernel's
 		// permission checks (FUSE_POSIX_ACL) take ENODATA for "no ACL"
@@ -81,35 +105,36 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		c := callerOf(ctx)
 		return ctl.SetXattr(c, n.target(ctx, c), attr, data)
 	}
-	return toErrno(unix.Setxattr(procSelfFd(n.fd), attr, data, int(flags)))
+	return asChanger(ctx, attr, func() unix.Errno {
+		return toErrno(unix.Setxattr(procSelfFd(n.fd), attr, data, int(flags)))
+	})
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if isVirtual(attr) {
 		return unix.EPERM // controls and reports: nothing to remove
 	}
-	return toErrno(unix.Removexattr(procSelfFd(n.fd), attr))
+	return asChanger(ctx, attr, func() unix.Errno {
+		return toErrno(unix.Removexattr(procSelfFd(n.fd), attr))
+	})
 }
 
-// Listxattr lists the backing file's names, without any user.phx.* name.
+// asChanger runs fn, which sets or removes the xattr attr, as the caller,
+// or as the daemon for a trusted.* or security.* name (see the top of this
+// file).
+func asChanger(ctx context.Context, attr string, fn func() unix.Errno) unix.Errno {
+	if strings.HasPrefix(attr, "trusted.") || strings.HasPrefix(attr, "security.") {
+		return fn()
+	}
+	return asRequester(ctx, fn)
+}
+
+// Listxattr lists the backing file's names as the caller lists them (no
+// trusted.* name without CAP_SYS_ADMIN), without any user.phx.* name.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	p := procSelfFd(n.fd)
 	var buf []byte
-	for {
-		sz, err := unix.Listxattr(p, nil)
-		if err != nil {
-			return 0, toErrno(err)
-		}
-		buf = make([]byte, sz+256)
-		sz, err = unix.Listxattr(p, buf)
-		if err == unix.ERANGE {
-			continue
-		}
-		if err != nil {
-			return 0, toErrno(err)
-		}
-		buf = buf[:sz]
-		break
+	if e := asRequester(ctx, func() (e unix.Errno) { buf, e = listxattr(procSelfFd(n.fd)); return e }); e != 0 {
+		return 0, e
 	}
 	out := make([]byte, 0, len(buf))
 	for _, name := range strings.Split(string(buf), "\x00") {
@@ -123,4 +148,23 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 		return uint32(len(out)), unix.ERANGE
 	}
 	return uint32(copy(dest, out)), 0
+}
+
+// listxattr is listxattr(2) of p into a buffer of the size it needs.
+func listxattr(p string) ([]byte, unix.Errno) {
+	for {
+		sz, err := unix.Listxattr(p, nil)
+		if err != nil {
+			return nil, toErrno(err)
+		}
+		buf := make([]byte, sz+256)
+		sz, err = unix.Listxattr(p, buf)
+		if err == unix.ERANGE {
+			continue
+		}
+		if err != nil {
+			return nil, toErrno(err)
+		}
+		return buf[:sz], 0
+	}
 }
