@@ -3,12 +3,14 @@ package fusefs
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -333,11 +335,77 @@ func TestCallerLikeTheDaemonRunsInPlace(t *testing.T) {
 	} {
 		var tid int
 		runtime.LockOSThread()
-		e := asCaller(c.caller, func() unix.Errno { tid = unix.Gettid(); return 0 })
+		e := asCaller(c.caller, nil, func() unix.Errno { tid = unix.Gettid(); return 0 })
 		here := unix.Gettid()
 		runtime.UnlockOSThread()
 		if e != 0 || (tid == here) != c.inPlace {
 			t.Errorf("%s: %v, ran on thread %d, the caller's is %d (in place: want %v)", c.who, e, tid, here, c.inPlace)
 		}
 	}
+}
+
+// TestLikeTheDaemonNeedsItsCapabilitiesAndNamespace: a caller is served as
+// the daemon without a look at its groups only where it has the daemon's
+// effective capabilities in the daemon's user namespace: this root test
+// process is; root with CAP_DAC_OVERRIDE out of its bounding set (so out
+// of every set after exec) and root of a user namespace of its own (every
+// capability there, uid 0 mapped to 0) are not; and on a network file
+// system the groups are read even for this process.
+func TestLikeTheDaemonNeedsItsCapabilitiesAndNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Fatalf("setpriv (util-linux, scripts/deps.sh) is needed: %v", err)
+	}
+	self := Caller{Tid: unix.Gettid(), Tgid: os.Getpid(), UID: 0, GID: 0}
+	noDAC := startAs(t, exec.Command("setpriv", "--bounding-set=-dac_override", "--inh-caps=-all", "sleep", "60"), nil)
+	userns := startAs(t, exec.Command("sleep", "60"), &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}})
+	for _, c := range []struct {
+		who    string
+		caller Caller
+		want   bool
+	}{
+		{"this process", self, true},
+		{"root without CAP_DAC_OVERRIDE", noDAC, false},
+		{"root of a user namespace", userns, false},
+	} {
+		got, e := likeTheDaemon(c.caller)
+		if e != 0 || got != c.want {
+			t.Errorf("%s: likeTheDaemon %v, %v; want %v", c.who, got, e, c.want)
+		}
+	}
+	// Root with every capability and other groups: served as the daemon
+	// on a local file system, judged with its groups on a network one.
+	groups := startAs(t, exec.Command("sleep", "60"), &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{4242, 4243}}})
+	for _, c := range []struct {
+		pol  *fsPolicy
+		want bool
+	}{{&fsPolicy{}, true}, {&fsPolicy{network: true}, false}, {nil, false}} {
+		if _, e, self := callerOrSelf(groups, c.pol); e != 0 || self != c.want {
+			t.Errorf("root with groups [4242 4243], policy %+v: served as the daemon %v (%v), want %v", c.pol, self, e, c.want)
+		}
+	}
+}
+
+// startAs starts cmd with attr (nil: as it is), which must wait for the
+// test, and returns it as a Caller.
+func startAs(t *testing.T, cmd *exec.Cmd, attr *syscall.SysProcAttr) Caller {
+	t.Helper()
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pid := cmd.Process.Pid
+	// setpriv drops the capabilities, then execs sleep: wait for the exec.
+	for i := 0; i < 500; i++ {
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); err == nil && strings.TrimSpace(string(b)) == "sleep" {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return Caller{Tid: pid, Tgid: pid, UID: 0, GID: 0}
 }

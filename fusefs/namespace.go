@@ -86,7 +86,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Symlinkat(target, n.fd, name)) }); e != 0 {
+	if e := n.asRequester(ctx, func() unix.Errno { return toErrno(unix.Symlinkat(target, n.fd, name)) }); e != 0 {
 		return nil, e
 	}
 	return n.created(ctx, name, out)
@@ -97,7 +97,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, unix.EXDEV
 	}
-	if e := asRequester(ctx, func() unix.Errno { return t.linkAt(n.fd, name) }); e != 0 {
+	if e := n.asRequester(ctx, func() unix.Errno { return t.linkAt(n.fd, name) }); e != 0 {
 		return nil, e
 	}
 	var st unix.Stat_t
@@ -138,14 +138,14 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	return asRequester(ctx, func() unix.Errno { return toErrno(unix.Unlinkat(n.fd, name, 0)) })
+	return n.asRequester(ctx, func() unix.Errno { return toErrno(unix.Unlinkat(n.fd, name, 0)) })
 }
 
 // Rmdir removes the directory name as the caller; on a network file
 // system a directory that holds nothing but the client's silly renames
 // (.nfs*, files still open) is retried while they go, as the caller too.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	return asRequester(ctx, func() unix.Errno {
+	return n.asRequester(ctx, func() unix.Errno {
 		err := unix.Unlinkat(n.fd, name, unix.AT_REMOVEDIR)
 		if err == unix.ENOTEMPTY && n.pol.network {
 			err = n.rmdirAfterSillyRenames(name)
@@ -161,7 +161,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if !ok {
 		return unix.EXDEV
 	}
-	return asRequester(ctx, func() unix.Errno {
+	return n.asRequester(ctx, func() unix.Errno {
 		return toErrno(unix.Renameat2(n.fd, name, np.fd, newName, uint(flags)))
 	})
 }

@@ -140,7 +140,7 @@ func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
 		return unix.EROFS
 	}
 	c, _ := requestCaller(ctx)
-	return accessAsCaller(c, n.fd, mask&7)
+	return accessAsCaller(c, n.pol, n.fd, mask&7)
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -194,7 +194,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		}
 		valid &^= fuse.FATTR_MODE
 	}
-	if e := asRequester(ctx, func() unix.Errno { return n.setattr(h, valid, in) }); e != 0 {
+	if e := n.asRequester(ctx, func() unix.Errno { return n.setattr(h, valid, in) }); e != 0 {
 		return e
 	}
 	return n.Getattr(ctx, f, out)

@@ -41,14 +41,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	}
 	var e unix.Errno
 	if int(flags)&fmodeExec != 0 {
-		e = asRequester(ctx, func() unix.Errno {
+		e = n.asRequester(ctx, func() unix.Errno {
 			return toErrno(unix.Faccessat2(n.fd, "", unix.X_OK, unix.AT_EACCESS|unix.AT_EMPTY_PATH))
 		})
 		if e == 0 {
 			e = open()
 		}
 	} else {
-		e = asRequester(ctx, open)
+		e = n.asRequester(ctx, open)
 	}
 	if e != 0 {
 		return nil, 0, e
@@ -144,7 +144,7 @@ func clearNonblock(fd int) unix.Errno {
 // OpendirHandle opens the directory as the caller, as Open opens a file.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	fd := -1
-	e := asRequester(ctx, func() unix.Errno {
+	e := n.asRequester(ctx, func() unix.Errno {
 		var err error
 		fd, err = unix.Openat(n.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		return toErrno(err)

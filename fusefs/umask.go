@@ -69,14 +69,14 @@ func (f *FS) requestUmask(ctx context.Context) (uint32, bool) {
 func (n *node) asCreator(ctx context.Context, mode uint32, fn func(mode uint32) unix.Errno) unix.Errno {
 	umask, ok := n.fsys.requestUmask(ctx)
 	if !ok {
-		return asRequester(ctx, func() unix.Errno { return fn(mode) })
+		return n.asRequester(ctx, func() unix.Errno { return fn(mode) })
 	}
 	if !n.hasDefaultACL() {
 		masked := mode &^ umask
-		return asRequester(ctx, func() unix.Errno { return fn(masked) })
+		return n.asRequester(ctx, func() unix.Errno { return fn(masked) })
 	}
 	c, _ := requestCaller(ctx)
-	return asCallerWithUmask(c, umask, func() unix.Errno { return fn(mode) })
+	return asCallerWithUmask(c, n.pol, umask, func() unix.Errno { return fn(mode) })
 }
 
 // hasDefaultACL says whether the directory may have a default ACL: true

@@ -44,7 +44,7 @@ func (n *node) target(ctx context.Context, c Caller) XattrTarget {
 			if flags&unix.O_ACCMODE != unix.O_RDONLY && n.fsys.opts.ReadOnly {
 				return -1, unix.EROFS
 			}
-			return openAsCaller(c, n.fd, flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_TRUNC))
+			return openAsCaller(c, n.pol, n.fd, flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_TRUNC))
 		},
 	}
 }
@@ -75,7 +75,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	}
 	var e unix.Errno
 	if strings.HasPrefix(attr, "user.") {
-		e = asRequester(ctx, get)
+		e = n.asRequester(ctx, get)
 	} else {
 		e = get()
 	}
@@ -105,7 +105,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		c := callerOf(ctx)
 		return ctl.SetXattr(c, n.target(ctx, c), attr, data)
 	}
-	return asChanger(ctx, attr, func() unix.Errno {
+	return n.asChanger(ctx, attr, func() unix.Errno {
 		return toErrno(unix.Setxattr(procSelfFd(n.fd), attr, data, int(flags)))
 	})
 }
@@ -114,7 +114,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if isVirtual(attr) {
 		return unix.EPERM // controls and reports: nothing to remove
 	}
-	return asChanger(ctx, attr, func() unix.Errno {
+	return n.asChanger(ctx, attr, func() unix.Errno {
 		return toErrno(unix.Removexattr(procSelfFd(n.fd), attr))
 	})
 }
@@ -122,18 +122,18 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 // asChanger runs fn, which sets or removes the xattr attr, as the caller,
 // or as the daemon for a trusted.* or security.* name (see the top of this
 // file).
-func asChanger(ctx context.Context, attr string, fn func() unix.Errno) unix.Errno {
+func (n *node) asChanger(ctx context.Context, attr string, fn func() unix.Errno) unix.Errno {
 	if strings.HasPrefix(attr, "trusted.") || strings.HasPrefix(attr, "security.") {
 		return fn()
 	}
-	return asRequester(ctx, fn)
+	return n.asRequester(ctx, fn)
 }
 
 // Listxattr lists the backing file's names as the caller lists them (no
 // trusted.* name without CAP_SYS_ADMIN), without any user.phx.* name.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	var buf []byte
-	if e := asRequester(ctx, func() (e unix.Errno) { buf, e = listxattr(procSelfFd(n.fd)); return e }); e != 0 {
+	if e := n.asRequester(ctx, func() (e unix.Errno) { buf, e = listxattr(procSelfFd(n.fd)); return e }); e != 0 {
 		return 0, e
 	}
 	out := make([]byte, 0, len(buf))
