@@ -204,13 +204,15 @@ func (f *FS) mountOptions() fuse.MountOptions {
 		// default_permissions on with it): the kernel's permission checks
 		// read the backing files' ACLs through GETXATTR, so a user an ACL
 		// grants more than the mode bits is let through to the daemon,
-		// and one it denies is stopped on a cached view too. The kernel
-		// drops the ACLs it keeps with the attributes: whenever an
-		// attribute timeout ends, a permission check is refused
-		// (it re-reads both once), and the watcher invalidates the inode
-		// (watch_apply.go). What it lets through is judged again by the
-		// backing kernel: opens and every change run as the caller
-		// (ascaller.go).
+		// and one it denies is stopped. The kernel keeps an inode's ACLs
+		// with its attributes and drops them with them: when the attribute
+		// timeout ends, when the watcher invalidates the inode
+		// (watch_apply.go), and before it refuses (it re-reads both once).
+		// It never keeps the root inode's (made before INIT): a caller who
+		// does not own the backing root costs a GETXATTR per path walk
+		// through it (docs/perf-notes.md section 9). What it lets through
+		// is judged again by the backing kernel: opens and every change
+		// run as the caller (ascaller.go).
 		EnableAcl: !o.NoDefaultPermissions,
 		// A symlink's target never changes (a new target is a new
 		// inode): the kernel may keep it wherever it keeps names.
