@@ -41,7 +41,10 @@ import (
 // (umask, cwd) of its own. A job that finds itself on the main thread is
 // handed to one (the runtime cannot end the main thread, and
 // /proc/<pid>/status shows the main thread's credentials), and so is a
-// create that needs the caller's umask on the thread (see createMode).
+// create that needs the caller's umask on the thread (asCreator, umask.go).
+// A caller whose credentials a thread would copy exactly, or one with the
+// daemon's capabilities on a local file system (likeTheDaemon), needs no
+// job: fn runs where the request is served.
 
 // callerCreds is what the kernel judges a file-system access by.
 type callerCreds struct {
