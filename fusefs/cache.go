@@ -183,9 +183,10 @@ func (p *fsPolicy) staleAccess() string {
 	if cp.class != client.CacheExclusive || cp.attr <= RevalidateTimeout {
 		return ""
 	}
-	return fmt.Sprintf("security: a permission change made on the backing side (chmod, chown, an ACL) is not enforced through the mount "+
-		"for up to %s: the kernel checks access against the attributes it cached, so a file made 0600 there stays readable "+
-		"through the mount by whoever could read it before", secs(cp.attr))
+	return fmt.Sprintf("security: a permission change made on the backing side to a directory (chmod, chown, an ACL) is not enforced through the mount "+
+		"for up to %s for the paths through it: the kernel checks their search permission against the attributes it cached, so a file below "+
+		"a directory made 0700 there stays reachable through the mount by whoever could reach it before (a file's own mode and ACL are "+
+		"checked at every open, which runs as the caller)", secs(cp.attr))
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%gs", d.Seconds()) }

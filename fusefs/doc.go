@@ -25,13 +25,29 @@
 // # Permissions
 //
 // The daemon usually runs as root, so the mount is made with
-// default_permissions unless Options.NoDefaultPermissions is set: the
-// kernel checks every access against the mode, owner and group the backing
-// file reports, exactly as it would on the backing directory (POSIX ACLs
-// are not evaluated). Files, directories, symlinks and nodes are created
-// with the mode the caller asked for (the kernel has applied the umask) and
-// then given to the caller's uid and gid (the gid of a set-group-ID parent
-// directory is kept) when the daemon is root.
+// default_permissions (unless Options.NoDefaultPermissions is set) and
+// FUSE_POSIX_ACL: the kernel checks every access against the mode, owner,
+// group and POSIX ACLs the backing file reports, as it would on the backing
+// directory. Whatever then acts on the backing files runs with the
+// caller's credentials (ascaller.go): opens and opendirs (an execve's open
+// asks for execute permission as the caller), creates, links, symlinks,
+// mkdir and mknod (with the caller's umask, or the directory's default
+// ACL, as natively: umask.go), unlink, rmdir and rename with its flags,
+// chmod, chown, truncate and utimes, and the xattr calls judged by a
+// file's attributes (user.*, system.posix_acl_*, listxattr). The backing
+// kernel judges each against the files as they are at that moment, with
+// the caller's groups and capabilities, and nothing is chowned afterwards:
+// a name replaced or a permission changed on the backing side since the
+// kernel cached it gives the caller the errno its own call there gives.
+// What the kernel still decides on the attributes it cached is the search
+// permission of the directories on a path (for up to its node's attribute
+// timeout, cache.go). Run as the daemon: a mode that only clears the
+// set-ID bits (the kernel's own, after a write), trusted.* and security.*
+// changes (the kernel has judged the caller's capabilities), the kernel's
+// reads of ACLs. The kernel never keeps the mount root's ACLs (it makes
+// the root inode before FUSE_POSIX_ACL is agreed on and leaves such an
+// inode uncached for good), so a caller who does not own the backing root
+// costs one GETXATTR per path walk through it.
 //
 // # Passthrough
 //

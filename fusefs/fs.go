@@ -55,8 +55,10 @@ type FS struct {
 	nextFileID atomic.Uint64
 
 	// flushOwners carries the lock owner of a FLUSH from the raw layer to
-	// the file's Flush, keyed by the request's cancel channel.
+	// the file's Flush, keyed by the request's cancel channel; umasks the
+	// umask of a CREATE, MKDIR or MKNOD to the node (umask.go).
 	flushOwners sync.Map
+	umasks      sync.Map
 
 	requests requestTimer // requests.go
 
@@ -91,7 +93,8 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 		Logger:          logAdapter(f.log),
 	}
 	raw := fs.NewNodeFS(f.root, fo)
-	server, err := fuse.NewServer(&rawFS{RawFileSystem: raw, fsys: f}, mountpoint, &fo.MountOptions)
+	bridge := umaskBridge{RawFileSystem: raw, umasks: &f.umasks}
+	server, err := fuse.NewServer(&rawFS{RawFileSystem: bridge, fsys: f}, mountpoint, &fo.MountOptions)
 	if err != nil {
 		f.watch.stop()
 		unix.Close(f.root.fd)
@@ -193,7 +196,24 @@ func (f *FS) mountOptions() fuse.MountOptions {
 		// requests of one file in flight on the classic path.
 		// READDIRPLUS_AUTO: the kernel asks for attributes with the names
 		// only while it uses them (ls -l, find), not for a plain readdir.
-		ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_READDIRPLUS_AUTO,
+		// DONT_MASK: a create carries the caller's mode and umask apart,
+		// for the backing kernel to apply the umask or a default ACL
+		// (umask.go).
+		ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_READDIRPLUS_AUTO | fuse.CAP_DONT_MASK,
+		// POSIX_ACL (with default_permissions only: the kernel turns
+		// default_permissions on with it): the kernel's permission checks
+		// read the backing files' ACLs through GETXATTR, so a user an ACL
+		// grants more than the mode bits is let through to the daemon,
+		// and one it denies is stopped. The kernel keeps an inode's ACLs
+		// with its attributes and drops them with them: when the attribute
+		// timeout ends, when the watcher invalidates the inode
+		// (watch_apply.go), and before it refuses (it re-reads both once).
+		// It never keeps the root inode's (made before INIT): a caller who
+		// does not own the backing root costs a GETXATTR per path walk
+		// through it (docs/perf-notes.md section 9). What it lets through
+		// is judged again by the backing kernel: opens and every change
+		// run as the caller (ascaller.go).
+		EnableAcl: !o.NoDefaultPermissions,
 		// A symlink's target never changes (a new target is a new
 		// inode): the kernel may keep it wherever it keeps names.
 		EnableSymlinkCaching: o.Cache != CacheOff,

@@ -10,8 +10,11 @@ import (
 )
 
 // The namespace: lookups and what creates, links, renames and removes
-// names, all relative to the parent's descriptor. What makes a name runs
-// as the caller (ascaller.go).
+// names, all relative to the parent's descriptor. Whatever makes, removes
+// or renames a name runs as the caller (ascaller.go): the backing kernel
+// judges it against the names as they are at that moment, not as the
+// kernel's cache of the mount shows them (a name replaced on the backing
+// side, a sticky directory, an ACL), and the caller's errno is native.
 
 // lookupFd opens an O_PATH descriptor on the child name and stats it
 // (from the server, on a network file system).
@@ -69,21 +72,21 @@ func (n *node) created(ctx context.Context, name string, out *fuse.EntryOut) (*f
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Mkdirat(n.fd, name, mode)) }); e != 0 {
+	if e := n.asCreator(ctx, mode, func(mode uint32) unix.Errno { return toErrno(unix.Mkdirat(n.fd, name, mode)) }); e != 0 {
 		return nil, e
 	}
 	return n.created(ctx, name, out)
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Mknodat(n.fd, name, mode, int(dev))) }); e != 0 {
+	if e := n.asCreator(ctx, mode, func(mode uint32) unix.Errno { return toErrno(unix.Mknodat(n.fd, name, mode, int(dev))) }); e != 0 {
 		return nil, e
 	}
 	return n.created(ctx, name, out)
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if e := asRequester(ctx, func() unix.Errno { return toErrno(unix.Symlinkat(target, n.fd, name)) }); e != 0 {
+	if e := n.asRequester(ctx, func() unix.Errno { return toErrno(unix.Symlinkat(target, n.fd, name)) }); e != 0 {
 		return nil, e
 	}
 	return n.created(ctx, name, out)
@@ -94,7 +97,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, unix.EXDEV
 	}
-	if e := asRequester(ctx, func() unix.Errno { return t.linkAt(n.fd, name) }); e != 0 {
+	if e := n.asRequester(ctx, func() unix.Errno { return t.linkAt(n.fd, name) }); e != 0 {
 		return nil, e
 	}
 	var st unix.Stat_t
@@ -135,21 +138,30 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	return toErrno(unix.Unlinkat(n.fd, name, 0))
+	return n.asRequester(ctx, func() unix.Errno { return toErrno(unix.Unlinkat(n.fd, name, 0)) })
 }
 
+// Rmdir removes the directory name as the caller; on a network file
+// system a directory that holds nothing but the client's silly renames
+// (.nfs*, files still open) is retried while they go, as the caller too.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	err := unix.Unlinkat(n.fd, name, unix.AT_REMOVEDIR)
-	if err == unix.ENOTEMPTY && n.pol.network {
-		err = n.rmdirAfterSillyRenames(name)
-	}
-	return toErrno(err)
+	return n.asRequester(ctx, func() unix.Errno {
+		err := unix.Unlinkat(n.fd, name, unix.AT_REMOVEDIR)
+		if err == unix.ENOTEMPTY && n.pol.network {
+			err = n.rmdirAfterSillyRenames(name)
+		}
+		return toErrno(err)
+	})
 }
 
+// Rename renames as the caller, with the caller's flags (RENAME_NOREPLACE,
+// RENAME_EXCHANGE, RENAME_WHITEOUT) for the backing kernel to judge.
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	np, ok := newParent.(*node)
 	if !ok {
 		return unix.EXDEV
 	}
-	return toErrno(unix.Renameat2(n.fd, name, np.fd, newName, uint(flags)))
+	return n.asRequester(ctx, func() unix.Errno {
+		return toErrno(unix.Renameat2(n.fd, name, np.fd, newName, uint(flags)))
+	})
 }

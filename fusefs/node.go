@@ -140,7 +140,7 @@ func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
 		return unix.EROFS
 	}
 	c, _ := requestCaller(ctx)
-	return accessAsCaller(c, n.fd, mask&7)
+	return accessAsCaller(c, n.pol, n.fd, mask&7)
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -170,67 +170,121 @@ func (n *node) Statx(ctx context.Context, f fs.FileHandle, flags uint32, mask ui
 	return 0
 }
 
+// Setattr changes what the kernel asks for as the caller (ascaller.go),
+// so chmod, chown, truncate and utimes are judged by the backing kernel as
+// the caller's own calls would be: ownership, ACL write permission for
+// truncate and for times set to now, the caller's groups for a chown, the
+// set-group-ID bit a chmod by someone outside the group loses.
+//
+// One kind of request is the kernel's own and runs as the daemon: a mode
+// that only clears the set-user-ID and set-group-ID bits of the file as it
+// is (the kernel sends it after a write or truncate by someone without
+// CAP_FSETID, who may not chmod the file but whose write must clear them,
+// as a native write would). An owner's chmod u-s is such a request too and
+// is allowed either way; from anyone else, whom the kernel's own check
+// lets through only on attributes cached before a chown on the backing
+// side, it clears the bits without the owner's consent: narrower access,
+// never wider.
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	h := asFile(f)
-	if in.Valid&fuse.FATTR_MODE != 0 {
-		mode := in.Mode & 07777
-		var err error
-		if h != nil {
-			err = unix.Fchmod(h.fd, mode)
-		} else {
-			err = unix.Fchmodat(n.fd, "", mode, unix.AT_EMPTY_PATH)
-			if err == unix.EOPNOTSUPP || err == unix.ENOSYS {
-				err = unix.Chmod(procSelfFd(n.fd), mode)
-			}
+	valid := in.Valid
+	if valid&fuse.FATTR_MODE != 0 && n.clearsPrivsOnly(in.Mode&07777) {
+		if e := n.chmod(h, in.Mode&07777); e != 0 {
+			return e
 		}
-		if err != nil {
-			return toErrno(err)
+		valid &^= fuse.FATTR_MODE
+	}
+	if e := n.asRequester(ctx, func() unix.Errno { return n.setattr(h, valid, in) }); e != 0 {
+		return e
+	}
+	return n.Getattr(ctx, f, out)
+}
+
+// clearsPrivsOnly says whether mode is the node's mode with nothing but
+// S_ISUID or S_ISGID taken away.
+func (n *node) clearsPrivsOnly(mode uint32) bool {
+	var st unix.Stat_t
+	if n.stat(&st) != 0 {
+		return false
+	}
+	cur := st.Mode & 07777
+	return mode != cur && mode&^cur == 0 && (cur&^mode)&^(unix.S_ISUID|unix.S_ISGID) == 0
+}
+
+// setattr applies the attributes valid names, with the calling thread's
+// credentials.
+func (n *node) setattr(h *file, valid uint32, in *fuse.SetAttrIn) unix.Errno {
+	if valid&fuse.FATTR_MODE != 0 {
+		if e := n.chmod(h, in.Mode&07777); e != 0 {
+			return e
 		}
 	}
-	if in.Valid&(fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
+	if valid&(fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
 		uid, gid := -1, -1
-		if in.Valid&fuse.FATTR_UID != 0 {
+		if valid&fuse.FATTR_UID != 0 {
 			uid = int(in.Uid)
 		}
-		if in.Valid&fuse.FATTR_GID != 0 {
+		if valid&fuse.FATTR_GID != 0 {
 			gid = int(in.Gid)
 		}
 		if err := unix.Fchownat(n.fd, "", uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return toErrno(err)
 		}
 	}
-	if in.Valid&fuse.FATTR_SIZE != 0 {
-		err := unix.EBADF
-		if h != nil && h.flags&unix.O_ACCMODE != unix.O_RDONLY {
-			err = toErrno(unix.Ftruncate(h.fd, int64(in.Size)))
-		}
-		if err == unix.EBADF || err == unix.EINVAL {
-			if e := toErrno(unix.Truncate(procSelfFd(n.fd), int64(in.Size))); e != 0 {
-				return e
-			}
-		} else if err != 0 {
-			return err
+	if valid&fuse.FATTR_SIZE != 0 {
+		if e := n.truncate(h, int64(in.Size)); e != 0 {
+			return e
 		}
 	}
-	if in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME|fuse.FATTR_ATIME_NOW|fuse.FATTR_MTIME_NOW) != 0 {
-		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
-		if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
-			ts[0] = unix.Timespec{Nsec: unix.UTIME_NOW}
-		} else if in.Valid&fuse.FATTR_ATIME != 0 {
-			ts[0] = unix.Timespec{Sec: int64(in.Atime), Nsec: int64(in.Atimensec)}
-		}
-		if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
-			ts[1] = unix.Timespec{Nsec: unix.UTIME_NOW}
-		} else if in.Valid&fuse.FATTR_MTIME != 0 {
-			ts[1] = unix.Timespec{Sec: int64(in.Mtime), Nsec: int64(in.Mtimensec)}
-		}
-		err := unix.UtimesNanoAt(n.fd, "", ts, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
-		if err == unix.EINVAL || err == unix.ENOENT {
-			err = unix.UtimesNanoAt(unix.AT_FDCWD, procSelfFd(n.fd), ts, 0)
-		}
-		if err != nil {
-			return toErrno(err)
+	if valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME|fuse.FATTR_ATIME_NOW|fuse.FATTR_MTIME_NOW) != 0 {
+		return n.utimes(valid, in)
+	}
+	return 0
+}
+
+// chmod sets the node's mode, through the open file where there is one.
+func (n *node) chmod(h *file, mode uint32) unix.Errno {
+	var err error
+	if h != nil {
+		err = unix.Fchmod(h.fd, mode)
+	} else {
+		err = unix.Fchmodat(n.fd, "", mode, unix.AT_EMPTY_PATH)
+		if err == unix.EOPNOTSUPP || err == unix.ENOSYS {
+			err = unix.Chmod(procSelfFd(n.fd), mode)
 		}
 	}
-	return n.Getattr(ctx, f, out)
+	return toErrno(err)
+}
+
+// truncate sets the node's size: through the open file where it is open
+// for writing, else by its /proc path, which asks for write permission.
+func (n *node) truncate(h *file, size int64) unix.Errno {
+	err := unix.EBADF
+	if h != nil && h.flags&unix.O_ACCMODE != unix.O_RDONLY {
+		err = toErrno(unix.Ftruncate(h.fd, size))
+	}
+	if err == unix.EBADF || err == unix.EINVAL {
+		return toErrno(unix.Truncate(procSelfFd(n.fd), size))
+	}
+	return err
+}
+
+// utimes sets the times valid names (now, or as given).
+func (n *node) utimes(valid uint32, in *fuse.SetAttrIn) unix.Errno {
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+	if valid&fuse.FATTR_ATIME_NOW != 0 {
+		ts[0] = unix.Timespec{Nsec: unix.UTIME_NOW}
+	} else if valid&fuse.FATTR_ATIME != 0 {
+		ts[0] = unix.Timespec{Sec: int64(in.Atime), Nsec: int64(in.Atimensec)}
+	}
+	if valid&fuse.FATTR_MTIME_NOW != 0 {
+		ts[1] = unix.Timespec{Nsec: unix.UTIME_NOW}
+	} else if valid&fuse.FATTR_MTIME != 0 {
+		ts[1] = unix.Timespec{Sec: int64(in.Mtime), Nsec: int64(in.Mtimensec)}
+	}
+	err := unix.UtimesNanoAt(n.fd, "", ts, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+	if err == unix.EINVAL || err == unix.ENOENT {
+		err = unix.UtimesNanoAt(unix.AT_FDCWD, procSelfFd(n.fd), ts, 0)
+	}
+	return toErrno(err)
 }

@@ -14,11 +14,47 @@ import (
 
 // Open re-opens the node's inode through /proc/self/fd: no name is
 // resolved, so a rename or a long path cannot change what is opened.
+//
+// It opens as the caller (ascaller.go), so the open gives what the
+// caller's own open(2) of the backing file gives at that moment: its mode
+// bits, ACL entries and mask, capabilities, a security module, a network
+// file system's own check (root_squash), whatever the mount's kernel
+// cache holds. The
+// kernel's default_permissions check before it (with FUSE_POSIX_ACL, so
+// an ACL that grants more than the mode bits lets the caller through) is
+// made on attributes and ACLs it may hold from before a change on the
+// backing side; letting the kernel alone decide would leave that window
+// open (a day under cache=exclusive). The cost, against an open as root:
+// 2 us for a caller with the daemon's capabilities, about 20 us for
+// another (its groups read from /proc, a credential switch on the serving
+// thread); measured side by side, an open through the mount costs what it
+// did (docs/perf-notes.md section 9).
+//
+// An open for execve (the kernel marks it __FMODE_EXEC) needs execute
+// permission, not read permission (a 0711 program runs for anyone): the
+// caller's execute permission is asked of the backing kernel (faccessat2
+// as the caller), then the daemon opens the program as itself.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	fl := int(flags)&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOCTTY|unix.O_NOFOLLOW) | unix.O_CLOEXEC
-	fd, err := unix.Open(procSelfFd(n.fd), fl, 0)
-	if err != nil {
-		return nil, 0, toErrno(err)
+	fd := -1
+	open := func() unix.Errno {
+		var err error
+		fd, err = unix.Open(procSelfFd(n.fd), fl, 0)
+		return toErrno(err)
+	}
+	var e unix.Errno
+	if int(flags)&fmodeExec != 0 {
+		e = n.asRequester(ctx, func() unix.Errno {
+			return toErrno(unix.Faccessat2(n.fd, "", unix.X_OK, unix.AT_EACCESS|unix.AT_EMPTY_PATH))
+		})
+		if e == 0 {
+			e = open()
+		}
+	} else {
+		e = n.asRequester(ctx, open)
+	}
+	if e != 0 {
+		return nil, 0, e
 	}
 	fh, ff := n.fsys.newFile(ctx, n, fd, int(flags))
 	if h, ok := fh.(*file); ok && !h.pt {
@@ -27,8 +63,13 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	return fh, ff, 0
 }
 
+// fmodeExec is the kernel's __FMODE_EXEC: the open flag of an execve's
+// open of the program (FUSE passes the file's f_flags on).
+const fmodeExec = 0x20
+
 // Create is an open(2) with O_CREAT of a name the kernel believes absent.
-// It runs as the caller (ascaller.go): the kernel creates the file with the
+// It runs as the caller (ascaller.go), with the caller's umask or the
+// directory's default ACL (umask.go): the kernel creates the file with the
 // caller's ownership, or, when the backing directory has the name since
 // the kernel looked (a cached negative entry, a change on the backing
 // side), opens it only if the caller may, truncating only where the caller
@@ -68,7 +109,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 func (n *node) createAsCaller(ctx context.Context, name string, flags int, mode uint32) (int, unix.Errno) {
 	fl := flags&^unix.O_NOCTTY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
 	fd := -1
-	e := asRequester(ctx, func() unix.Errno {
+	e := n.asCreator(ctx, mode, func(mode uint32) unix.Errno {
 		var err error
 		fd, err = unix.Openat(n.fd, name, fl, mode)
 		return toErrno(err)
@@ -103,10 +144,16 @@ func clearNonblock(fd int) unix.Errno {
 	return toErrno(err)
 }
 
+// OpendirHandle opens the directory as the caller, as Open opens a file.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	fd, err := unix.Openat(n.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, 0, toErrno(err)
+	fd := -1
+	e := n.asRequester(ctx, func() unix.Errno {
+		var err error
+		fd, err = unix.Openat(n.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		return toErrno(err)
+	})
+	if e != 0 {
+		return nil, 0, e
 	}
 	return n.fsys.newDir(ctx, n, fd, int(flags)), n.dirFlags(), 0
 }

@@ -50,8 +50,10 @@ type Options struct {
 	// AllowOther lets users other than the daemon's use the mount.
 	AllowOther bool
 	// NoDefaultPermissions turns off the kernel's permission checks
-	// (default_permissions). Leave it off: with it set, a root daemon
-	// enforces nothing.
+	// (default_permissions, and with them FUSE_POSIX_ACL). Leave it off:
+	// with it set nothing checks the search permission of a path or an
+	// access the kernel serves from its caches; opens and changes still
+	// run as the caller (ascaller.go).
 	NoDefaultPermissions bool
 
 	// Cache chooses how the kernel caches, per backing file system

@@ -257,14 +257,14 @@ func TestOpenAsCallerIsTheKernelsDecision(t *testing.T) {
 		{"root", granted, 0, 0},
 	} {
 		caller := processAs(t, c.uid)
-		fd, e := openAsCaller(caller, c.fd, unix.O_RDONLY)
+		fd, e := openAsCaller(caller, nil, c.fd, unix.O_RDONLY)
 		if e != c.want {
 			t.Errorf("%s: openAsCaller uid %d: %v, want %v", c.name, c.uid, e, c.want)
 		}
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		if e := accessAsCaller(caller, c.fd, unix.R_OK); e != c.want {
+		if e := accessAsCaller(caller, nil, c.fd, unix.R_OK); e != c.want {
 			t.Errorf("%s: accessAsCaller uid %d: %v, want %v", c.name, c.uid, e, c.want)
 		}
 	}
@@ -272,7 +272,7 @@ func TestOpenAsCallerIsTheKernelsDecision(t *testing.T) {
 	if u, _ := unix.SetfsuidRetUid(-1); u != 0 {
 		t.Errorf("fsuid of this thread is %d after asCaller", u)
 	}
-	if e := asCaller(Caller{Tid: 1 << 30, UID: 5}, func() unix.Errno { return 0 }); e != unix.ESRCH {
+	if e := asCaller(Caller{Tid: 1 << 30, UID: 5}, nil, func() unix.Errno { return 0 }); e != unix.ESRCH {
 		t.Errorf("asCaller for a caller that is gone: %v, want ESRCH", e)
 	}
 }

@@ -134,33 +134,44 @@ func TestNetworkBackingRevalidates(t *testing.T) {
 	}
 }
 
-// TestBackingChmodThroughTheMount: a chmod 0600 made on the backing side
-// is enforced through a cache=auto mount within watchBound, and not
-// through a cache=exclusive one, where the kernel checks access against
-// attributes it keeps for 86400 s: the security consequence the README's
-// caching table and doctor state.
+// TestBackingChmodThroughTheMount: a chmod 0600 of a file made on the
+// backing side is enforced at the next open through the mount in every
+// cache mode (the open runs as the caller against the backing file); a
+// chmod 0700 of the directory above it is enforced through a cache=auto
+// mount within watchBound, and not through a cache=exclusive one, where
+// the kernel checks the search permission of the path against attributes
+// it keeps for 86400 s: the security consequence the README's caching
+// table and doctor state.
 func TestBackingChmodThroughTheMount(t *testing.T) {
 	for _, mode := range []string{"auto", "exclusive"} {
 		t.Run(mode, func(t *testing.T) {
 			d := startDaemon(t, withArgs("-o", "allow_other,cache="+mode))
+			must(t, os.Mkdir(d.Backing+"/dir", 0755))
+			must(t, os.WriteFile(d.Backing+"/dir/below", []byte("below"), 0644))
 			must(t, os.WriteFile(d.Backing+"/secret", []byte("secret"), 0644))
-			read := func() (string, error) { return asNobody("cat " + d.Mnt + "/secret") }
-			if out, err := read(); err != nil || out != "secret" {
-				t.Fatalf("nobody reads a 0644 file: %q, %v", out, err)
+			read := func(name string) (string, error) { return asNobody("cat " + d.Mnt + "/" + name) }
+			for _, name := range []string{"secret", "dir/below"} {
+				if out, err := read(name); err != nil || out != filepath.Base(name) {
+					t.Fatalf("nobody reads a 0644 file %s: %q, %v", name, out, err)
+				}
 			}
 			must(t, os.Chmod(d.Backing+"/secret", 0600))
+			if out, err := read("secret"); err == nil || !strings.Contains(out, "Permission denied") {
+				t.Errorf("cache=%s: nobody still reads a file made 0600 on the backing side: %q, %v", mode, out, err)
+			}
+			must(t, os.Chmod(d.Backing+"/dir", 0700))
 			if mode == "auto" {
-				eventually(t, "chmod 0600 on the backing side", func() string {
-					if out, err := read(); err == nil || !strings.Contains(out, "Permission denied") {
-						return fmt.Sprintf("nobody still reads it: %q, %v", out, err)
+				eventually(t, "chmod 0700 of the directory on the backing side", func() string {
+					if out, err := read("dir/below"); err == nil || !strings.Contains(out, "Permission denied") {
+						return fmt.Sprintf("nobody still reads below it: %q, %v", out, err)
 					}
 					return ""
 				})
 				return
 			}
 			time.Sleep(200 * time.Millisecond) // far more than a watched mount takes
-			if out, err := read(); err != nil || out != "secret" {
-				t.Errorf("cache=exclusive enforced the backing-side chmod (%q, %v): the README and doctor say it does not", out, err)
+			if out, err := read("dir/below"); err != nil || out != "below" {
+				t.Errorf("cache=exclusive enforced the backing-side chmod of the directory (%q, %v): the README and doctor say it does not", out, err)
 			}
 		})
 	}
@@ -177,7 +188,7 @@ func TestDoctorCacheFindings(t *testing.T) {
 	if err != nil && exitCode(err) != 1 {
 		t.Fatalf("doctor: %v\n%s", err, out)
 	}
-	if !regexp.MustCompile(`(?m)^no +permission changes +security: a permission change made on the backing side .* not enforced through the mount for up to 86400s`).Match(out) {
+	if !regexp.MustCompile(`(?m)^no +permission changes +security: a permission change made on the backing side to a directory .* not enforced through the mount for up to 86400s for the paths through it.*checked at every open`).Match(out) {
 		t.Errorf("doctor -o cache=exclusive does not state the security consequence:\n%s", out)
 	}
 	out, _ = exec.Command(bin, "doctor", "--json", "-o", "cache=exclusive", dir).Output()
@@ -203,8 +214,10 @@ func TestDoctorCacheFindings(t *testing.T) {
 		t.Errorf("doctor --json has no permission changes finding:\n%s", out)
 	}
 	out, _ = exec.Command(bin, "doctor", "-o", "cache=auto", dir).Output()
-	if !regexp.MustCompile(`(?m)^ok +permission changes `).Match(out) {
-		t.Errorf("doctor -o cache=auto:\n%s", out)
+	// What TestBackingChmodThroughTheMount and TestOpenJudgedByTheBackingFile
+	// check: a file's change at its next open, a directory's by the watch.
+	if !regexp.MustCompile(`(?m)^ok +permission changes +a chmod, chown or ACL change of a file on the backing side is enforced at its next open .*of a directory, for the paths through it, as soon as its fanotify event is applied`).Match(out) {
+		t.Errorf("doctor -o cache=auto does not say when a permission change is enforced:\n%s", out)
 	}
 	if !regexp.MustCompile(`(?m)^-> +mounts below BACKING +noticed by polling /proc/self/mountinfo.*umount -l`).Match(out) {
 		t.Errorf("doctor does not say how mounts below BACKING are noticed:\n%s", out)

@@ -254,9 +254,9 @@ func TestXattrLoadIsTheKernelsDecision(t *testing.T) {
 		}
 		return filepath.Join(d.Mnt, name)
 	}
-	// The kernel checks write permission on the FUSE inode (mode bits)
-	// before any user.* set; the ACL decides the read.
-	granted := mk("granted", 0662, map[uint32]uint16{2000: 4}) // mode: others -w-; ACL: 2000 r--
+	// The kernel checks write permission on the FUSE inode (mode bits and
+	// ACL) before any user.* set; the ACL decides the read.
+	granted := mk("granted", 0660, map[uint32]uint16{2000: 6}) // mode: others ---; ACL: 2000 rw-
 	denied := mk("denied", 0666, map[uint32]uint16{4000: 2})   // mode: others rw-; ACL: 4000 -w-
 
 	f := openClient(t, filepath.Join(d.Mnt, "granted"), unix.O_RDONLY)

@@ -55,8 +55,19 @@ func TestCreateHelperChild(t *testing.T) {
 	os.Exit(0)
 }
 
+// runNsOp runs one operation; "OP@UMASK" runs OP with that umask (octal),
+// every other with umask 0.
 func runNsOp(op, path string, args []string) string {
-	unix.Umask(0)
+	umask := 0
+	if o, u, ok := strings.Cut(op, "@"); ok {
+		op = o
+		m, _ := strconv.ParseUint(u, 8, 32)
+		umask = int(m)
+	}
+	unix.Umask(umask)
+	if r, ok := runAttrOp(op, path, args); ok {
+		return r
+	}
 	var err error
 	switch op {
 	case "stat":
@@ -140,7 +151,7 @@ func staleSetup(t *testing.T, d *daemon, name string) {
 	if err := os.Mkdir(pub, 0777); err != nil && !os.IsExist(err) {
 		t.Fatal(err)
 	}
-	must(t, os.Chmod(pub, 01777))
+	must(t, unix.Chmod(pub, 01777))
 	if got := nsOp(t, asNobodyProc, "stat", filepath.Join(d.Mnt, "pub", name)); got != "ENOENT" {
 		t.Fatalf("lookup of the missing %s through the mount: %s, want ENOENT", name, got)
 	}
@@ -175,7 +186,7 @@ func sameFile(a, b string) string {
 func nativeDir(t *testing.T) string {
 	dir := t.TempDir()
 	os.Chmod(filepath.Dir(dir), 0755)
-	must(t, os.Chmod(dir, 01777))
+	must(t, unix.Chmod(dir, 01777))
 	return dir
 }
 

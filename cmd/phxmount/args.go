@@ -60,8 +60,10 @@ mount that serves requests (exit 1 when it is not by the timeout, default
 
   -o OPT[,OPT...]       FUSE mount options:
                           ro, rw, allow_other, default_permissions (on by
-                          default), nodefault_permissions (dangerous: a root
-                          daemon then checks nothing),
+                          default), nodefault_permissions (dangerous: the
+                          kernel then checks nothing, so a path's search
+                          permission goes unchecked; opens and changes still
+                          run as the caller; no ACLs in the kernel),
                           cache=auto|exclusive|off (default auto: local file
                           systems watched with fanotify and cached long,
                           network ones revalidated with 1 s timeouts;

@@ -37,18 +37,23 @@ func checkCache(mode fusefs.CacheMode, dir string) []finding {
 }
 
 // checkPermissionLag says how soon a permission change made on the
-// backing side is enforced through the mount: the kernel checks access
-// against the attributes it cached, so under cache=exclusive a chmod 0600
-// there leaves the file readable through the mount for a day.
+// backing side is enforced through the mount. Opens, creates, removals,
+// renames and attribute and xattr changes run as the caller, so the
+// backing kernel judges each against the file as it is at that moment;
+// what the kernel of the mount checks against what it cached is the search
+// permission of the directories on a path, so under cache=exclusive a
+// chmod 0700 of a directory there leaves what is below it reachable
+// through the mount for a day.
 func checkPermissionLag(ci fusefs.CacheInfo) finding {
 	f := finding{What: "permission changes", OK: ci.StaleAccess == ""}
+	const atOpen = "a chmod, chown or ACL change of a file on the backing side is enforced at its next open (opens and changes run as the caller); of a directory, for the paths through it, "
 	switch {
 	case !f.OK:
 		f.Detail = ci.StaleAccess + " (use -o cache=auto where anyone else changes permissions)"
 	case ci.Class == client.CacheWatch:
-		f.Detail = "a chmod, chown or ACL change on the backing side is enforced through the mount as soon as its fanotify event is applied (milliseconds)"
+		f.Detail = atOpen + "as soon as its fanotify event is applied (milliseconds)"
 	default:
-		f.Detail = fmt.Sprintf("a chmod, chown or ACL change on the backing side is enforced through the mount within the %gs attribute timeout", ci.Attr.Seconds())
+		f.Detail = atOpen + fmt.Sprintf("within the %gs attribute timeout", ci.Attr.Seconds())
 	}
 	return f
 }
