@@ -10,6 +10,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/phxmount/phxmount/client"
 	"github.com/phxmount/phxmount/fusefs"
 	"github.com/phxmount/phxmount/internal/mounthelper"
 )
@@ -76,8 +77,8 @@ mount that serves requests (exit 1 when it is not by the timeout, default
                           max_background=N, fsname=NAME, dev, nodev, suid,
                           nosuid, exec, noexec, atime, noatime, debug;
                         registration limits: max_buffers_per_process=N
-                          (4096), max_buffers=N (65536, the mount),
-                          max_registered_bytes=N[KMGT] (16T, the mount)
+                          (%d), max_buffers=N (%d, the mount),
+                          max_registered_bytes=N[KMGT] (%dT, the mount)
   --passthrough MODE    auto (default), on (fail if unavailable), off
   --vendor V            auto (default), nvidia, emu, pcibar
   --engine E            auto (default), io_uring, sync
@@ -115,7 +116,9 @@ func usageText() string {
 		}
 		names = append(names, n)
 	}
-	return usage + "  " + strings.Join(names, ", ") + "\n"
+	// The registration limits' defaults are client's (one table).
+	u := fmt.Sprintf(usage, client.DefaultMaxBuffersPerProcess, client.DefaultMaxBuffers, client.DefaultMaxRegisteredBytes>>40)
+	return u + "  " + strings.Join(names, ", ") + "\n"
 }
 
 // usageError is a bad command line: one line, exit status 2.

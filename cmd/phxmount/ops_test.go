@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/phxmount/phxmount/client"
 	"github.com/phxmount/phxmount/fusefs"
 	"github.com/phxmount/phxmount/internal/logfile"
 	"github.com/phxmount/phxmount/internal/mounthelper"
@@ -88,6 +90,9 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 	if u := usageText(); !strings.Contains(u, "nofail, _netdev") || !strings.Contains(u, "x-*") || !strings.Contains(u, "--metrics ADDR") {
 		t.Errorf("usage lacks the mount(8) options or --metrics:\n%s", u)
+	}
+	if u, want := usageText(), fmt.Sprintf("max_buffers_per_process=N\n                          (%d)", client.DefaultMaxBuffersPerProcess); !strings.Contains(u, want) || strings.Contains(u, "%!") {
+		t.Errorf("usage does not say the registration limits' defaults (%q):\n%s", want, u)
 	}
 }
 
