@@ -51,12 +51,7 @@ def child_load_file(a) -> dict:
         torch.cuda.synchronize()
         return out, time.perf_counter() - t0
 
-    got, secs = load(a.dir)
-    res = {"seconds": secs, "bytes": nbytes(got), "tensors": len(got), "hook": hook_stats()}
-    if a.ref:
-        want, _ = load(a.ref)
-        res.update(compared=len(want), mismatch=mismatches(got, want)[:10])
-    return res
+    return timed_and_compared(load, a)
 
 
 def child_engine(a) -> dict:
@@ -76,10 +71,16 @@ def child_engine(a) -> dict:
         torch.cuda.synchronize()
         return params, time.perf_counter() - t0
 
-    got, secs = loop(a.dir)
+    return timed_and_compared(loop, a)
+
+
+def timed_and_compared(load, a) -> dict:
+    """load(a.dir) -> (tensors, seconds): its row, and, with a.ref, every
+    tensor compared with load(a.ref)'s (outside the clock)."""
+    got, secs = load(a.dir)
     res = {"seconds": secs, "bytes": nbytes(got), "tensors": len(got), "hook": hook_stats()}
     if a.ref:
-        want, _ = loop(a.ref)
+        want, _ = load(a.ref)
         res.update(compared=len(want), mismatch=mismatches(got, want)[:10])
     return res
 
