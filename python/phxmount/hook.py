@@ -112,7 +112,7 @@ class HookedFile:
         self._ahead = Ahead(window(), self._lock)
         self._read_ahead = ReadAhead(self._sorted, {n: t.nbytes for n, t in self.tensors.items()}, self._lock)
         self._guesses = Guesses(self._sorted, {t.name: tuple(t.shape) for t in header.tensors}, self._lock)
-        self._defer = Deferrals({t.name: tuple(t.shape) for t in header.tensors})
+        self._defer = Deferrals(self._guesses.shape_of, self._guesses.role_of)
 
     # safetensors' interface
     @if_installed

@@ -53,8 +53,8 @@ class Deferrals:
     """A file's deferral: which of its get_tensor calls return deferred
     tensors, and whether its caller collects them (then none do)."""
 
-    def __init__(self, shapes: Dict[str, tuple]):
-        self.shapes = shapes
+    def __init__(self, shapes: Dict[str, tuple], roles: Dict[str, str]):
+        self.shapes, self.roles = shapes, roles  # the file's, by name (roles: hook_guess.role)
         self.on = defer_enabled()
         self.last = None  # weakref of the last deferred tensor handed out
         self.lock = threading.Lock()
@@ -68,12 +68,12 @@ class Deferrals:
             if t is not None and _untouched(t):
                 self.on = False  # the caller collects tensors: stop deferring in this file
                 return False
-        return uses_seen.get(role(name), self.shapes[name], dev) != WHOLE
+        return uses_seen.get(self.roles[name], self.shapes[name], dev) != WHOLE
 
     def reads_ahead(self, name: str, dev: int) -> bool:
         """Whether get_tensor's read-ahead reads name whole: only a role
         used whole (a deferred one's regions are guessed as slices)."""
-        return not self.on or uses_seen.get(role(name), self.shapes[name], dev) == WHOLE
+        return not self.on or uses_seen.get(self.roles[name], self.shapes[name], dev) == WHOLE
 
     def handed(self, t) -> None:
         with self.lock:
@@ -91,9 +91,8 @@ class Source:
     is a slice request (read_slice, with its guesses), copied into the
     tensor's storage at its place; whole, the tensor (its own request)."""
 
-    def __init__(self, name: str, shape: tuple, dev: int, read: Callable, learn: Callable):
-        self.name, self.shape, self.dev = name, shape, dev
-        self._read, self._learn = read, learn
+    def __init__(self, shape: tuple, read: Callable, learn: Callable):
+        self.shape, self._read, self._learn = shape, read, learn
 
     def fill(self, dest, regions) -> None:
         for d, s, n in regions:
@@ -119,7 +118,7 @@ def deferred_tensor(name: str, shape: tuple, st_dtype: str, dev: int, read: Call
     read(index) (index None: the whole tensor)."""
     from . import deferred
     rl = role(name)
-    src = Source(name, shape, dev, read, lambda use: uses_seen.learn(rl, shape, dev, use))
+    src = Source(shape, read, lambda use: uses_seen.learn(rl, shape, dev, use))
     return deferred.make(_storage(shape, st_dtype, dev), src)
 
 
