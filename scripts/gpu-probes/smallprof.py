@@ -1,0 +1,137 @@
+"""One measurement of a many-request loop in this process (a fresh one per
+call): its seconds, a tally of the hook's pieces (calls, seconds; wrapped
+around the class methods, so only this process's own calls count), torch's
+allocator counters and, with --profile, a cProfile of the loop.
+
+    python3 smallprof.py CASE DIR [--profile]
+CASE: narrow2 | narrow8 | engine | load_file | slice8"""
+
+import cProfile
+import functools
+import io
+import json
+import os
+import pstats
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../python/tools"))
+import torch  # noqa: E402
+import tploops  # noqa: E402
+from benchlib import hook_stats, read_header  # noqa: E402
+
+TALLY = {}
+
+
+def wrap(owner, attr, label):
+    f = getattr(owner, attr, None)
+    if f is None:
+        return
+
+    @functools.wraps(f)
+    def w(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            c = TALLY.setdefault(label, [0, 0.0])
+            c[0] += 1
+            c[1] += time.perf_counter() - t0
+    setattr(owner, attr, w)
+
+
+def instrument():
+    wrap(torch.cuda, "synchronize", "torch.cuda.synchronize")
+    try:
+        from phxmount import fetch, hook, hook_defer, regcache, torch_mem, batchio, deferred, hook_guess
+    except ImportError as e:
+        print("no hook modules:", e)
+        return
+    for owner, names in ((regcache.RegCache, ("get", "prune")),
+                         (fetch.Fetcher, ("plan", "start")),
+                         (fetch.Pending, ("result",)),
+                         (hook.HookedFile, ("get_tensor", "_gpu", "_take", "read_slice")),
+                         (hook_defer.Source, ("fill",)),
+                         (hook_guess.Guesses, ("after",)),
+                         (torch_mem.CudaBackend, ("prepare", "alloc", "finish", "locate", "make_room")),
+                         (batchio._Submitter, ("submit", "_run_holding"))):
+        for n in names:
+            wrap(owner, n, f"{owner.__name__}.{n}")
+    wrap(hook_defer, "handing", "hook_defer.handing")
+    wrap(deferred, "make", "deferred.make")
+
+
+def files(d):
+    return tploops.files_of(d)
+
+
+def run(case, d):
+    from safetensors import safe_open
+    fs = files(d)
+    if case.startswith("narrow"):
+        w = int(case[6:])
+        plan, params = tploops.narrow_params(d, w - 1, w)
+        return tploops.narrow_loop(fs, plan, params)
+    if case.startswith("slice"):
+        w = int(case[5:])
+        return tploops.slice_loop(fs, w - 1, w)
+    if case == "engine":
+        dt = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+        params = {t.name: torch.empty(t.shape, dtype=dt[t.dtype], device="cuda:0")
+                  for f in fs for t in read_header(f).tensors}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for p in fs:
+            with safe_open(p, framework="pt", device="cpu") as f:
+                for k in f.keys():
+                    params[k].copy_(f.get_tensor(k))
+        torch.cuda.synchronize()
+        return params, time.perf_counter() - t0
+    if case == "load_file":
+        from safetensors.torch import load_file
+        out = {}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for f in fs:
+            out.update(load_file(f, device="cuda:0"))
+        torch.cuda.synchronize()
+        return out, time.perf_counter() - t0
+    raise SystemExit(f"unknown case {case}")
+
+
+def main():
+    case, d = sys.argv[1], sys.argv[2]
+    prof = "--profile" in sys.argv
+    torch.empty(1, device="cuda:0")
+    import safetensors  # noqa: F401
+    instrument()
+    keys = ("num_device_alloc", "num_device_free", "segment.all.allocated", "num_alloc_retries", "num_sync_all_streams")
+    m0 = torch.cuda.memory_stats()
+    pr = cProfile.Profile() if prof else None
+    if pr:
+        pr.enable()
+    got, secs = run(case, d)
+    if pr:
+        pr.disable()
+    m1 = torch.cuda.memory_stats()
+    out = {"case": case, "dir": d, "seconds": round(secs, 4), "tensors": len(got),
+           "bytes": sum(t.numel() * t.element_size() for t in got.values()),
+           "alloc": {k: m1.get(k, 0) - m0.get(k, 0) for k in keys},
+           "tally": {k: [v[0], round(v[1] * 1e3, 2)] for k, v in sorted(TALLY.items(), key=lambda kv: -kv[1][1])},
+           "hook": hook_stats()}
+    try:
+        from phxmount import regcache
+        out["regcaches"] = [{"registered": c.registered, "hits": c.hits, "stale": c.stale,
+                             "register_ms": round(c.register_seconds * 1e3, 2)}
+                            for c in getattr(regcache, "_caches", {}).values()]
+    except Exception as e:  # noqa: BLE001
+        out["regcaches"] = str(e)
+    print(json.dumps(out), flush=True)
+    if pr:
+        for key, n in (("cumulative", 45), ("tottime", 30)):
+            o = io.StringIO()
+            pstats.Stats(pr, stream=o).sort_stats(key).print_stats(n)
+            print(o.getvalue())
+
+
+main()

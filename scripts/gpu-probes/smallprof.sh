@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Where a many-request loop's time goes (issue 27): vLLM's narrow loop and
+# the get_slice loop (Qwen2, 98 tensors) and the MoE engine loop and
+# load_file (2,013 tensors), each in fresh processes: stock, hooked, hooked
+# with a cProfile; smallprof.py tallies the hook's pieces and torch's
+# allocator counters. A daemon CPU profile of the whole probe.
+set -u
+W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python > $OUT/pip.log 2>&1
+python3 python/tools/ckpt_gen.py gen --root $C --only moe,qwen2 --sync > $OUT/gen.log 2>&1 || { tail $OUT/gen.log; exit 1; }
+echo "generated in $(( $(date +%s) - T0 )) s"
+cat $C/*/*.safetensors > /dev/null
+PHXMOUNT_CPUPROFILE=$OUT/daemon.prof ./.devcarry/phxmount --vendor nvidia $W/backing $W/mnt > $OUT/daemon.log 2>&1 &
+D=$!
+./.devcarry/phxmount wait --timeout 10 $W/mnt >> $OUT/daemon.log 2>&1 || { echo "no mount"; tail $OUT/daemon.log; exit 1; }
+Q=$(basename $(ls -d $C/qwen2-*)); M=$(basename $(ls -d $C/moe-*))
+P=scripts/gpu-probes/smallprof.py
+one() { # case dir-name extra-env...
+	local c=$1 n=$2; shift 2
+	echo "== $c $n stock";  env -u PHXMOUNT_HOOK python3 $P $c $C/$n 2>&1 | head -c 3000; echo
+	echo "== $c $n hooked $*"; env PHXMOUNT_HOOK=cuda:0 "$@" python3 $P $c $W/mnt/ckpt27/$n 2>&1 | head -c 6000; echo
+}
+{
+one narrow8 $Q
+one narrow8 $Q PHXMOUNT_HOOK_DEFER=0
+one narrow2 $Q
+one slice8 $Q
+one engine $M
+one load_file $M
+echo "== profiles"
+for c in narrow8:$Q engine:$M load_file:$M; do
+	echo "=== profile ${c%%:*}"
+	env PHXMOUNT_HOOK=cuda:0 python3 $P ${c%%:*} $W/mnt/ckpt27/${c##*:} --profile 2>&1 | head -c 20000
+done
+} > $OUT/probe.txt 2>&1
+umount $W/mnt; wait $D
+grep -E '^==|"seconds"' $OUT/probe.txt | cut -c1-400
+echo "total $(( $(date +%s) - T0 )) s"
