@@ -49,6 +49,7 @@ class _Submitter:
         self._fd = fd  # not yet wrapped in a handle
         self._h = None
         self._live: List[cf.Future] = []
+        self._urgent: Optional[cf.ThreadPoolExecutor] = None  # made at the first urgent task
         self.calls = 0  # ioctls (or preads) issued
         self.closed = False
 
@@ -81,22 +82,34 @@ class _Submitter:
         finally:
             del keep
 
-    def submit(self, cols: Cols, keep=None) -> cf.Future:
+    def submit(self, cols: Cols, keep=None, urgent: bool = False) -> cf.Future:
         """Queues the extents of cols. keep (the memory they name) is held
-        by the queued task until its ioctls have returned."""
-        fut = self._pool.submit(self._run_holding, cols, keep)
+        by the queued task until its ioctls have returned. urgent: a caller
+        is waiting for them now; they go to a thread of their own rather
+        than behind the tasks queued ahead (the daemon serves both at once)."""
+        pool = self._urgent_pool() if urgent else self._pool
+        fut = pool.submit(self._run_holding, cols, keep)
         with self._lock:
             self._live = [f for f in self._live if not f.done()]
             self._live.append(fut)
         return fut
 
+    def _urgent_pool(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._urgent is None:
+                self._urgent = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="phx-io-now")
+            return self._urgent
+
     def close(self) -> None:
-        """Stops the pool; the descriptors close when the last request has
+        """Stops the pools; the descriptors close when the last request has
         finished (at once when none is in flight)."""
         if self.closed:
             return
         self.closed = True
         self._pool.shutdown(wait=False)
+        with self._lock:
+            if self._urgent is not None:
+                self._urgent.shutdown(wait=False)
         with self._lock:
             pending = [f for f in self._live if not f.done()]
         if not pending:

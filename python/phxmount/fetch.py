@@ -34,7 +34,7 @@ from .client import PhxError
 from .extents import Cols, Run
 from .loader import DEFAULT_TIMEOUT
 from .stformat import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo, read_header
-from .slicing import CostModel, Plan, choose, fit, level_runs, shard_index
+from .slicing import CostModel, Plan, choose, fit, level_runs, native_plan, shard_index, whole_plan
 
 MAX_EXTENTS = 409
 # Requests read in the order they are consumed (stream(), the hook's
@@ -63,8 +63,9 @@ _DEFAULT_COST = CostModel()
 class Pending:
     """A request in flight; result() waits for it and returns the result."""
 
-    def __init__(self, fetcher: "Fetcher", plan: Plan, mem, deadline: float):
+    def __init__(self, fetcher: "Fetcher", plan: Plan, mem, deadline: float, given: bool = False):
         self.fetcher, self.plan, self.mem, self.deadline = fetcher, plan, mem, deadline
+        self.given = given  # mem is the caller's (Fetcher.start's into): the result is mem itself
         self.futures: list = []
         self._done = False
         self._result = None
@@ -80,7 +81,7 @@ class Pending:
             wait_all(self.futures, max(0.0, self.deadline - time.monotonic()), what)
         except PhxError as e:
             raise PhxError(e.errno, f"{self.plan.name}: {e.strerror}") from None
-        self._result = self.fetcher.backend.finish(self.mem, self.plan)
+        self._result = self.mem if self.given else self.fetcher.backend.finish(self.mem, self.plan)
         self._done, self.mem = True, None
         return self._result
 
@@ -90,6 +91,7 @@ class _Batch:
 
     def __init__(self):
         self.cols, self.nbytes, self.waiting = Cols(), 0, []
+        self.urgent = False
 
 
 class Fetcher:
@@ -107,6 +109,7 @@ class Fetcher:
         st = os.stat(self.path)
         self._cost_key = (st.st_dev, getattr(io, "kind", ""))
         self._probes = 0
+        self._whole: Dict[str, Plan] = {}  # whole tensors' plans, by name
         self.plans: List[Plan] = []  # every plan started, in order
         self.read_bytes = 0  # bytes requested from the I/O
 
@@ -128,32 +131,54 @@ class Fetcher:
         flush_bytes where smaller."""
         return min(self.flush_bytes, IN_ORDER_TASK)
 
-    def plan(self, name: str, index=None) -> Plan:
-        """The plan for a tensor (index None) or a slice of it."""
+    def plan(self, name: str, index=None, in_place: bool = False, strategy: Optional[str] = None) -> Plan:
+        """The plan for a tensor (index None) or a slice of it; in_place:
+        read into memory of the whole tensor's layout (slicing.native_plan);
+        strategy: this request's, where not the fetcher's.
+        A whole tensor's is made once (it needs no cost model) and shared
+        by its requests: a caller of thousands of small tensors plans each
+        of them at least twice (its read-ahead's start, its own request)."""
+        if index is None and not in_place:
+            p = self._whole.get(name)
+            if p is None:
+                p = self._whole[name] = whole_plan(self.info(name))
+            return p
         info = self.info(name)
-        p = choose(info, index, self.cost, self.strategy, self.max_temp)
-        if (self.strategy == "auto" and len(p.alternatives) > 1 and self._cost_key not in _costs
+        strategy = strategy or self.strategy
+        p = self._choose(info, index, in_place, strategy)
+        if (strategy == "auto" and len(p.alternatives) > 1 and self._cost_key not in _costs
                 and self._probes < 3):
             with _measuring_lock:
                 once = _measuring.setdefault(self._cost_key, threading.Lock())
             with once:  # fetchers of several files at once (a rank's files in threads) measure once
                 measured = self._cost_key in _costs or self.calibrate(p)
             if measured:
-                p = choose(info, index, self.cost, self.strategy, self.max_temp)
+                p = self._choose(info, index, in_place, strategy)
         return p
 
+    def _choose(self, info: TensorInfo, index, in_place: bool, strategy: str) -> Plan:
+        if in_place:
+            return native_plan(info, index, self.cost, strategy)
+        return choose(info, index, self.cost, strategy, self.max_temp)
+
     def start(self, plans: Iterable[Plan], timeout: Optional[float] = None,
-              flush_bytes: Optional[int] = None) -> List[Pending]:
+              flush_bytes: Optional[int] = None, into: Optional[list] = None,
+              urgent: bool = False) -> List[Pending]:
         """Starts every plan; the reads of the first overlap the allocation
         and registration of the next. flush_bytes: the reads go in tasks
         of about that many bytes (default the fetcher's): smaller tasks
-        land the first plans sooner, larger ones cost fewer ioctls."""
+        land the first plans sooner, larger ones cost fewer ioctls.
+        into: the memory of each plan, given (in-place plans: the tensor
+        of the whole layout; its Pending's result is that memory). urgent:
+        a caller waits for these now; they do not queue behind reads
+        started ahead (batchio: a thread of their own)."""
         plans = list(plans)
-        self.backend.prepare(plans)
+        self.backend.prepare(plans if into is None else ())
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         b, out = _Batch(), []
-        for p in plans:
-            pend = Pending(self, p, self.backend.alloc(p), deadline)
+        b.urgent = urgent
+        for i, p in enumerate(plans):
+            pend = Pending(self, p, self.backend.alloc(p) if into is None else into[i], deadline, into is not None)
             out.append(pend)
             self.plans.append(p)
             if p.read_bytes == 0:
@@ -174,12 +199,12 @@ class Fetcher:
             return
         keep = [pend.mem for pend in b.waiting]  # held by the tasks (batchio.submit)
         for i in range(0, upto, te):
-            fut = self.io.submit(b.cols.part(i, min(i + te, upto)), keep)
+            fut = self.io.submit(b.cols.part(i, min(i + te, upto)), keep, urgent=b.urgent)
             for pend in b.waiting:
                 pend.futures.append(fut)
         self.read_bytes += b.nbytes if whole else b.cols.part(0, upto).nbytes
         if whole:
-            b.cols, b.nbytes, b.waiting = Cols(), 0, []
+            b.cols, b.nbytes, b.waiting = Cols(), 0, []  # (b.urgent stays)
         else:
             b.cols = b.cols.part(upto, n)
             b.nbytes = b.cols.nbytes
@@ -356,6 +381,13 @@ class SafeOpen:
             for p, pend in zip(plans, self.fetcher.start(plans, flush_bytes=flush_bytes)):
                 self._landing.setdefault(p.key, []).append(pend)
         return plans
+
+    def read_in_place(self, plans: List[Plan], mems: list, urgent: bool = False) -> List[Pending]:
+        """Starts in-place plans (fetcher.plan(..., in_place=True)), each
+        into its memory of the whole tensor's layout; each Pending's result
+        is that memory. urgent: the caller waits for them now (Fetcher.start)."""
+        with self._lock:
+            return self.fetcher.start(plans, into=mems, urgent=urgent)
 
     def drop(self, key: tuple) -> None:
         """Forgets what a prefetch of plan key started (its reads still

@@ -12,9 +12,16 @@ shape and device, in any file, from the first operation that reads its
 bytes:
 
 * a role whose tensors were narrowed, or not seen yet, gets deferred
-  tensors: a narrow reads its region as get_slice would (so the slice
-  guesses of hook_guess read the next keys' regions ahead), anything else
-  the rest of the tensor;
+  tensors: a narrow reads its region, anything else the rest of the
+  tensor, always in place (into the deferred tensor's own storage at the
+  bytes' own offsets: slicing.native_plan), so nothing is copied after
+  and a covering read leaves only the tensor's own bytes behind;
+* a role narrowed before has its last region read ahead: at get_tensor
+  the tensor's region starts at once, and the read-ahead makes the next
+  keys' deferred tensors with theirs started (held in the file's window
+  at their full size, the memory they take); a narrow the guess covers
+  only waits for it, one it does not reads its region now, on a thread
+  of its own (batchio's urgent tasks);
 * a role whose tensors were used whole gets them as today, read ahead in
   the file's window (hook_ahead): an engine that copies every tensor into
   its parameters pays for deferral once per role.
@@ -32,9 +39,11 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .deferred import Region
 from .hook_guess import RoleMemory, role
+from .hook_report import report
 
 DEFER_ENV = "PHXMOUNT_HOOK_DEFER"
 WHOLE, NARROW = "whole", "narrow"
@@ -45,8 +54,10 @@ def defer_enabled() -> bool:
 
 
 # How the tensors of each role, shape and device were last used: WHOLE or
-# NARROW (in any file: the files of a checkpoint share their roles).
+# NARROW (in any file: the files of a checkpoint share their roles), and
+# the region of the last narrow.
 uses_seen = RoleMemory()
+regions_seen = RoleMemory()
 
 
 class Deferrals:
@@ -57,6 +68,7 @@ class Deferrals:
         self.shapes, self.roles = shapes, roles  # the file's, by name (roles: hook_guess.role)
         self.on = defer_enabled()
         self.last = None  # weakref of the last deferred tensor handed out
+        self.handed_ahead = 0  # deferred tensors handed out that the read-ahead made
         self.lock = threading.Lock()
 
     def wants(self, name: str, dev: int) -> bool:
@@ -75,9 +87,21 @@ class Deferrals:
         used whole (a deferred one's regions are guessed as slices)."""
         return not self.on or uses_seen.get(self.roles[name], self.shapes[name], dev) == WHOLE
 
-    def handed(self, t) -> None:
+    def region(self, name: str, dev: int) -> Optional[Region]:
+        """The region the read-ahead guesses for name onto dev: its role's
+        last narrow, where that role's tensors are narrowed (None: no guess)."""
+        if not self.on:
+            return None
+        rl, shape = self.roles[name], self.shapes[name]
+        if uses_seen.get(rl, shape, dev) != NARROW:
+            return None
+        return regions_seen.get(rl, shape, dev)
+
+    def handed(self, t, ahead: bool = False) -> None:
+        """t was handed out (ahead: made by the read-ahead, its region started)."""
         with self.lock:
             self.last = weakref.ref(t)
+            self.handed_ahead += ahead
 
 
 def _untouched(t) -> bool:
@@ -86,61 +110,112 @@ def _untouched(t) -> bool:
     return st is not None and not st.told
 
 
-class Source:
-    """Reads a deferred tensor's regions through its hooked file: a region
-    is a slice request (read_slice, with its guesses), copied into the
-    tensor's storage at its place; whole, the tensor (its own request)."""
+def index_of(region: Region):
+    """The get_slice index of a region (None: the whole tensor)."""
+    d, s, n = region
+    return None if d < 0 else (slice(None),) * d + (slice(s, s + n),)
 
-    def __init__(self, shape: tuple, read: Callable, learn: Callable):
-        self.shape, self._read, self._learn = shape, read, learn
+
+def _covers(a: Region, b: Region) -> bool:
+    return a[0] < 0 or (a[0] == b[0] and a[1] <= b[1] and b[1] + b[2] <= a[1] + a[2])
+
+
+class Source:
+    """A deferred tensor's reads, in place in its storage (mem: what the
+    hooked file's backend locates, the storage itself on a GPU): the
+    regions started ahead, and those its caller's operations need. Every
+    read started into the storage is waited for before fill returns, so
+    no read lands under a caller's writes, and a guessed region that the
+    caller did not ask for lands the tensor's own bytes at their place:
+    a wrong guess costs its bytes, never a wrong value."""
+
+    def __init__(self, name: str, shape: tuple, dev: int, plain, mem, start: Callable, read: Callable,
+                 learn: Callable):
+        self.name, self.shape, self.dev, self.mem = name, shape, dev, mem
+        self.at = plain.data_ptr()  # where the storage starts
+        self._start, self._read, self._learn = start, read, learn
+        self.pending: List[Tuple[object, Region]] = []  # (Pending, region) started, not yet waited for
+        self.failed: Optional[BaseException] = None
+        self.handed = False  # a fill has returned: the caller may have written into the storage
+
+    def begin(self, regions: Sequence[Region], pends: list) -> None:
+        """regions' reads were started (pends, one each)."""
+        self.pending += zip(pends, regions)
 
     def fill(self, dest, regions) -> None:
-        for d, s, n in regions:
-            if d < 0 or (d == 0 and s == 0 and n == self.shape[0]):
+        here = dest.data_ptr() == self.at  # else a scratch tensor (deferred: regions of several dimensions)
+        todo = [r for r in regions if not any(_covers(p, r) for _, p in self.pending)] if here else []
+        if todo and self.failed is None:
+            try:
+                # After the first fill the caller holds views it may have
+                # written through: only exact reads from then on.
+                self.begin(todo, self._start(self, todo, self.handed))
+            except Exception as e:  # noqa: BLE001: read it the way that works
+                self.failed = e
+        pend, self.pending = self.pending, []
+        landed = 0
+        for p, _ in pend:
+            try:
+                p.result()
+                landed += p.plan.read_bytes
+            except Exception as e:  # noqa: BLE001
+                self.failed = self.failed or e
+        self.handed = True
+        if landed:
+            report.landed(self.dev, landed)
+        if self.failed is not None or not here:
+            self._fill_elsewhere(dest, regions)
+
+    def _fill_elsewhere(self, dest, regions) -> None:
+        """Where in-place reads fail: each region through the hooked file's
+        own requests (safetensors' where phxmount cannot), copied in."""
+        for r in regions:
+            index = index_of(r)
+            if index is None or (r[0] == 0 and r[1] == 0 and r[2] == self.shape[0]):
                 dest.copy_(self._read(None))
                 continue
-            index = (slice(None),) * d + (slice(s, s + n),)
-            dest.narrow(d, s, n).copy_(self._read(index))
+            dest.narrow(*r).copy_(self._read(index))
 
     def used(self, how: tuple) -> None:
-        self._learn(NARROW if how[0] == "narrow" else WHOLE)
+        self._learn(how)
 
 
 def _storage(shape: tuple, st_dtype: str, dev: int):
-    """Unread memory of a tensor's full shape and dtype on cuda:dev."""
+    """(tensor, mem): unread memory of a tensor's full shape and dtype on
+    cuda:dev, and what the backend locates (the tensor itself)."""
     import torch
     from .dtypes import torch_dtype
-    return torch.empty(shape, dtype=torch_dtype(st_dtype), device=f"cuda:{dev}")
+    t = torch.empty(shape, dtype=torch_dtype(st_dtype), device=f"cuda:{dev}")
+    return t, t
 
 
-def deferred_tensor(name: str, shape: tuple, st_dtype: str, dev: int, read: Callable):
-    """A deferred tensor of name onto cuda:dev, its regions read by
+def deferred_tensor(info, dev: int, start: Callable, read: Callable):
+    """A deferred tensor of info onto cuda:dev and its Source: in-place
+    reads by start(source, regions, exact) -> Pendings, the fall-back's by
     read(index) (index None: the whole tensor)."""
     from . import deferred
-    rl = role(name)
-    src = Source(shape, read, lambda use: uses_seen.learn(rl, shape, dev, use))
-    return deferred.make(_storage(shape, st_dtype, dev), src)
+    rl, shape = role(info.name), tuple(info.shape)
+
+    def learn(how: tuple) -> None:
+        if how[0] == "narrow":
+            uses_seen.learn(rl, shape, dev, NARROW)
+            regions_seen.learn(rl, shape, dev, tuple(how[1:]))
+        else:
+            uses_seen.learn(rl, shape, dev, WHOLE)
+
+    plain, mem = _storage(shape, info.dtype, dev)
+    src = Source(info.name, shape, dev, plain, mem, start, read, learn)
+    return deferred.make(plain, src), src
 
 
-def handing(info, dev: int, had, gpu: Callable, drop: Callable, deferrals: Deferrals):
-    """info as a deferred tensor on dev for a hooked file whose reads are
-    gpu(info, index, dev, held) and drop(name, held): a narrow reads its
-    region as get_slice does (had: the slice guessed for it, taken by the
-    first read), anything else the whole; None where one cannot be made
-    (no memory for it, no torch dtype: the caller reads it now)."""
-    box = [had]
-
-    def read(index):
-        h, box[0] = box[0], None
-        if index is None:
-            drop(info.name, h)
-            return gpu(info, None, dev, None)
-        return gpu(info, index, dev, h)
-
+def handing(info, dev: int, start: Callable, gpu: Callable, deferrals: Deferrals):
+    """info as a deferred tensor on dev (and its Source) for a hooked file
+    whose in-place reads are start(source, regions, exact) and whose own reads
+    are gpu(info, index, dev, held); None where one cannot be made (no
+    memory for it, no torch dtype: the caller reads it now)."""
     try:
-        t = deferred_tensor(info.name, tuple(info.shape), info.dtype, dev, read)
+        t, src = deferred_tensor(info, dev, start, lambda index: gpu(info, index, dev, None))
     except Exception:  # noqa: BLE001
         deferrals.on = False  # the file reads whole tensors (read ahead) from now on
         return None
-    deferrals.handed(t)
-    return t
+    return t, src

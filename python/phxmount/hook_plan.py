@@ -54,10 +54,11 @@ class Starts:
 @dataclass
 class Held:
     """A read started ahead of the caller: onto dev, nbytes; its plan key
-    once started (what SafeOpen.drop takes) and, for a guess, its plan."""
+    once started (what SafeOpen.drop takes) and, for a guess, its plan
+    (for a deferred tensor made ahead, the tensor, its region started)."""
     dev: int
     nbytes: int
-    kind: str  # "ahead" (get_tensor's read-ahead) or "guess" (a slice guessed)
+    kind: str  # "ahead" (get_tensor's read-ahead), "guess" (a slice guessed) or "deferred" (hook_defer)
     key: Optional[tuple] = None
     plan: object = None
 

@@ -199,6 +199,10 @@ class Plan:
     reason: object = ""  # why: the text, or what makes it (a plan is made per request; why is read rarely)
     index: object = None  # what the caller asked for (None: the whole tensor)
     alternatives: List[Tuple[int, float]] = field(default_factory=list)  # (level, estimated s), best first
+    # In place: every piece lands at its own offset in memory of the whole
+    # tensor's layout (a deferred tensor's storage, native_plan), not
+    # packed; what a covering read adds lands where it belongs too.
+    in_place: bool = False
 
     @property
     def why(self) -> str:
@@ -228,7 +232,7 @@ class Plan:
 
     @property
     def key(self) -> tuple:
-        return self.info.name, self.sel
+        return (self.info.name, self.sel, "in place") if self.in_place else (self.info.name, self.sel)
 
     @property
     def extents(self) -> int:
@@ -236,8 +240,9 @@ class Plan:
 
     @property
     def trivial(self) -> bool:
-        """The bytes read are the result, in order."""
-        return self.level == self.exact
+        """The bytes read are the result, in order (in place: where they
+        belong, nothing to cut)."""
+        return self.level == self.exact or self.in_place
 
     def temp_shape(self) -> Tuple[int, ...]:
         """The shape the bytes read have (before the post slice)."""
@@ -266,6 +271,23 @@ def describe(sel: Selection, es: int, L: int, exact: int) -> str:
         return f"exact: {pieces} extent(s) of {run} B, {nbytes} B read"
     what = "whole rows" if L == 0 and len(sel.dims) == 2 else f"whole dims {L}.. of each selected index"
     return f"{what} then slice on the device: {pieces} extent(s), {nbytes} B read"
+
+
+def whole_plan(info: TensorInfo) -> Plan:
+    """choose()'s plan for the whole tensor (index None), made without its
+    search: one extent, the same under every cost model and strategy. A
+    file of thousands of small tensors is planned tensor by tensor, so
+    this is on the per-tensor path (issue 27: 2,000 tensors under 10 ms)."""
+    shape = tuple(info.shape)
+    sel = Selection(tuple(Dim(s, 0, s, 1) for s in shape), shape)
+    es = DTYPE_SIZES[info.dtype]
+    nbytes = es
+    for s in shape:
+        nbytes *= s
+    if nbytes == 0:
+        return Plan(info, sel, 0, 0, [], 0, "empty", "nothing to read", None)
+    return Plan(info, sel, 0, 0, [Run(1, 0, nbytes, 0, nbytes, nbytes)], nbytes, "exact",
+                lambda: f"chose {describe(sel, es, 0, 0)}; the whole tensor, one candidate", None, [(0, 0.0)])
 
 
 def choose(info: TensorInfo, index, cost: CostModel, strategy: str = "auto",
@@ -297,6 +319,41 @@ def choose(info: TensorInfo, index, cost: CostModel, strategy: str = "auto",
         cs = "; ".join(f"{describe(sel, es, lv, ex)} ~{t * 1e3:.3f} ms" for lv, t in alts)
         return f"chose {describe(sel, es, L, ex)}; candidates: {cs} [cost model: {source}]"
     return Plan(info, sel, L, ex, level_runs(sel, es, L), nbytes, "exact" if L == ex else "cover", why, index, alts)
+
+
+def native_plan(info: TensorInfo, index, cost: CostModel, strategy: str = "auto") -> Plan:
+    """The plan for index read in place into memory of the whole tensor's
+    layout (Plan.in_place): each level's pieces land at their own offsets,
+    so a covering read costs its bytes alone (no slice on the device, no
+    temporary) and leaves only the tensor's own bytes behind it. strategy
+    "exact" or "cover" forces that kind when it exists."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} not in {STRATEGIES}")
+    sel = normalize(() if index is None else index, info.shape)
+    es = DTYPE_SIZES[info.dtype]
+    ex = exact_level(sel)
+    cands = []
+    for L in range(ex + 1):
+        pieces, nbytes, _ = level_size(sel, es, L)
+        if (strategy == "exact" and L < ex) or (strategy == "cover" and L == ex and ex > 0):
+            continue
+        cands.append((cost.estimate(pieces, nbytes, False), -L, nbytes))
+    est, negL, nbytes = min(cands)
+    L = -negL
+    if nbytes == 0:
+        return Plan(info, sel, ex, ex, [], 0, "empty", "nothing to read", index, in_place=True)
+    runs = coalesce([Run(r.count, r.src, r.src_step, r.src, r.src_step, r.length) for r in level_runs(sel, es, L)])
+    alts = [(-c[1], c[0]) for c in sorted(cands)]
+    source = cost.source
+
+    def said(lv: int) -> str:
+        pieces, n, run = level_size(sel, es, lv)
+        return f"{'exact' if lv == ex else 'covering'}: {pieces} extent(s) of {run} B in place, {n} B read"
+
+    def why() -> str:
+        cs = "; ".join(f"{said(lv)} ~{t * 1e3:.3f} ms" for lv, t in alts)
+        return f"chose {said(L)}; candidates: {cs} [cost model: {source}]"
+    return Plan(info, sel, L, ex, runs, nbytes, "exact" if L == ex else "cover", why, index, alts, in_place=True)
 
 
 def shard_bounds(size: int, rank: int, world: int) -> Tuple[int, int]:

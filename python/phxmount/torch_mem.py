@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple, Union
 
@@ -200,6 +201,8 @@ def to_tensor(mem, plan: Plan):
         return torch.empty(plan.out_shape, dtype=dt, device=mem.device)
     post = plan.post()
     if post is None:
+        if mem.dtype == dt and mem.shape == plan.out_shape:
+            return mem  # allocated as the result (CudaBackend.alloc)
         return mem.view(dt).reshape(plan.out_shape)
     t = mem.view(dt).reshape(plan.temp_shape())[post]
     return t.clone(memory_format=torch.contiguous_format).reshape(plan.out_shape)
@@ -213,6 +216,7 @@ class CudaBackend:
     def __init__(self, device: int, cache: RegCache):
         self.device, self.cache = device, cache
         self.counts0 = (cache.registered, cache.hits, cache.register_seconds)  # for a load's stats
+        self._last: Optional[tuple] = None  # (alloc, a weakref of a tensor inside it): see locate
 
     def prepare(self, plans) -> None:
         import torch
@@ -238,6 +242,12 @@ class CudaBackend:
             pass
 
     def alloc(self, plan: Plan):
+        if plan.trivial and plan.out_bytes == plan.read_bytes > 0:
+            # The result itself, in its dtype and shape: finish has
+            # nothing to make (a view and a reshape per tensor, which a
+            # file of thousands of small ones pays thousands of times).
+            import torch
+            return torch.empty(plan.out_shape, dtype=torch_dtype(plan.dtype), device=f"cuda:{self.device}")
         return self.scratch(plan.read_bytes)
 
     def scratch(self, nbytes: int):
@@ -245,7 +255,20 @@ class CudaBackend:
         return torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
 
     def locate(self, mem) -> Tuple[int, int]:
-        return locate_tensor(self.cache, mem)
+        """(buffer id, offset) of mem. The CUDA allocation of the last
+        tensor located is remembered while that tensor lives: a live
+        tensor keeps its allocation (torch frees a segment only once no
+        block of it is used), so an address inside that range is inside
+        that same allocation, and the driver is not asked again (tensors
+        cut from one segment, a whole file's of them: one
+        cuPointerGetAttributes, not one each)."""
+        ptr, n = mem.data_ptr(), mem.numel() * mem.element_size()
+        last = self._last
+        if last is not None and last[1]() is not None and last[0].base <= ptr and ptr + n <= last[0].base + last[0].size:
+            return self.cache.locate(last[0], ptr, n)
+        a = tensor_alloc(mem)
+        self._last = (a, weakref.ref(mem))
+        return self.cache.locate(a, ptr, n)
 
     def finish(self, mem, plan: Plan):
         out = to_tensor(mem, plan)

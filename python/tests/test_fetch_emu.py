@@ -115,6 +115,37 @@ class FetchEmuTest(MountedCase):
                     self.assertTrue(same(f.get_tensor(n), self.arrays[n]), (n, flush))
                 self.assertEqual(f.served_from_prefetch, len(names))
 
+    def test_in_place_reads_land_at_their_own_offsets(self):
+        # read_in_place into memory of the whole tensor's layout: the
+        # selection's bytes (and a covering read's others) at their own
+        # offsets, nothing else written, urgent or queued; each Pending's
+        # result is the memory given.
+        from phxmount.client import EmuBuffer
+        rng = random.Random(11)
+        with open_emu(self.path) as f:
+            self.assertIs(f.fetcher.plan("w1"), f.fetcher.plan("w1"), "a whole tensor's plan is made once")
+            for name in ("w1", "wide", "cube"):
+                a = self.arrays[name]
+                raw = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+                for k in range(12):
+                    index = random_index(rng, a.shape)
+                    try:
+                        want = a[index]
+                    except (IndexError, ValueError):
+                        continue
+                    for strategy in ("exact", "cover"):
+                        buf = EmuBuffer(raw.size)
+                        buf.view[:raw.size] = b"\xee" * raw.size
+                        p = f.fetcher.plan(name, index, in_place=True, strategy=strategy)
+                        (pend,) = f.read_in_place([p], [buf], urgent=k % 2 == 0)
+                        self.assertIs(pend.result(), buf)
+                        got = np.frombuffer(bytes(buf.view[:raw.size]), dtype=np.uint8)
+                        written = got != 0xEE
+                        self.assertTrue((got[written] == raw[written]).all(), (name, index, strategy))
+                        view = got.view(a.dtype).reshape(a.shape)
+                        self.assertTrue(same(view[index], want), (name, index, strategy))
+                        buf.close()
+
     def test_rank_shards(self):
         for dim in (0, 1):
             for world in (2, 4, 8):

@@ -17,6 +17,7 @@ torch = torch_or_none()
 WHY = None if torch is not None and np is not None else "torch or numpy is not importable (scripts/deps.sh installs them)"
 
 from phxmount import deferred, hook, hook_defer  # noqa: E402
+from phxmount.client import EmuBuffer  # noqa: E402
 
 if torch is not None and not hasattr(torch.Tensor, "nbytes"):
     # Debian's torch (1.13) predates Tensor.nbytes (2.1), which the hook's
@@ -49,6 +50,22 @@ class TorchReader:
         return getattr(self._inner, name)
 
 
+def emu_storage(shape, st_dtype, dev):
+    """A deferred tensor's storage on the emulated device: a torch tensor
+    over an emu buffer's memory (what the in-place reads land in)."""
+    dtype = getattr(torch, TORCH[st_dtype])
+    n = dtype_size(dtype)
+    for s in shape:
+        n *= s
+    buf = EmuBuffer(n)
+    plain = torch.frombuffer(buf.map, dtype=torch.uint8, count=n).view(dtype).reshape(shape)
+    return plain, buf
+
+
+def dtype_size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def same(a, b) -> bool:
     """Equal shape, dtype and bytes (random bytes hold NaNs, which equal nothing)."""
     return (a.shape == b.shape and a.dtype == b.dtype and
@@ -65,8 +82,7 @@ class DeferTest(HookedCase):
         super().setUp()
         inner = hook._open_reader
         hook._open_reader = lambda *a, **k: TorchReader(inner(*a, **k))
-        self.storage = mock.patch.object(hook_defer, "_storage",
-                                         lambda shape, dt, dev: torch.empty(shape, dtype=getattr(torch, TORCH[dt])))
+        self.storage = mock.patch.object(hook_defer, "_storage", emu_storage)
         self.storage.start()
         self.use(self.real, hook.Mode(True, "cuda:0"))
         self.gpu_ok()
@@ -101,20 +117,60 @@ class DeferTest(HookedCase):
     def test_the_narrow_loop_reads_the_rank(self):
         with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
             self.vllm_loop(f)
-        # What the planner reads for the rank's slice of each narrowed
-        # tensor (a covering read where extents cost more than bytes), and
-        # the norms whole: never a narrowed tensor whole.
+            f_defer = f._defer
+        # What the planner reads in place for the rank's slice of each
+        # narrowed tensor (a covering read where extents cost more than
+        # bytes), and the norms whole: never a narrowed tensor whole.
         fe = self.readers[0].fetcher
         want = 0
         for n, dt, shape in LAYERS:
             cut = NARROW.get(role_of(n))
             index = None if cut is None else (slice(None),) * cut[0] + (slice(cut[1], cut[1] + cut[2]),)
-            want += fe.plan(n, index).read_bytes
+            want += fe.plan(n, index, in_place=cut is not None).read_bytes
         self.assertEqual(self.read_bytes(), want, "bytes read: the rank's slices as planned, the norms whole")
         self.assertLess(want, sum(fe.info(n).nbytes for n, _, _ in LAYERS))
-        self.assertGreater(self.readers[0].served_from_prefetch, 0, "no region was read ahead")
+        narrowed = sum(1 for n, _, _ in LAYERS if role_of(n) in NARROW)
+        self.assertEqual(f_defer.handed_ahead, narrowed - 2,
+                         "every narrowed tensor but each role's first was made ahead, its region started")
         self.assertEqual(hook.uses_seen.get("model.layers.#.attn.q.weight", (64, 96), 0), hook_defer.NARROW)
         self.assertEqual(hook.uses_seen.get("model.layers.#.norm.weight", (96,), 0), hook_defer.WHOLE)
+
+    def test_a_wrong_guess_costs_bytes_not_values(self):
+        # Another rank's loop on the second file: every region guessed from
+        # the first file's is wrong, read ahead all the same (its bytes
+        # land at their own place); the caller gets its own region's.
+        global NARROW
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            self.vllm_loop(f)
+        saved, NARROW = NARROW, {"attn.q.weight": (0, 0, 16), "attn.o.weight": (1, 0, 64)}
+        try:
+            with self.fake.safe_open(self.m.path("layers2.safetensors"), "pt") as f:
+                self.vllm_loop(f)
+                self.assertGreater(f._defer.handed_ahead, 0, "nothing was guessed")
+        finally:
+            NARROW = saved
+
+    def test_a_failed_read_in_place_reads_elsewhere(self):
+        def refuse(*a, **k):
+            raise OSError(5, "refused in place")
+        with mock.patch.object(hook.HookedFile, "_in_place", refuse):
+            with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+                self.vllm_loop(f)
+
+    def test_writes_through_a_narrowed_view_are_kept(self):
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            self.vllm_loop(f)  # learned: the next file's regions are read ahead
+        with self.fake.safe_open(self.m.path("layers2.safetensors"), "pt") as f:
+            k = "model.layers.3.attn.o.weight"
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if name == k:
+                    break
+            self.assertTrue(deferred.is_deferred(t))
+            t.narrow(1, 128, 64).fill_(7)
+            want = self.want(k).clone()
+            want.narrow(1, 128, 64).fill_(7)
+            self.assertTrue(same(t.clone(), want), "the rest read later overwrote the caller's writes")
 
     def test_views_are_stocks(self):
         with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:

@@ -12,7 +12,7 @@ from phxmount import abi  # noqa: E402
 from phxmount.extents import Cols, Run, coalesce, cut, to_cols  # noqa: E402
 from phxmount.stformat import DTYPE_SIZES, TensorInfo  # noqa: E402
 from phxmount.slicing import (CostModel, Plan, choose, exact_level, fit, level_runs, level_size,  # noqa: E402
-                              normalize, random_index, shard_bounds, shard_index)
+                              native_plan, normalize, random_index, shard_bounds, shard_index, whole_plan)
 
 SHAPES = [(5,), (4, 6), (3, 4, 5), (), (0, 3), (2, 1, 3, 4), (7, 1), (1, 9)]
 
@@ -194,3 +194,63 @@ class BatchColsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class WholePlanTest(unittest.TestCase):
+    """whole_plan is choose()'s answer for index None, made without the
+    search (a whole tensor's plan is on every small tensor's path)."""
+
+    def test_same_as_choose(self):
+        fields = ("sel", "level", "exact", "runs", "read_bytes", "strategy", "index", "key", "trivial")
+        for shape in SHAPES + [(4096, 14336), (1,)]:
+            for dtype in ("BF16", "F32", "U8"):
+                n = DTYPE_SIZES[dtype]
+                for s in shape:
+                    n *= s
+                info = TensorInfo("t", dtype, shape, 64, 64 + n)
+                for cost in (CostModel(), CostModel(extent_s=1.0, bytes_per_s=1.0)):
+                    for strategy in ("auto", "exact", "cover"):
+                        want, got = choose(info, None, cost, strategy), whole_plan(info)
+                        for f in fields:
+                            self.assertEqual(getattr(got, f), getattr(want, f), (shape, dtype, strategy, f))
+                        self.assertEqual(len(got.alternatives), len(want.alternatives))
+                if n:
+                    self.assertIn(f"{n} B read", whole_plan(info).why)
+
+
+@unittest.skipIf(WHY_NO_NUMPY, f"SKIP: {WHY_NO_NUMPY}")
+class NativePlanTest(unittest.TestCase):
+    """native_plan's pieces land at their own offsets (a deferred tensor's
+    storage): every byte of the selection is read, every byte read is
+    where it belongs, and exact reads nothing else."""
+
+    def test_pieces_land_in_place(self):
+        rng = random.Random(7)
+        for shape in SHAPES:
+            n = 1
+            for x in shape:
+                n *= x
+            elems = np.arange(n, dtype=np.int64).reshape(shape)
+            info = TensorInfo("t", "F32", shape, 0, 4 * n)
+            for _ in range(60):
+                index = random_index(rng, shape)
+                try:
+                    wanted = set(np.asarray(elems[index]).ravel().tolist())
+                except (IndexError, ValueError):
+                    continue
+                for strategy, cost in (("exact", CostModel()), ("cover", CostModel()), ("auto", CostModel(extent_s=1.0))):
+                    p = native_plan(info, index, cost, strategy)
+                    self.assertTrue(p.in_place and p.trivial)
+                    got = set()
+                    for r in p.runs:
+                        self.assertEqual((r.src, r.src_step), (r.dst, r.dst_step), (shape, index, strategy))
+                        for k in range(r.count):
+                            a = r.src + k * r.src_step
+                            self.assertEqual(a % 4, 0)
+                            got.update(range(a // 4, (a + r.length) // 4))
+                    self.assertLessEqual(wanted, got, (shape, index, strategy))
+                    self.assertLessEqual(got, set(range(n)))
+                    self.assertEqual(sum(r.count * r.length for r in p.runs), p.read_bytes)
+                    if p.strategy == "exact":
+                        self.assertEqual(got, wanted, (shape, index))
+                    self.assertNotEqual(p.key, choose(info, index, CostModel()).key)
