@@ -50,7 +50,7 @@ def instrument():
     for owner, names in ((regcache.RegCache, ("get", "prune")),
                          (fetch.Fetcher, ("plan", "start")),
                          (fetch.Pending, ("result",)),
-                         (hook.HookedFile, ("get_tensor", "_gpu", "_take", "read_slice")),
+                         (hook.HookedFile, ("get_tensor", "_gpu", "_take", "read_slice", "_in_place", "_ahead_of")),
                          (hook_defer.Source, ("fill",)),
                          (hook_guess.Guesses, ("after",)),
                          (torch_mem.CudaBackend, ("prepare", "alloc", "finish", "locate", "make_room")),

@@ -28,6 +28,11 @@ one narrow2 $Q
 one slice8 $Q
 one engine $M
 one load_file $M
+for rw in "7 8" "0 2"; do
+	set -- $rw
+	echo "== check narrow rank $1 world $2 (every tensor and --ops against stock)"
+	env PHXMOUNT_HOOK=cuda:0 python3 python/tools/tploops.py child --loop narrow --dir $W/mnt/ckpt27/$Q --ref $C/$Q --rank $1 --world $2 --ops 2>&1 | tail -c 1500
+done
 echo "== profiles"
 for c in narrow8:$Q engine:$M load_file:$M; do
 	echo "=== profile ${c%%:*}"
@@ -35,5 +40,5 @@ for c in narrow8:$Q engine:$M load_file:$M; do
 done
 } > $OUT/probe.txt 2>&1
 umount $W/mnt; wait $D
-grep -E '^==|"seconds"' $OUT/probe.txt | cut -c1-400
+grep -E '^==|"seconds"|mismatch' $OUT/probe.txt | cut -c1-400
 echo "total $(( $(date +%s) - T0 )) s"
