@@ -96,6 +96,8 @@ class _Submitter:
 
     def _urgent_pool(self) -> cf.ThreadPoolExecutor:
         with self._lock:
+            if self.closed:  # as the pool's own submit after shutdown
+                raise RuntimeError(f"{self.path}: submit after close")
             if self._urgent is None:
                 self._urgent = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="phx-io-now")
             return self._urgent

@@ -169,7 +169,8 @@ class Fetcher:
         of about that many bytes (default the fetcher's): smaller tasks
         land the first plans sooner, larger ones cost fewer ioctls.
         into: the memory of each plan, given (in-place plans: the tensor
-        of the whole layout; its Pending's result is that memory). urgent:
+        of the whole layout; its Pending's result is that memory), or None
+        for one the backend allocates as without into. urgent:
         a caller waits for these now; they do not queue behind reads
         started ahead (batchio: a thread of their own)."""
         plans = list(plans)
@@ -178,7 +179,8 @@ class Fetcher:
         b, out = _Batch(), []
         b.urgent = urgent
         for i, p in enumerate(plans):
-            pend = Pending(self, p, self.backend.alloc(p) if into is None else into[i], deadline, into is not None)
+            mem = into[i] if into is not None else None
+            pend = Pending(self, p, self.backend.alloc(p) if mem is None else mem, deadline, mem is not None)
             out.append(pend)
             self.plans.append(p)
             if p.read_bytes == 0:
@@ -384,8 +386,10 @@ class SafeOpen:
 
     def read_in_place(self, plans: List[Plan], mems: list, urgent: bool = False) -> List[Pending]:
         """Starts in-place plans (fetcher.plan(..., in_place=True)), each
-        into its memory of the whole tensor's layout; each Pending's result
-        is that memory. urgent: the caller waits for them now (Fetcher.start)."""
+        into its memory of the whole tensor's layout (each Pending's result
+        is that memory), and plans whose mem is None as get_planned would
+        (their results the slices). urgent: the caller waits for them now
+        (Fetcher.start)."""
         with self._lock:
             return self.fetcher.start(plans, into=mems, urgent=urgent)
 

@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Optional
 from .dtypes import is_torch_dtype
 from .hook_ahead import ReadAhead
 from .hook_close import Resources, closing
-from .hook_defer import Deferrals, handing, index_of, uses_seen
+from .hook_defer import Deferrals, RegionReads, uses_seen
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, is_cpu, parse_mode, task, window
 from .hook_guess import GUESS_TASK, Guesses, guessed_plan, slices_seen
 from .hook_import import Patcher, patch_spawn, unpatch_spawn
@@ -112,7 +112,8 @@ class HookedFile:
         self._ahead = Ahead(window(), self._lock)
         self._read_ahead = ReadAhead(self._sorted, {n: t.nbytes for n, t in self.tensors.items()}, self._lock)
         self._guesses = Guesses(self._sorted, {t.name: tuple(t.shape) for t in header.tensors}, self._lock)
-        self._defer = Deferrals(self._guesses.shape_of, self._guesses.role_of)
+        self._defer = Deferrals(self._guesses.shape_of, self._guesses.role_of, self._read_ahead.sizes)
+        self._regions = RegionReads(self)
 
     # safetensors' interface
     @if_installed
@@ -142,22 +143,18 @@ class HookedFile:
         if info is None or dev is None:
             return self.stock().get_tensor(name)
         had = self._take(name)  # before the read-ahead counts the window's room
-        if had is not None and had.kind == "deferred":
-            if had.plan is not None:  # made ahead, its region under way
-                self._defer.handed(had.plan, ahead=True)
-                self._ahead_of(name, dev, None)
-                return had.plan
-            had = None
         t = src = None  # a deferred tensor (hook_defer), made before the read-ahead asks what it reads whole
-        if (had is None or had.kind == "guess") and self._defer.wants(name, dev):
-            made = handing(info, dev, self._read_now, self._gpu, self._defer)
+        if had is not None and had.kind == "deferred":
+            t = self._regions.hand(info, dev, had)  # its region read ahead
+            had = None
+        elif (had is None or had.kind == "guess") and self._defer.wants(name, dev):
+            made = self._regions.make(info, dev)
             if made is not None:
-                t, src = made
-                self._drop(name, had)
+                (t, src), _ = made, self._drop(name, had)
                 self._defer.handed(t)
         if t is None:
             self.defer(dev, name)
-        self._ahead_of(name, dev, src)
+        self._regions.ahead_of(name, dev, src)
         return t if t is not None else self._gpu(info, None, dev, had)
 
     @if_installed
@@ -236,58 +233,6 @@ class HookedFile:
         if not served_index(index, info.shape, self.backend):
             return self.stock_slice(info.name)[index].to(f"cuda:{dev}")
         return self._gpu(info, (None,) if index is None else index, dev, self._take(info.name))  # [None]: a new axis
-
-    def _ahead_of(self, name: str, dev: int, src) -> None:
-        """The read-ahead after get_tensor(name): whole tensors deferred to
-        the next read, deferred tensors made for the keys whose regions
-        are guessed; src: name's own deferred tensor's Source (its region
-        starts with theirs, where guessed)."""
-        made = self._read_ahead.after(name, dev, self._ahead, lambda k: self.defer(dev, k), self._drop,
-                                      lambda k: self._defer.reads_ahead(k, dev),
-                                      lambda k: self._defer.region(k, dev) is not None)
-        batch = []
-        r = self._defer.region(name, dev) if src is not None else None
-        if r is not None:
-            batch.append((src, r))
-        for n, k in enumerate(made):
-            h, reg = self._ahead.held.get(k), self._defer.region(k, dev)
-            got = handing(self.tensors[k], dev, self._read_now, self._gpu, self._defer) if h and reg else None
-            if got is None:  # no memory for it (or no guess now): asked for, each is deferred unguessed
-                for rest in made[n:]:
-                    self._drop(rest, self._ahead.take(rest))
-                break
-            h.plan = got[0]
-            batch.append((got[1], reg))
-        if batch:
-            try:
-                pends = self._in_place(dev, [(s, [reg]) for s, reg in batch], urgent=False)
-            except Exception as e:  # noqa: BLE001: each tensor's first use reads it the way that works
-                for s, _ in batch:
-                    s.failed = e
-                return
-            for (s, reg), p in zip(batch, pends):
-                s.begin([reg], [p])
-
-    def _read_now(self, src, regions, exact: bool) -> list:
-        """A deferred tensor's regions that its caller waits for (Source.fill)."""
-        return self._in_place(src.dev, [(src, regions)], urgent=True, exact=exact)
-
-    def _in_place(self, dev: int, items, urgent: bool, exact: bool = False) -> list:
-        """Starts each (source, regions) read in place into its deferred
-        tensor's storage on dev, in one start; the Pendings, in order.
-        exact: only the regions' own bytes (the caller may have written
-        next to them: a covering read would land the file's bytes there)."""
-        report.asked()
-        reader = self._reader(dev)
-        plans, mems = [], []
-        for s, regions in items:
-            for reg in regions:
-                plans.append(reader.fetcher.plan(s.name, index_of(reg), in_place=True,
-                                                 strategy="exact" if exact else None))
-                mems.append(s.mem)
-        with self._lock:
-            self._ahead.started(self._starts.start(reader, dev, self.task))
-        return reader.read_in_place(plans, mems, urgent)
 
     def _take(self, name: str) -> Optional[Held]:
         """What was read ahead for name: the caller's now (or dropped)."""

@@ -32,16 +32,17 @@ class ReadAhead:
 
     def after(self, name: str, dev: int, ahead: Ahead, defer: Callable[[str], None],
               drop: Callable[[str, Held], None], whole: Optional[Callable[[str], bool]] = None,
-              region: Optional[Callable[[str], bool]] = None) -> List[str]:
+              region: Optional[Callable[[str], Optional[int]]] = None) -> List[str]:
         """get_tensor(name) onto dev was asked: when in key order, the read-
         aheads of keys before it (passed over) are dropped, and each next
         key not read ahead yet is deferred (defer(k)) while the window has
         room for it. A key that whole(k) says is not read whole is held
-        for its deferred tensor where region(k) says its region can be
-        guessed (hook_defer), and stops the read-ahead where not (its
-        tensor is deferred unguessed; the next call goes on from there).
-        Returns the keys held for deferred tensors, for the caller to make
-        (Held kind "deferred", its plan the tensor once made)."""
+        for the read of its guessed region where region(k) says how many
+        bytes that takes (hook_defer), and stops the read-ahead where it
+        says None (its tensor is deferred unguessed; the next call goes on
+        from there). Returns the keys held for guessed regions, for the
+        caller to start (Held kind "deferred", its plan the read once
+        started)."""
         made: List[str] = []
         with self.lock:
             i = self.index[name]
@@ -59,10 +60,11 @@ class ReadAhead:
             while j < len(self.keys):
                 k = self.keys[j]
                 read_whole = whole is None or whole(k)
-                if not read_whole and (region is None or not region(k)):
+                size = self.sizes[k] if read_whole else (region(k) if region is not None else None)
+                if size is None:
                     break
                 if k not in ahead.held:  # (a slice guessed for it holds its own)
-                    if not ahead.hold(k, Held(dev, self.sizes[k], "ahead" if read_whole else "deferred")):
+                    if not ahead.hold(k, Held(dev, size, "ahead" if read_whole else "deferred")):
                         break
                     if read_whole:
                         defer(k)

@@ -53,6 +53,7 @@ class Resources:
     def __init__(self, fd: Optional[int], lock):
         self.fd, self.lock = fd, lock
         self.readers: Dict[int, object] = {}
+        self.released = False
 
     def dup(self) -> Optional[int]:
         """A duplicate of the descriptor for a reader (None: none kept)."""
@@ -67,6 +68,8 @@ class Resources:
             r = self.readers.get(dev)
             if r is not None:
                 return r, False
+            if self.released:  # a reader now would be nobody's to close
+                raise RuntimeError("the file was closed: its tensors read after that go through safetensors")
         r = open_new(self.dup())
         with self.lock:
             old, why = self.readers.get(dev), refused()
@@ -86,6 +89,7 @@ class Resources:
         with self.lock:
             readers, self.readers = list(self.readers.values()), {}
             fd, self.fd = self.fd, None
+            self.released = True
         for r in readers:
             r.drop_all()
         if readers or fd is not None:

@@ -64,8 +64,8 @@ class Deferrals:
     """A file's deferral: which of its get_tensor calls return deferred
     tensors, and whether its caller collects them (then none do)."""
 
-    def __init__(self, shapes: Dict[str, tuple], roles: Dict[str, str]):
-        self.shapes, self.roles = shapes, roles  # the file's, by name (roles: hook_guess.role)
+    def __init__(self, shapes: Dict[str, tuple], roles: Dict[str, str], nbytes: Dict[str, int]):
+        self.shapes, self.roles, self.nbytes = shapes, roles, nbytes  # the file's, by name (roles: hook_guess.role)
         self.on = defer_enabled()
         self.last = None  # weakref of the last deferred tensor handed out
         self.handed_ahead = 0  # deferred tensors handed out that the read-ahead made
@@ -86,6 +86,15 @@ class Deferrals:
         """Whether get_tensor's read-ahead reads name whole: only a role
         used whole (a deferred one's regions are guessed as slices)."""
         return not self.on or uses_seen.get(self.roles[name], self.shapes[name], dev) == WHOLE
+
+    def region_bytes(self, name: str, dev: int) -> Optional[int]:
+        """About the bytes of name's guessed region (None: no guess): what
+        the read-ahead holds for it in the window until planned."""
+        r = self.region(name, dev)
+        if r is None:
+            return None
+        full = self.nbytes[name]
+        return full if r[0] < 0 else full * r[2] // max(self.shapes[name][r[0]], 1)
 
     def region(self, name: str, dev: int) -> Optional[Region]:
         """The region the read-ahead guesses for name onto dev: its role's
@@ -121,8 +130,8 @@ def _covers(a: Region, b: Region) -> bool:
 
 
 class Source:
-    """A deferred tensor's reads, in place in its storage (mem: what the
-    hooked file's backend locates, the storage itself on a GPU): the
+    """A deferred tensor's reads into its storage (plain; mem: what the
+    hooked file's backend locates, plain itself on a GPU): the
     regions started ahead, and those its caller's operations need. Every
     read started into the storage is waited for before fill returns, so
     no read lands under a caller's writes, and a guessed region that the
@@ -131,7 +140,7 @@ class Source:
 
     def __init__(self, name: str, shape: tuple, dev: int, plain, mem, start: Callable, read: Callable,
                  learn: Callable):
-        self.name, self.shape, self.dev, self.mem = name, shape, dev, mem
+        self.name, self.shape, self.dev, self.mem, self.plain = name, shape, dev, mem, plain
         self.at = plain.data_ptr()  # where the storage starts
         self._start, self._read, self._learn = start, read, learn
         self.pending: List[Tuple[object, Region]] = []  # (Pending, region) started, not yet waited for
@@ -154,9 +163,11 @@ class Source:
                 self.failed = e
         pend, self.pending = self.pending, []
         landed = 0
-        for p, _ in pend:
+        for p, r in pend:
             try:
-                p.result()
+                got = p.result()
+                if not p.given:  # read packed (HookedFile._in_place): into place on the device
+                    self.plain.narrow(*r).copy_(got) if r[0] >= 0 else self.plain.copy_(got)
                 landed += p.plan.read_bytes
             except Exception as e:  # noqa: BLE001
                 self.failed = self.failed or e
@@ -208,14 +219,120 @@ def deferred_tensor(info, dev: int, start: Callable, read: Callable):
     return deferred.make(plain, src), src
 
 
-def handing(info, dev: int, start: Callable, gpu: Callable, deferrals: Deferrals):
-    """info as a deferred tensor on dev (and its Source) for a hooked file
-    whose in-place reads are start(source, regions, exact) and whose own reads
-    are gpu(info, index, dev, held); None where one cannot be made (no
-    memory for it, no torch dtype: the caller reads it now)."""
-    try:
-        t, src = deferred_tensor(info, dev, start, lambda index: gpu(info, index, dev, None))
-    except Exception:  # noqa: BLE001
-        deferrals.on = False  # the file reads whole tensors (read ahead) from now on
-        return None
-    return t, src
+class RegionReads:
+    """A hooked file's reads for its deferred tensors (hook.HookedFile
+    holds one; it reaches into the file's readers, read-ahead and window).
+
+    The region a role's tensors were last narrowed to is guessed for its
+    next tensors: the read-ahead starts each guessed region packed (as
+    get_slice reads it) into memory of its own, held in the file's window
+    at its bytes, and the deferred tensor is made when it is asked for,
+    the guess its first pending read; the asked tensor's own guessed
+    region starts at get_tensor, into its storage (in place where one
+    extent, packed where pieces apart). A narrow the guesses cover only
+    waits for them; one they do not is read now, urgent."""
+
+    def __init__(self, f):
+        # Weakly: the file holds this, and an unclosed file must go when
+        # its caller drops it (its finalizer closes its descriptor), not
+        # at the next cycle collection.
+        self._f = weakref.ref(f)
+
+    @property
+    def f(self):
+        return self._f()
+
+    def make(self, info, dev: int):
+        """(deferred tensor, Source) of info on dev, or None (no memory for
+        it, no torch dtype: the caller reads it now, and the file stops
+        deferring)."""
+        f = self.f
+        try:
+            return deferred_tensor(info, dev, self.read_now, lambda index: f._gpu(info, index, dev, None))
+        except Exception:  # noqa: BLE001
+            f._defer.on = False
+            return None
+
+    def hand(self, info, dev: int, held):
+        """The deferred tensor for a key the read-ahead guessed (held: its
+        region's read, under way), or None where none can be made."""
+        made = self.make(info, dev) if held.plan is not None else None
+        if made is None:
+            return None
+        t, src = made
+        reg, pend = held.plan
+        src.begin([reg], [pend])
+        self.f._defer.handed(t, ahead=True)
+        return t
+
+    def ahead_of(self, name: str, dev: int, src) -> None:
+        """After get_tensor(name): the read-ahead (hook_ahead), whole
+        tensors deferred to the next read and the guessed regions of the
+        next keys started, with name's own (src: its deferred tensor's
+        Source, where one was made), in one start."""
+        f, d = self.f, self.f._defer
+        made = f._read_ahead.after(name, dev, f._ahead, lambda k: f.defer(dev, k), f._drop,
+                                   lambda k: d.reads_ahead(k, dev), lambda k: d.region_bytes(k, dev))
+        own = d.region(name, dev) if src is not None else None
+        items = [(src, [own])] if own is not None else []
+        guesses = []
+        for k in made:
+            reg = d.region(k, dev)
+            if reg is None:
+                f._drop(k, f._ahead.take(k))
+                continue
+            guesses.append((k, reg))
+        if not items and not guesses:
+            return
+        try:
+            pends = self.start(dev, items, guesses)
+        except Exception as e:  # noqa: BLE001: each tensor's first use reads it the way that works
+            if src is not None:
+                src.failed = e
+            for k, _ in guesses:
+                f._drop(k, f._ahead.take(k))
+            return
+        if items:
+            src.begin([own], pends[:1])
+        for (k, reg), pend in zip(guesses, pends[len(items):]):
+            h = f._ahead.held.get(k)
+            if h is not None:
+                h.plan = (reg, pend)
+                f._ahead.resize(k, pend.plan.read_bytes)
+
+    def read_now(self, src, regions, exact: bool) -> list:
+        """A deferred tensor's regions that its caller waits for (Source.fill)."""
+        return self.start(src.dev, [(src, regions)], [], urgent=True, exact=exact)
+
+    def start(self, dev: int, items, guesses, urgent: bool = False, exact: bool = False) -> list:
+        """Starts, in one start, each (source, regions) read into its
+        deferred tensor's storage on dev, then each (name, region) guessed
+        ahead, packed; the Pendings, in order. A region that is one extent
+        in the storage (rows, a covering read) is read in place; one of
+        many pieces apart (columns) is read packed, as get_slice reads it,
+        and copied into place on the device when waited for (Source.fill):
+        the daemon lands packed pieces with a copy per run of them, pieces
+        apart with a copy each. exact: only the regions' own bytes in
+        place (the caller may have written next to them: a covering read
+        would land the file's bytes there)."""
+        f = self.f
+        report.asked()
+        reader = f._reader(dev)
+        fetcher = reader.fetcher
+        plans, mems = [], []
+        for s, regions in items:
+            for reg in regions:
+                index = index_of(reg)
+                p = fetcher.plan(s.name, index, in_place=True, strategy="exact" if exact else None)
+                if p.extents > 1:
+                    p, mem = fetcher.plan(s.name, index), None
+                else:
+                    mem = s.mem
+                plans.append(p)
+                mems.append(mem)
+        for k, reg in guesses:
+            plans.append(fetcher.plan(k, index_of(reg)))
+            mems.append(None)
+        with f._lock:
+            f._ahead.started(f._starts.start(reader, dev, f.task))
+        return reader.read_in_place(plans, mems, urgent)

@@ -55,7 +55,7 @@ class Starts:
 class Held:
     """A read started ahead of the caller: onto dev, nbytes; its plan key
     once started (what SafeOpen.drop takes) and, for a guess, its plan
-    (for a deferred tensor made ahead, the tensor, its region started)."""
+    (for a deferred tensor's guessed region, (region, its Pending))."""
     dev: int
     nbytes: int
     kind: str  # "ahead" (get_tensor's read-ahead), "guess" (a slice guessed) or "deferred" (hook_defer)
@@ -87,6 +87,14 @@ class Ahead:
             self.held[name] = h
             self.bytes += h.nbytes
             return True
+
+    def resize(self, name: str, nbytes: int) -> None:
+        """What is held for name takes nbytes now (its read was planned)."""
+        with self.lock:
+            h = self.held.get(name)
+            if h is not None:
+                self.bytes += nbytes - h.nbytes
+                h.nbytes = nbytes
 
     def take(self, name: str) -> Optional[Held]:
         """What was held for name (no longer counted), or None."""

@@ -46,6 +46,13 @@ class TorchReader:
     def get_planned(self, p, then=None):
         return as_torch(self._inner.get_planned(p, then), p.dtype)
 
+    def read_in_place(self, plans, mems, urgent=False):
+        pends = self._inner.read_in_place(plans, mems, urgent)
+        for pend in pends:
+            if not pend.given:  # read packed: its result as torch's
+                pend.result = (lambda r, dt: lambda: as_torch(r(), dt))(pend.result, pend.plan.dtype)
+        return pends
+
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
@@ -78,18 +85,40 @@ def role_of(name):
 
 @unittest.skipIf(WHY, WHY)
 class DeferTest(HookedCase):
+    strategy = "auto"  # the planner's: column regions read in place by covering reads here
     def setUp(self):
         super().setUp()
         inner = hook._open_reader
-        hook._open_reader = lambda *a, **k: TorchReader(inner(*a, **k))
+
+        def open_reader(*a, **k):
+            r = inner(*a, **k)
+            r.fetcher.strategy = self.strategy
+            return TorchReader(r)
+        hook._open_reader = open_reader
         self.storage = mock.patch.object(hook_defer, "_storage", emu_storage)
         self.storage.start()
         self.use(self.real, hook.Mode(True, "cuda:0"))
         self.gpu_ok()
+        self.elsewhere = []  # Source._fill_elsewhere's calls: a read into the storage failed
+        orig = hook_defer.Source._fill_elsewhere
+        self.fills = mock.patch.object(hook_defer.Source, "_fill_elsewhere",
+                                       lambda src, dest, regions: (self.elsewhere.append((src.name, src.failed)),
+                                                                   orig(src, dest, regions)))
+        self.fills.start()
+        self.expect_elsewhere = False
+        stock_to = hook.HookedFile._stock_to  # the stand-in safetensors gives numpy: torch's, as the real one
+        self.stock = mock.patch.object(hook.HookedFile, "_stock_to",
+                                       lambda f, info, index, dev: as_torch(stock_to(f, info, index, dev), info.dtype))
+        self.stock.start()
 
     def tearDown(self):
         self.storage.stop()
+        self.fills.stop()
+        self.stock.stop()
         super().tearDown()
+        if not self.expect_elsewhere:
+            self.assertEqual([e for e in self.elsewhere if e[1] is not None][:3], [],
+                             "a deferred tensor's read into its storage failed")
 
     def want(self, k):
         return as_torch(self.layers[k], DTYPES[k])
@@ -153,9 +182,11 @@ class DeferTest(HookedCase):
     def test_a_failed_read_in_place_reads_elsewhere(self):
         def refuse(*a, **k):
             raise OSError(5, "refused in place")
-        with mock.patch.object(hook.HookedFile, "_in_place", refuse):
+        self.expect_elsewhere = True
+        with mock.patch.object(hook_defer.RegionReads, "start", refuse):
             with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
                 self.vllm_loop(f)
+        self.assertTrue([e for e in self.elsewhere if e[1] is not None], "the fall-back was not taken")
 
     def test_writes_through_a_narrowed_view_are_kept(self):
         with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
@@ -171,6 +202,21 @@ class DeferTest(HookedCase):
             want = self.want(k).clone()
             want.narrow(1, 128, 64).fill_(7)
             self.assertTrue(same(t.clone(), want), "the rest read later overwrote the caller's writes")
+
+    def test_used_after_the_file_is_closed(self):
+        # As stock's tensors outlive their safe_open, a deferred one read
+        # after the close gets its bytes (the file's reads are gone: the
+        # hooked file's own way, safetensors' where phxmount cannot).
+        self.expect_elsewhere = True
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            self.vllm_loop(f)
+        with self.fake.safe_open(self.m.path("layers2.safetensors"), "pt") as f:
+            got = [(k, f.get_tensor(k)) for k in list(f.keys())[:2]]
+        self.assertTrue(any(deferred.is_deferred(t) for _, t in got))
+        for k, t in got:
+            n = NARROW.get(role_of(k))
+            self.assertTrue(same(t.narrow(*n) if n else t.clone(), self.want(k).narrow(*n) if n else self.want(k)), k)
+            self.assertTrue(same(t.clone(), self.want(k)), k)
 
     def test_views_are_stocks(self):
         with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
@@ -210,6 +256,12 @@ class DeferTest(HookedCase):
             with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
                 got = [f.get_tensor(k) for k in f.keys()]
         self.assertFalse(any(deferred.is_deferred(t) for t in got))
+
+
+class DeferExactTest(DeferTest):
+    """The same with exact reads: a column region is read packed, as
+    get_slice reads it, and copied into place (HookedFile._in_place)."""
+    strategy = "exact"
 
 
 if __name__ == "__main__":
