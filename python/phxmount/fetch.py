@@ -384,14 +384,15 @@ class SafeOpen:
                 self._landing.setdefault(p.key, []).append(pend)
         return plans
 
-    def read_in_place(self, plans: List[Plan], mems: list, urgent: bool = False) -> List[Pending]:
+    def read_in_place(self, plans: List[Plan], mems: list, urgent: bool = False,
+                      flush_bytes: Optional[int] = None) -> List[Pending]:
         """Starts in-place plans (fetcher.plan(..., in_place=True)), each
         into its memory of the whole tensor's layout (each Pending's result
         is that memory), and plans whose mem is None as get_planned would
-        (their results the slices). urgent: the caller waits for them now
-        (Fetcher.start)."""
+        (their results the slices). urgent: the caller waits for them now;
+        flush_bytes: in tasks of about that many bytes (Fetcher.start)."""
         with self._lock:
-            return self.fetcher.start(plans, into=mems, urgent=urgent)
+            return self.fetcher.start(plans, into=mems, urgent=urgent, flush_bytes=flush_bytes)
 
     def drop(self, key: tuple) -> None:
         """Forgets what a prefetch of plan key started (its reads still

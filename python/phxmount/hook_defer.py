@@ -42,7 +42,7 @@ import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .deferred import Region
-from .hook_guess import RoleMemory, role
+from .hook_guess import GUESS_TASK, RoleMemory, role
 from .hook_report import report
 
 DEFER_ENV = "PHXMOUNT_HOOK_DEFER"
@@ -335,4 +335,6 @@ class RegionReads:
             mems.append(None)
         with f._lock:
             f._ahead.started(f._starts.start(reader, dev, f.task))
-        return reader.read_in_place(plans, mems, urgent)
+        # Guesses go in small tasks, as get_slice's do: the next narrow
+        # waits for its own region's task, not for the whole file's.
+        return reader.read_in_place(plans, mems, urgent, flush_bytes=GUESS_TASK if guesses else None)

@@ -46,8 +46,8 @@ class TorchReader:
     def get_planned(self, p, then=None):
         return as_torch(self._inner.get_planned(p, then), p.dtype)
 
-    def read_in_place(self, plans, mems, urgent=False):
-        pends = self._inner.read_in_place(plans, mems, urgent)
+    def read_in_place(self, plans, mems, urgent=False, **kw):
+        pends = self._inner.read_in_place(plans, mems, urgent, **kw)
         for pend in pends:
             if not pend.given:  # read packed: its result as torch's
                 pend.result = (lambda r, dt: lambda: as_torch(r(), dt))(pend.result, pend.plan.dtype)

@@ -57,8 +57,18 @@ def instrument():
                          (batchio._Submitter, ("submit", "_run_holding"))):
         for n in names:
             wrap(owner, n, f"{owner.__name__}.{n}")
-    wrap(hook_defer, "handing", "hook_defer.handing")
     wrap(deferred, "make", "deferred.make")
+    wrap(hook_defer.RegionReads, "start", "RegionReads.start")
+    orig = hook_defer.Source._fill_elsewhere
+
+    def elsewhere(src, dest, regions):
+        FAILED.append(f"{src.name}: {src.failed!r}"[:300])
+        return orig(src, dest, regions)
+    hook_defer.Source._fill_elsewhere = elsewhere
+    wrap(hook_defer.Source, "_fill_elsewhere", "Source._fill_elsewhere")
+
+
+FAILED = []
 
 
 def files(d):
@@ -118,7 +128,7 @@ def main():
            "bytes": sum(t.numel() * t.element_size() for t in got.values()),
            "alloc": {k: m1.get(k, 0) - m0.get(k, 0) for k in keys},
            "tally": {k: [v[0], round(v[1] * 1e3, 2)] for k, v in sorted(TALLY.items(), key=lambda kv: -kv[1][1])},
-           "hook": hook_stats()}
+           "hook": hook_stats(), "filled_elsewhere": FAILED[:5], "n_elsewhere": len(FAILED)}
     try:
         from phxmount import regcache
         out["regcaches"] = [{"registered": c.registered, "hits": c.hits, "stale": c.stale,
