@@ -3,7 +3,8 @@
 # the get_slice loop (Qwen2, 98 tensors) and the MoE engine loop and
 # load_file (2,013 tensors), each in fresh processes: stock, hooked, hooked
 # with a cProfile; smallprof.py tallies the hook's pieces and torch's
-# allocator counters. A daemon CPU profile of the whole probe.
+# allocator counters. A daemon CPU profile of the whole probe. QUICK=1:
+# the narrow loop at world 8 and the MoE loops only, no cProfile.
 set -u
 W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt
 T0=$(date +%s)
@@ -23,18 +24,20 @@ one() { # case dir-name extra-env...
 }
 {
 one narrow8 $Q
-one narrow8 $Q PHXMOUNT_HOOK_DEFER=0
-one narrow2 $Q
-one slice8 $Q
+[ -n "${QUICK:-}" ] || one narrow8 $Q PHXMOUNT_HOOK_DEFER=0
+[ -n "${QUICK:-}" ] || one narrow2 $Q
+[ -n "${QUICK:-}" ] || one slice8 $Q
 one engine $M
 one load_file $M
 for rw in "7 8" "0 2"; do
+	[ -n "${QUICK:-}" ] && [ "$rw" = "0 2" ] && continue
 	set -- $rw
 	echo "== check narrow rank $1 world $2 (every tensor and --ops against stock)"
 	env PHXMOUNT_HOOK=cuda:0 python3 python/tools/tploops.py child --loop narrow --dir $W/mnt/ckpt27/$Q --ref $C/$Q --rank $1 --world $2 --ops 2>&1 | tail -c 1500
 done
 echo "== profiles"
-for c in narrow8:$Q engine:$M load_file:$M; do
+for c in ${QUICK:+none}${QUICK:-narrow8:$Q engine:$M load_file:$M}; do
+	[ "$c" = none ] && continue
 	echo "=== profile ${c%%:*}"
 	env PHXMOUNT_HOOK=cuda:0 python3 $P ${c%%:*} $W/mnt/ckpt27/${c##*:} --profile 2>&1 | head -c 20000
 done
