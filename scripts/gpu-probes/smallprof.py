@@ -106,6 +106,20 @@ def run(case, d):
             out.update(load_file(f, device="cuda:0"))
         torch.cuda.synchronize()
         return out, time.perf_counter() - t0
+    if case == "fp":  # from_pretrained, loading only (the context and the model's module before the clock)
+        import importlib
+        import transformers
+        from transformers import AutoModelForCausalLM
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+        with open(os.path.join(d, "config.json")) as f:
+            mt = json.load(f)["model_type"]
+        importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, device_map="cuda:0")
+        torch.cuda.synchronize()
+        return dict(m.named_parameters()), time.perf_counter() - t0
     raise SystemExit(f"unknown case {case}")
 
 

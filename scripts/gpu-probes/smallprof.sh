@@ -4,24 +4,37 @@
 # load_file (2,013 tensors), each in fresh processes: stock, hooked, hooked
 # with a cProfile; smallprof.py tallies the hook's pieces and torch's
 # allocator counters. A daemon CPU profile of the whole probe. QUICK=1:
-# the narrow loop at world 8 and the MoE loops only, no cProfile.
+# the narrow loop at world 8 and the MoE loops only, no cProfile. FP=1:
+# the MoE checkpoint's from_pretrained, tallied and profiled.
 set -u
 W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python > $OUT/pip.log 2>&1
-python3 python/tools/ckpt_gen.py gen --root $C --only moe,qwen2 --sync > $OUT/gen.log 2>&1 || { tail $OUT/gen.log; exit 1; }
+python3 python/tools/ckpt_gen.py gen --root $C --only ${FP:+moe}${FP:-moe,qwen2} --sync > $OUT/gen.log 2>&1 || { tail $OUT/gen.log; exit 1; }
 echo "generated in $(( $(date +%s) - T0 )) s"
 cat $C/*/*.safetensors > /dev/null
 PHXMOUNT_CPUPROFILE=$OUT/daemon.prof ./.devcarry/phxmount --vendor nvidia $W/backing $W/mnt > $OUT/daemon.log 2>&1 &
 D=$!
 ./.devcarry/phxmount wait --timeout 10 $W/mnt >> $OUT/daemon.log 2>&1 || { echo "no mount"; tail $OUT/daemon.log; exit 1; }
-Q=$(basename $(ls -d $C/qwen2-*)); M=$(basename $(ls -d $C/moe-*))
+Q=$(basename "$(ls -d $C/qwen2-* 2>/dev/null | head -1)"); M=$(basename $(ls -d $C/moe-*))
 P=scripts/gpu-probes/smallprof.py
 one() { # case dir-name extra-env...
 	local c=$1 n=$2; shift 2
 	echo "== $c $n stock";  env -u PHXMOUNT_HOOK python3 $P $c $C/$n 2>&1 | head -c 3000; echo
 	echo "== $c $n hooked $*"; env PHXMOUNT_HOOK=cuda:0 "$@" python3 $P $c $W/mnt/ckpt27/$n 2>&1 | head -c 6000; echo
 }
+if [ -n "${FP:-}" ]; then
+	# from_pretrained of the MoE checkpoint: hooked (tallies), then hooked
+	# with a cProfile; stock's time is in the issue27 rows.
+	{
+	echo "== fp $M hooked"; env PHXMOUNT_HOOK=1 python3 $P fp $W/mnt/ckpt27/$M 2>&1 | head -c 8000; echo
+	echo "=== profile fp"; env PHXMOUNT_HOOK=1 python3 $P fp $W/mnt/ckpt27/$M --profile 2>&1 | head -c 30000
+	} > $OUT/probe.txt 2>&1
+	umount $W/mnt; wait $D
+	grep -E '^==|"seconds"' $OUT/probe.txt | cut -c1-600
+	echo "total $(( $(date +%s) - T0 )) s"
+	exit 0
+fi
 {
 one narrow8 $Q
 [ -n "${QUICK:-}" ] || one narrow8 $Q PHXMOUNT_HOOK_DEFER=0
