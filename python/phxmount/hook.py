@@ -45,6 +45,7 @@ from .hook_plan import Ahead, Held, Starts
 from .hook_report import Report, report
 from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index, stock_attr
 from .stformat import Header, TensorInfo, read_header
+from .slicing import selects_whole
 
 __all__ = ["safe_open", "install", "uninstall", "install_from_env", "Mode", "parse_mode", "HookedFile", "HookedSlice",
            "report", "Report", "closing", "mounts", "slices_seen", "uses_seen", "describe", "ENV", "WINDOW_ENV", "TASK_ENV", "GUESS_TASK"]
@@ -232,7 +233,19 @@ class HookedFile:
             return self.stock_slice(info.name)[index]
         if not served_index(index, info.shape, self.backend):
             return self.stock_slice(info.name)[index].to(f"cuda:{dev}")
-        return self._gpu(info, (None,) if index is None else index, dev, self._take(info.name))  # [None]: a new axis
+        had = self._take(info.name)
+        if index is not None and had is None and self._started(dev, info.name) and selects_whole(index, info.shape):
+            # The whole tensor, its read started with the file's (what
+            # transformers binds it asks with [...], from a pool of
+            # threads): that read, its plan made once, no slice guessed.
+            return self._gpu(info, None, dev, None)
+        return self._gpu(info, (None,) if index is None else index, dev, had)  # [None]: a new axis
+
+    def _started(self, dev: int, name: str) -> bool:
+        """Whether name's whole read onto dev started, or starts with the next read."""
+        with self._lock:
+            started, deferred = self._starts.of(dev)
+            return name in started or name in deferred
 
     def _take(self, name: str) -> Optional[Held]:
         """What was read ahead for name: the caller's now (or dropped)."""

@@ -273,6 +273,17 @@ def describe(sel: Selection, es: int, L: int, exact: int) -> str:
     return f"{what} then slice on the device: {pieces} extent(s), {nbytes} B read"
 
 
+def selects_whole(index, shape: Sequence[int]) -> bool:
+    """Whether index (get_slice's) gives the whole tensor as it is: every
+    dimension whole, none dropped or added (`[...]`, `[:]`, `[:, :]`:
+    transformers' loader asks each tensor so)."""
+    try:
+        sel = normalize(index, shape)
+    except (IndexError, TypeError, ValueError):
+        return False
+    return sel.out_shape == tuple(shape) and all(d.full for d in sel.dims)
+
+
 def whole_plan(info: TensorInfo) -> Plan:
     """choose()'s plan for the whole tensor (index None), made without its
     search: one extent, the same under every cost model and strategy. A
