@@ -372,16 +372,19 @@ class SafeOpen:
         """Starts many requests at once: names, or (name, index) pairs;
         later get_tensor / get_slice calls for them take what landed.
         flush_bytes: in tasks of about that many bytes (Fetcher.start)."""
-        with self._lock:
+        with self._lock:  # planned and started at once: a request made meanwhile finds them landing
             plans = [self.fetcher.plan(*((it, None) if isinstance(it, str) else it)) for it in items]
-        return self.prefetch_planned(plans, flush_bytes)
+            return self._land(plans, flush_bytes)
 
     def prefetch_planned(self, plans: List[Plan], flush_bytes: Optional[int] = None) -> List[Plan]:
         """prefetch of plans already made (fetcher.plan), in tasks of about
         flush_bytes (Fetcher.start)."""
         with self._lock:
-            for p, pend in zip(plans, self.fetcher.start(plans, flush_bytes=flush_bytes)):
-                self._landing.setdefault(p.key, []).append(pend)
+            return self._land(plans, flush_bytes)
+
+    def _land(self, plans: List[Plan], flush_bytes: Optional[int]) -> List[Plan]:
+        for p, pend in zip(plans, self.fetcher.start(plans, flush_bytes=flush_bytes)):
+            self._landing.setdefault(p.key, []).append(pend)
         return plans
 
     def read_in_place(self, plans: List[Plan], mems: list, urgent: bool = False,

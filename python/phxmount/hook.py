@@ -270,8 +270,10 @@ class HookedFile:
             self._drop(info.name, had)
             return self._stock_to(info, index, dev)
         try:
-            with self._lock:
-                self._ahead.started(self._starts.start(reader, dev, self.task))
+            # Not under the file's lock: a whole file's start plans and
+            # allocates hundreds of tensors, and the other threads of a
+            # pool (transformers') would wait for it in every _take.
+            self._ahead.started(self._starts.start(reader, dev, self.task))
             then = None if index is None else (
                 lambda: self._guesses.after(reader, plan, index, dev, had, self._starts, self._ahead))
             t = reader.get_planned(plan, then)

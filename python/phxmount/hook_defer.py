@@ -337,8 +337,7 @@ class RegionReads:
             # What the read-ahead deferred starts with these; an urgent
             # read goes alone (the next read starts them), or the daemon
             # would serve a window of read-ahead before the caller's read.
-            with f._lock:
-                f._ahead.started(f._starts.start(reader, dev, f.task))
+            f._ahead.started(f._starts.start(reader, dev, f.task))
         # Guesses go in small tasks, as get_slice's do: the next narrow
         # waits for its own region's task, not for the whole file's.
         return reader.read_in_place(plans, mems, urgent, flush_bytes=GUESS_TASK if guesses else None)
