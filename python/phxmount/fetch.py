@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import timeit
 from collections import deque
 from typing import Dict, Iterable, List, Optional, Union
 
@@ -133,11 +134,10 @@ class Fetcher:
 
     def plan(self, name: str, index=None, in_place: bool = False, strategy: Optional[str] = None) -> Plan:
         """The plan for a tensor (index None) or a slice of it; in_place:
-        read into memory of the whole tensor's layout (slicing.native_plan);
-        strategy: this request's, where not the fetcher's.
-        A whole tensor's is made once (it needs no cost model) and shared
-        by its requests: a caller of thousands of small tensors plans each
-        of them at least twice (its read-ahead's start, its own request)."""
+        into memory of the whole tensor's layout (slicing.native_plan);
+        strategy: this request's, where not the fetcher's. A whole
+        tensor's is made once (it needs no cost model): a caller of
+        thousands of small tensors plans each at least twice."""
         if index is None and not in_place:
             p = self._whole.get(name)
             if p is None:
@@ -167,12 +167,10 @@ class Fetcher:
         """Starts every plan; the reads of the first overlap the allocation
         and registration of the next. flush_bytes: the reads go in tasks
         of about that many bytes (default the fetcher's): smaller tasks
-        land the first plans sooner, larger ones cost fewer ioctls.
-        into: the memory of each plan, given (in-place plans: the tensor
-        of the whole layout; its Pending's result is that memory), or None
-        for one the backend allocates as without into. urgent:
-        a caller waits for these now; they do not queue behind reads
-        started ahead (batchio: a thread of their own)."""
+        land the first plans sooner, larger ones cost fewer ioctls. into:
+        each plan's memory, given (its Pending's result is that memory),
+        or None (the backend's). urgent: a caller waits for these now: not
+        behind reads started ahead (batchio: a thread of their own)."""
         plans = list(plans)
         self.backend.prepare(plans if into is None else ())
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -240,8 +238,8 @@ class Fetcher:
             for k, (src, n) in enumerate(pieces):
                 small.add(buf_id, off + k * n, n, base + src)
         big.add(buf_id, off, span, base + pieces[0][0])
-        t_small = min(_timed(self.io.run, small) for _ in range(2))
-        t_big = min(_timed(self.io.run, big) for _ in range(2))
+        t_small = min(timeit.timeit(lambda: self.io.run(small), number=1) for _ in range(2))
+        t_big = min(timeit.timeit(lambda: self.io.run(big), number=1) for _ in range(2))
         self.backend.release(mem)
         _costs[self._cost_key] = fit(len(pieces), length, t_small, span, t_big,
                                      f"{os.path.basename(self.path)}: {plan.name}, {self.io.kind} I/O")
@@ -260,12 +258,6 @@ def _first_pieces(runs: List[Run], k: int) -> List[tuple]:
         if len(out) >= k:
             break
     return out
-
-
-def _timed(fn, arg) -> float:
-    t0 = time.perf_counter()
-    fn(arg)
-    return time.perf_counter() - t0
 
 
 def select(fetcher: Fetcher, names=None, shard=None, strict: bool = True) -> List[Plan]:

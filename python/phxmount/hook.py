@@ -234,18 +234,12 @@ class HookedFile:
         if not served_index(index, info.shape, self.backend):
             return self.stock_slice(info.name)[index].to(f"cuda:{dev}")
         had = self._take(info.name)
-        if index is not None and had is None and self._started(dev, info.name) and selects_whole(index, info.shape):
+        if index is not None and had is None and self._starts.reads(dev, info.name) and selects_whole(index, info.shape):
             # The whole tensor, its read started with the file's (what
             # transformers binds it asks with [...], from a pool of
             # threads): that read, its plan made once, no slice guessed.
             return self._gpu(info, None, dev, None)
         return self._gpu(info, (None,) if index is None else index, dev, had)  # [None]: a new axis
-
-    def _started(self, dev: int, name: str) -> bool:
-        """Whether name's whole read onto dev started, or starts with the next read."""
-        with self._lock:
-            started, deferred = self._starts.of(dev)
-            return name in started or name in deferred
 
     def _take(self, name: str) -> Optional[Held]:
         """What was read ahead for name: the caller's now (or dropped)."""

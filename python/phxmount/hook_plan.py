@@ -35,6 +35,11 @@ class Starts:
         lock while it looks)."""
         return self.started.get(dev, ()), self.deferred.get(dev, ())
 
+    def reads(self, dev: int, name: str) -> bool:
+        """Whether name's whole read onto dev started, or starts with the next read."""
+        with self.lock:
+            return name in self.started.get(dev, ()) or name in self.deferred.get(dev, ())
+
     def start(self, reader, dev: int, task: int) -> List:
         """Starts what is deferred onto dev, in tasks of task bytes (0: the
         reader's in-order task); returns the plans started."""
