@@ -301,10 +301,10 @@ def whole_plan(info: TensorInfo) -> Plan:
                 lambda: f"chose {describe(sel, es, 0, 0)}; the whole tensor, one candidate", None, [(0, 0.0)])
 
 
-def choose(info: TensorInfo, index, cost: CostModel, strategy: str = "auto",
-           max_temp: int = 1 << 30) -> Plan:
-    """The plan for index (None: the whole tensor) under the cost model;
-    strategy "exact" or "cover" forces that kind when it exists."""
+def _levels(info: TensorInfo, index, cost: CostModel, strategy: str, in_place: bool):
+    """(selection, element size, exact level, candidates) of index: each
+    level strategy allows as (estimated seconds, -level, bytes read); a
+    covering read also costs its slice on the device, unless in place."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} not in {STRATEGIES}")
     sel = normalize(() if index is None else index, info.shape)
@@ -316,7 +316,15 @@ def choose(info: TensorInfo, index, cost: CostModel, strategy: str = "auto",
         cover = L < ex
         if (strategy == "exact" and cover) or (strategy == "cover" and not cover and ex > 0):
             continue
-        cands.append((cost.estimate(pieces, nbytes, cover), -L, nbytes))
+        cands.append((cost.estimate(pieces, nbytes, cover and not in_place), -L, nbytes))
+    return sel, es, ex, cands
+
+
+def choose(info: TensorInfo, index, cost: CostModel, strategy: str = "auto",
+           max_temp: int = 1 << 30) -> Plan:
+    """The plan for index (None: the whole tensor) under the cost model;
+    strategy "exact" or "cover" forces that kind when it exists."""
+    sel, es, ex, cands = _levels(info, index, cost, strategy, in_place=False)
     if strategy == "auto":  # a covering read needs its bytes again as a temporary
         cands = [c for c in cands if c[2] <= max_temp or -c[1] == ex]
     est, negL, nbytes = min(cands)
@@ -338,17 +346,7 @@ def native_plan(info: TensorInfo, index, cost: CostModel, strategy: str = "auto"
     so a covering read costs its bytes alone (no slice on the device, no
     temporary) and leaves only the tensor's own bytes behind it. strategy
     "exact" or "cover" forces that kind when it exists."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy {strategy!r} not in {STRATEGIES}")
-    sel = normalize(() if index is None else index, info.shape)
-    es = DTYPE_SIZES[info.dtype]
-    ex = exact_level(sel)
-    cands = []
-    for L in range(ex + 1):
-        pieces, nbytes, _ = level_size(sel, es, L)
-        if (strategy == "exact" and L < ex) or (strategy == "cover" and L == ex and ex > 0):
-            continue
-        cands.append((cost.estimate(pieces, nbytes, False), -L, nbytes))
+    sel, es, ex, cands = _levels(info, index, cost, strategy, in_place=True)
     est, negL, nbytes = min(cands)
     L = -negL
     if nbytes == 0:

@@ -17,8 +17,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../python/tools"))
 import torch  # noqa: E402
+import shapes_children  # noqa: E402
 import tploops  # noqa: E402
-from benchlib import hook_stats, read_header  # noqa: E402
+from benchlib import hook_stats  # noqa: E402
 
 TALLY = {}
 
@@ -76,7 +77,6 @@ def files(d):
 
 
 def run(case, d):
-    from safetensors import safe_open
     fs = files(d)
     if case.startswith("narrow"):
         w = int(case[6:])
@@ -86,26 +86,9 @@ def run(case, d):
         w = int(case[5:])
         return tploops.slice_loop(fs, w - 1, w)
     if case == "engine":
-        dt = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-        params = {t.name: torch.empty(t.shape, dtype=dt[t.dtype], device="cuda:0")
-                  for f in fs for t in read_header(f).tensors}
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for p in fs:
-            with safe_open(p, framework="pt", device="cpu") as f:
-                for k in f.keys():
-                    params[k].copy_(f.get_tensor(k))
-        torch.cuda.synchronize()
-        return params, time.perf_counter() - t0
+        return shapes_children.engine_loop(d)
     if case == "load_file":
-        from safetensors.torch import load_file
-        out = {}
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for f in fs:
-            out.update(load_file(f, device="cuda:0"))
-        torch.cuda.synchronize()
-        return out, time.perf_counter() - t0
+        return shapes_children.load_file_loop(d)
     if case == "fp":  # from_pretrained, loading only (the context and the model's module before the clock)
         import importlib
         import transformers
