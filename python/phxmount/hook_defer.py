@@ -13,15 +13,16 @@ bytes:
 
 * a role whose tensors were narrowed, or not seen yet, gets deferred
   tensors: a narrow reads its region, anything else the rest of the
-  tensor, always in place (into the deferred tensor's own storage at the
-  bytes' own offsets: slicing.native_plan), so nothing is copied after
-  and a covering read leaves only the tensor's own bytes behind;
-* a role narrowed before has its last region read ahead: at get_tensor
-  the tensor's region starts at once, and the read-ahead makes the next
-  keys' deferred tensors with theirs started (held in the file's window
-  at their full size, the memory they take); a narrow the guess covers
-  only waits for it, one it does not reads its region now, on a thread
-  of its own (batchio's urgent tasks);
+  tensor, into the deferred tensor's own storage: rows (one extent there)
+  in place, at the bytes' own offsets (slicing.native_plan), columns
+  packed as get_slice reads them and copied into place on the device
+  (the daemon lands packed pieces with one copy a run of them);
+* a role narrowed before has its last region guessed for its next
+  tensors: the asked tensor's region starts at get_tensor, and the
+  read-ahead starts the next keys' regions (packed, held in the file's
+  window at their bytes; the tensor is made when asked for); a narrow
+  the guesses cover only waits for them, one they do not is read now, on
+  a thread of its own (batchio's urgent tasks);
 * a role whose tensors were used whole gets them as today, read ahead in
   the file's window (hook_ahead): an engine that copies every tensor into
   its parameters pays for deferral once per role.
@@ -166,8 +167,8 @@ class Source:
         for p, r in pend:
             try:
                 got = p.result()
-                if not p.given:  # read packed (HookedFile._in_place): into place on the device
-                    self.plain.narrow(*r).copy_(got) if r[0] >= 0 else self.plain.copy_(got)
+                if not p.given:  # read packed (RegionReads.start): into place on the device
+                    (self.plain.narrow(*r) if r[0] >= 0 else self.plain).copy_(got)
                 landed += p.plan.read_bytes
             except Exception as e:  # noqa: BLE001
                 self.failed = self.failed or e

@@ -260,7 +260,7 @@ class DeferTest(HookedCase):
 
 class DeferExactTest(DeferTest):
     """The same with exact reads: a column region is read packed, as
-    get_slice reads it, and copied into place (HookedFile._in_place)."""
+    get_slice reads it, and copied into place (RegionReads.start)."""
     strategy = "exact"
 
 
