@@ -276,30 +276,41 @@ class RegionReads:
                                    lambda k: d.reads_ahead(k, dev), lambda k: d.region_bytes(k, dev))
         own = d.region(name, dev) if src is not None else None
         items = [(src, [own])] if own is not None else []
-        guesses = []
-        for k in made:
-            reg = d.region(k, dev)
-            if reg is None:
-                f._drop(k, f._ahead.take(k))
-                continue
-            guesses.append((k, reg))
-        if not items and not guesses:
-            return
         try:
-            pends = self.start(dev, items, guesses)
+            guesses = self._planned(made, dev)
+            pends = self.start(dev, items, guesses) if items or guesses else []
         except Exception as e:  # noqa: BLE001: each tensor's first use reads it the way that works
             if src is not None:
                 src.failed = e
-            for k, _ in guesses:
+            for k in made:
                 f._drop(k, f._ahead.take(k))
             return
         if items:
             src.begin([own], pends[:1])
-        for (k, reg), pend in zip(guesses, pends[len(items):]):
+        for (k, reg, _), pend in zip(guesses, pends[len(items):]):
             h = f._ahead.held.get(k)
             if h is not None:
                 h.plan = (reg, pend)
-                f._ahead.resize(k, pend.plan.read_bytes)
+
+    def _planned(self, keys, dev: int) -> list:
+        """(name, region, plan) of each key held for its guessed region,
+        planned packed, its hold resized to the plan's bytes (a covering
+        read takes more than the region); from the first that no longer
+        has a guess or no longer fits the window, those left are dropped."""
+        f, d = self.f, self.f._defer
+        fetcher = f._reader(dev).fetcher if keys else None
+        out = []
+        for n, k in enumerate(keys):
+            reg = d.region(k, dev)
+            h = f._ahead.held.get(k)
+            p = fetcher.plan(k, index_of(reg)) if reg is not None and h is not None else None
+            if p is None or p.read_bytes - h.nbytes > f._ahead.room():
+                for rest in keys[n:]:
+                    f._drop(rest, f._ahead.take(rest))
+                break
+            f._ahead.resize(k, p.read_bytes)
+            out.append((k, reg, p))
+        return out
 
     def read_now(self, src, regions, exact: bool) -> list:
         """A deferred tensor's regions that its caller waits for (Source.fill)."""
@@ -307,8 +318,8 @@ class RegionReads:
 
     def start(self, dev: int, items, guesses, urgent: bool = False, exact: bool = False) -> list:
         """Starts, in one start, each (source, regions) read into its
-        deferred tensor's storage on dev, then each (name, region) guessed
-        ahead, packed; the Pendings, in order. A region that is one extent
+        deferred tensor's storage on dev, then each (name, region, plan)
+        guessed ahead, packed; the Pendings, in order. A region that is one extent
         in the storage (rows, a covering read) is read in place; one of
         many pieces apart (columns) is read packed, as get_slice reads it,
         and copied into place on the device when waited for (Source.fill):
@@ -331,8 +342,8 @@ class RegionReads:
                     mem = s.mem
                 plans.append(p)
                 mems.append(mem)
-        for k, reg in guesses:
-            plans.append(fetcher.plan(k, index_of(reg)))
+        for _, _, p in guesses:
+            plans.append(p)
             mems.append(None)
         if not urgent:
             # What the read-ahead deferred starts with these; an urgent

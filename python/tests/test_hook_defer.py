@@ -179,6 +179,24 @@ class DeferTest(HookedCase):
         finally:
             NARROW = saved
 
+    def test_guesses_hold_the_window(self):
+        # A guessed column region planned as a covering read takes more
+        # than its region: what the read-ahead holds never exceeds the
+        # window whatever the plans turn out to be.
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            self.vllm_loop(f)
+        with self.fake.safe_open(self.m.path("layers2.safetensors"), "pt") as f:
+            f._ahead.window = 2 * 40 * 256 * 4  # two o.weight tensors, whole
+            peak = 0
+            for k in f.keys():
+                t = f.get_tensor(k)
+                peak = max(peak, f._ahead.bytes)
+                self.assertLessEqual(f._ahead.bytes, f._ahead.window, k)
+                n = NARROW.get(role_of(k))
+                w = self.want(k)
+                self.assertTrue(same((t.narrow(*n) if n else t).clone(), w.narrow(*n) if n else w), k)
+            self.assertGreater(peak, 0, "nothing was held ahead")
+
     def test_a_failed_read_in_place_reads_elsewhere(self):
         def refuse(*a, **k):
             raise OSError(5, "refused in place")
