@@ -104,3 +104,46 @@ class BatchIOTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Gated(Recorder):
+    """A file whose plain batches wait for a gate: the pool's thread is busy."""
+
+    def __init__(self):
+        super().__init__(True)
+        import threading
+        self.gate = threading.Event()
+
+    def batch_cols(self, cols, write=False):
+        if len(cols) > 1:
+            self.gate.wait(10)
+        super().batch_cols(cols, write)
+
+
+class UrgentTest(unittest.TestCase):
+    def test_an_urgent_task_does_not_queue_behind_the_pool(self):
+        io = FakeIO(True)
+        io.rec = Gated()
+        slow, queued = Cols(), Cols()
+        for k in range(2):
+            slow.add(1, k * 10, 10, k * 10)
+            queued.add(1, k * 10, 10, k * 10)
+        one = Cols()
+        one.add(1, 0, 10, 0)
+        a = io.submit(slow)  # holds the pool's one thread
+        b = io.submit(queued)  # waits behind it
+        now = io.submit(one, urgent=True)
+        now.result(5)  # done while the pool is still held
+        self.assertFalse(a.done() or b.done())
+        io.rec.gate.set()
+        a.result(5), b.result(5)
+        io.close()
+
+    def test_no_task_after_close(self):
+        io = FakeIO(True)
+        io.close()
+        one = Cols()
+        one.add(1, 0, 10, 0)
+        for urgent in (False, True):
+            with self.assertRaises(RuntimeError):
+                io.submit(one, urgent=urgent)

@@ -184,3 +184,18 @@ class ResourcesTest(HookedCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReleasedTest(unittest.TestCase):
+    """hook_close.Resources after release(): no reader is made again (one
+    made then would be nobody's to close: its descriptor would stay)."""
+
+    def test_no_reader_after_release(self):
+        import threading
+        from phxmount.hook_close import Resources
+        r = Resources(None, threading.RLock())
+        opened = []
+        r.release()
+        with self.assertRaises(RuntimeError):
+            r.reader(0, lambda fd: opened.append(fd) or object(), lambda: None)
+        self.assertEqual(opened, [])
