@@ -151,7 +151,8 @@ class HookedFile:
         elif (had is None or had.kind == "guess") and self._defer.wants(name, dev):
             made = self._regions.make(info, dev)
             if made is not None:
-                (t, src), _ = made, self._drop(name, had)
+                t, src = made
+                self._drop(name, had)  # a slice guessed for it: the deferred tensor reads its own
                 self._defer.handed(t)
         if t is None:
             self.defer(dev, name)
