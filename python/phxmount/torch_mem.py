@@ -44,6 +44,7 @@ LARGE_BLOCK = 1 << 20  # torch's caching allocator takes larger blocks from its 
 # identity at every lookup), it only holds the daemon's import a moment
 # longer.
 PRUNE_EVERY = 0.25
+RECENT = 8  # allocations CudaBackend.locate remembers
 
 
 def device_index(tensor) -> int:
@@ -216,7 +217,7 @@ class CudaBackend:
     def __init__(self, device: int, cache: RegCache):
         self.device, self.cache = device, cache
         self.counts0 = (cache.registered, cache.hits, cache.register_seconds)  # for a load's stats
-        self._last: Optional[tuple] = None  # (alloc, a weakref of a tensor inside it): see locate
+        self._recent: list = []  # (alloc, a weakref of a tensor inside it), newest first: see locate
 
     def prepare(self, plans) -> None:
         import torch
@@ -255,19 +256,19 @@ class CudaBackend:
         return torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
 
     def locate(self, mem) -> Tuple[int, int]:
-        """(buffer id, offset) of mem. The CUDA allocation of the last
-        tensor located is remembered while that tensor lives: a live
-        tensor keeps its allocation (torch frees a segment only once no
-        block of it is used), so an address inside that range is inside
+        """(buffer id, offset) of mem. The CUDA allocations of the last
+        RECENT tensors located are remembered while those tensors live: a
+        live tensor keeps its allocation (torch frees a segment only once
+        no block of it is used), so an address inside that range is inside
         that same allocation, and the driver is not asked again (tensors
-        cut from one segment, a whole file's of them: one
-        cuPointerGetAttributes, not one each)."""
+        cut from a few segments, a whole file's of them: one
+        cuPointerGetAttributes a segment, not one a tensor)."""
         ptr, n = mem.data_ptr(), mem.numel() * mem.element_size()
-        last = self._last
-        if last is not None and last[1]() is not None and last[0].base <= ptr and ptr + n <= last[0].base + last[0].size:
-            return self.cache.locate(last[0], ptr, n)
+        for a, alive in self._recent:
+            if a.base <= ptr and ptr + n <= a.base + a.size and alive() is not None:
+                return self.cache.locate(a, ptr, n)
         a = tensor_alloc(mem)
-        self._last = (a, weakref.ref(mem))
+        self._recent = [(a, weakref.ref(mem))] + [r for r in self._recent[:RECENT - 1] if r[0].base != a.base]
         return self.cache.locate(a, ptr, n)
 
     def finish(self, mem, plan: Plan):

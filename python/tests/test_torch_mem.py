@@ -59,6 +59,15 @@ class LocateTest(unittest.TestCase):
         self.assertEqual(self.b.locate(FakeTensor(0x200000, 64)), (8, 0))
         self.assertEqual(len(self.asked), 2, "another allocation: asked")
 
+    def test_tensors_of_a_few_segments_in_turn(self):
+        keep = []
+        for k in range(12):
+            base = 0x10000 if k % 2 == 0 else 0x200000
+            t = FakeTensor(base + (k // 2) * 4096, 4096)
+            keep.append(t)
+            self.assertEqual(self.b.locate(t)[0], 7 if k % 2 == 0 else 8)
+        self.assertEqual(len(self.asked), 2, "asked the driver again for a segment it was told of")
+
     def test_asked_again_once_no_tensor_of_it_lives(self):
         t = FakeTensor(0x10000, 4096)
         self.b.locate(t)
