@@ -35,7 +35,8 @@ from .client import PhxError
 from .extents import Cols, Run
 from .loader import DEFAULT_TIMEOUT
 from .stformat import DEFAULT_CHUNK, DTYPE_SIZES, Header, TensorInfo, read_header
-from .slicing import CostModel, Plan, choose, fit, level_runs, native_plan, shard_index, whole_plan
+from .plans import PLANS
+from .slicing import CostModel, Plan, fit, level_runs, shard_index, whole_plan
 
 MAX_EXTENTS = 409
 # Requests read in the order they are consumed (stream(), the hook's
@@ -157,9 +158,7 @@ class Fetcher:
         return p
 
     def _choose(self, info: TensorInfo, index, in_place: bool, strategy: str) -> Plan:
-        if in_place:
-            return native_plan(info, index, self.cost, strategy)
-        return choose(info, index, self.cost, strategy, self.max_temp)
+        return PLANS.plan(info, index, self.cost, strategy, in_place, self.max_temp)
 
     def start(self, plans: Iterable[Plan], timeout: Optional[float] = None,
               flush_bytes: Optional[int] = None, into: Optional[list] = None,

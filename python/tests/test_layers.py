@@ -12,6 +12,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 LAYERS = [
     ["abi", "cuda", "stformat", "extents", "dtypes", "deferred"],
     ["client", "slicing", "sharded"],
+    ["plans"],
     ["batchio", "regcache", "loader", "availability"],
     ["fetch"],
     ["savefile", "hostbackends"],
