@@ -25,25 +25,6 @@ func allocated(fn func()) uint64 {
 	return b.TotalAlloc - a.TotalAlloc
 }
 
-// stridedErrno sends a strided batch and returns the ioctl's errno, and
-// its results when it succeeded.
-func (e *ctlEnv) stridedErrno(t testing.TB, f *OpenFile, write bool, reqs []client.IOReq) (unix.Errno, []int64) {
-	t.Helper()
-	b, err := client.EncodeStridedBatch(len(reqs), reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, errno := e.ioctl(e.me, f, client.CmdStridedBatch(write, len(reqs)), b)
-	if errno != 0 {
-		return unix.Errno(errno), nil
-	}
-	res := make([]int64, len(reqs))
-	if _, err := client.DecodeStridedBatchResp(out, res); err != nil {
-		t.Fatal(err)
-	}
-	return 0, res
-}
-
 // TestStridedBatchTooManyPieces: the batches that used to take the daemon
 // down (a count of 2^32 on a made-up buffer id, written; 2^26 one-byte
 // pieces read into a 64 MiB buffer) are refused as a whole with E2BIG,
@@ -53,10 +34,7 @@ func TestStridedBatchTooManyPieces(t *testing.T) {
 	f, data := patternFile(t, 1<<20, unix.O_RDWR)
 	m := e.alloc(t, 64<<20)
 	poison(m.Bytes())
-	r, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	r := e.registered(t, f, m)
 	const madeUp = 987654321
 	for _, c := range []struct {
 		name  string
@@ -98,10 +76,7 @@ func TestStridedEmptyPieces(t *testing.T) {
 	f, data := patternFile(t, 64<<10, unix.O_RDWR)
 	m := e.alloc(t, 1<<20)
 	poison(m.Bytes())
-	r, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	r := e.registered(t, f, m)
 	for _, write := range []bool{false, true} {
 		reqs := []client.IOReq{{ID: r.ID, Count: 1000}, {ID: r.ID, Length: 100, FileOffset: 8, Count: 1}}
 		got, res := e.stridedErrno(t, f, write, reqs)
@@ -144,10 +119,7 @@ func TestStridedLargestBatchBounded(t *testing.T) {
 		m := e.alloc(t, 1<<20)
 		mem := m.Bytes()
 		poison(mem)
-		r, errno := e.register(t, e.me, f, m)
-		if errno != 0 {
-			t.Fatal(errno)
-		}
+		r := e.registered(t, f, m)
 		// Every other byte of the file into consecutive bytes of the buffer:
 		// no two pieces join.
 		reqs := []client.IOReq{{ID: r.ID, Length: 1, Count: client.MaxPieces, FileStride: 2, BufStride: 1}}
@@ -199,10 +171,7 @@ func TestEveryLimitHasItsErrno(t *testing.T) {
 	e := newCtlEnv(t, false, false)
 	f, _ := patternFile(t, 1<<20, unix.O_RDWR)
 	m := e.alloc(t, 1<<20)
-	r, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	r := e.registered(t, f, m)
 	plain := func(n int) unix.Errno { // a batch of n one-byte extents, in a payload of capacity n
 		reqs := make([]client.IOReq, n)
 		for i := range reqs {

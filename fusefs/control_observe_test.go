@@ -27,10 +27,7 @@ func TestControlObserveAndCounters(t *testing.T) {
 	}
 	f, _ := patternFile(t, 1<<20, os.O_RDWR)
 	m := e.alloc(t, 1<<20)
-	r, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatalf("REGISTER: %v", errno)
-	}
+	r := e.registered(t, f, m)
 	if n, errno := e.read(e.me, f, client.IOReq{ID: r.ID, Length: 4096}); errno != 0 || n != 4096 {
 		t.Fatalf("READ = %d, %v", n, errno)
 	}

@@ -93,14 +93,8 @@ func TestDeregisterSharedWaitsForItsOwnIO(t *testing.T) {
 	e := newSharedCtl(t)
 	f, data := patternFile(t, 1<<20, unix.O_RDONLY)
 	m := e.alloc(t, 1<<20)
-	a, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
-	b, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	a := e.registered(t, f, m)
+	b := e.registered(t, f, m)
 	// A's I/O in flight: the hold a transfer or a load of it takes.
 	held, e2 := e.s.holdToken(a.Token)
 	if e2 != 0 {
@@ -275,10 +269,7 @@ func TestRegisterAfterShutdownBegan(t *testing.T) {
 	e := newCtlEnv(t, false, false)
 	f, data := patternFile(t, 1<<20, unix.O_RDONLY)
 	m := e.alloc(t, 1<<20)
-	r, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	r := e.registered(t, f, m)
 	var sn ShutdownNotifier = e.s
 	sn.BeginShutdown()
 	if _, errno := e.register(t, e.me, f, e.alloc(t, 1<<20)); errno != unix.ESHUTDOWN {

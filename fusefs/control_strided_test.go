@@ -13,20 +13,37 @@ import (
 // stridedBatch sends a strided batch and returns its results and failed count.
 func (e *ctlEnv) stridedBatch(t testing.TB, f *OpenFile, write bool, reqs []client.IOReq) ([]int64, int) {
 	t.Helper()
+	errno, res, failed := e.strided(t, f, write, reqs)
+	if errno != 0 {
+		t.Fatalf("strided batch: %v", errno)
+	}
+	return res, failed
+}
+
+// stridedErrno sends a strided batch and returns the ioctl's errno, and
+// its results when it succeeded.
+func (e *ctlEnv) stridedErrno(t testing.TB, f *OpenFile, write bool, reqs []client.IOReq) (unix.Errno, []int64) {
+	t.Helper()
+	errno, res, _ := e.strided(t, f, write, reqs)
+	return errno, res
+}
+
+func (e *ctlEnv) strided(t testing.TB, f *OpenFile, write bool, reqs []client.IOReq) (unix.Errno, []int64, int) {
+	t.Helper()
 	b, err := client.EncodeStridedBatch(len(reqs), reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out, errno := e.ioctl(e.me, f, client.CmdStridedBatch(write, len(reqs)), b)
 	if errno != 0 {
-		t.Fatalf("strided batch: %v", errno)
+		return unix.Errno(errno), nil, 0
 	}
 	res := make([]int64, len(reqs))
 	failed, err := client.DecodeStridedBatchResp(out, res)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res, failed
+	return 0, res, failed
 }
 
 // TestControlStridedBatch: a rank's column slice of every row in one
@@ -41,10 +58,7 @@ func TestControlStridedBatch(t *testing.T) {
 			m := e.alloc(t, 1<<20)
 			mem := m.Bytes()
 			poison(mem)
-			r, errno := e.register(t, e.me, f, m)
-			if errno != 0 {
-				t.Fatal(errno)
-			}
+			r := e.registered(t, f, m)
 			const rank = 3
 			reqs := []client.IOReq{
 				{ID: r.ID, Length: slice, FileOffset: rank * slice, Count: rows, FileStride: rowBytes, BufStride: slice},
@@ -87,10 +101,7 @@ func TestControlStridedWrite(t *testing.T) {
 	for i := range m.Bytes() {
 		m.Bytes()[i] = byte(i*7 + 1)
 	}
-	r, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	r := e.registered(t, f, m)
 	// Rank 1 of 4 writes its column of 16 rows of 1000 bytes.
 	reqs := []client.IOReq{{ID: r.ID, BufOffset: 64, Length: 250, FileOffset: 250, Count: 16, FileStride: 1000, BufStride: 250}}
 	res, failed := e.stridedBatch(t, f, true, reqs)

@@ -110,6 +110,16 @@ func (e *ctlEnv) register(t testing.TB, c Caller, f *OpenFile, m connector.Memor
 	return r, 0
 }
 
+// registered registers m as the test's own caller on f; a refusal fails the test.
+func (e *ctlEnv) registered(t testing.TB, f *OpenFile, m connector.Memory) client.RegisterResp {
+	t.Helper()
+	r, errno := e.register(t, e.me, f, m)
+	if errno != 0 {
+		t.Fatalf("REGISTER: %v", errno)
+	}
+	return r
+}
+
 func (e *ctlEnv) read(c Caller, f *OpenFile, r client.IOReq) (int64, syscall.Errno) {
 	out, errno := e.ioctl(c, f, client.CmdRead, client.EncodeIO(r))
 	if errno != 0 {
@@ -148,10 +158,7 @@ func TestControlSingleAndBatch(t *testing.T) {
 			m := e.alloc(t, 1<<20)
 			mem := m.Bytes()
 			poison(mem)
-			r, errno := e.register(t, e.me, f, m)
-			if errno != 0 {
-				t.Fatalf("REGISTER: %v", errno)
-			}
+			r := e.registered(t, f, m)
 			want := client.TransportHost
 			if staged {
 				want = client.TransportStaged
@@ -233,10 +240,7 @@ func TestControlWrite(t *testing.T) {
 	for i := range m.Bytes() {
 		m.Bytes()[i] = byte(i * 13)
 	}
-	r, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	r := e.registered(t, f, m)
 	out, errno := e.ioctl(e.me, f, client.CmdWrite, client.EncodeIO(client.IOReq{ID: r.ID, BufOffset: 10, Length: 5000, FileOffset: 4096}))
 	if n, _ := client.DecodeIOResp(out); errno != 0 || n != 5000 {
 		t.Fatalf("WRITE = %d, %v", n, errno)
@@ -256,10 +260,7 @@ func TestControlRefusals(t *testing.T) {
 	ap, _ := patternFile(t, 1<<20, unix.O_RDWR|unix.O_APPEND)
 	m := e.alloc(t, 1<<20)
 	poison(m.Bytes())
-	r, errno := e.register(t, e.me, ro, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	r := e.registered(t, ro, m)
 	other := Caller{Tgid: e.me.Tgid + 1, UID: e.me.UID}
 	otherUID := Caller{Tgid: e.me.Tgid, UID: e.me.UID + 1}
 	io := client.EncodeIO(client.IOReq{ID: r.ID, Length: 4096})
@@ -459,10 +460,7 @@ func TestControlXattrs(t *testing.T) {
 	f, data := patternFile(t, 1<<20+100, unix.O_RDONLY)
 	m := e.alloc(t, 2<<20)
 	poison(m.Bytes())
-	r, errno := e.register(t, e.me, f, m)
-	if errno != 0 {
-		t.Fatal(errno)
-	}
+	r := e.registered(t, f, m)
 	path := fmt.Sprintf("/proc/self/fd/%d", f.Fd)
 	target := XattrTarget{Name: "pattern", Open: func(flags int) (int, syscall.Errno) {
 		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
