@@ -59,6 +59,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import NotCold, check_cold, cold_start, fresh as fresh_process, in_threads, pinned_ceiling_gbps, say, \
     warm, write_json  # noqa: E402
 from gpu_rows import row  # noqa: E402
+import shapes_children  # noqa: E402
+from tploops import files_of  # noqa: E402
 
 LAYERS = 12
 GB = 1e9
@@ -82,8 +84,7 @@ def gen(d: str) -> None:
     say(f"checkpoint {d}: {ckpt_bytes(d) / GB:.2f} GB in {len(ckpt_files(d))} files")
 
 
-def ckpt_files(d: str):
-    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
+ckpt_files = files_of  # a checkpoint's .safetensors files, in order
 
 
 def ckpt_bytes(d: str) -> int:
@@ -185,38 +186,19 @@ def hook_checks(args, m, load) -> dict:
 
 
 def engine_loop(args) -> dict:
-    """The engines' loop into GPU tensors allocated before the clock."""
+    """The engines' loop into GPU tensors allocated before the clock
+    (shapes_children.engine_loop)."""
     import torch
-    from safetensors import safe_open
-    files = ckpt_files(args.dir)
+    loop = shapes_children.engine_loop
 
-    def loop(paths):
-        params = {}
-        for p in paths:
-            with safe_open(p, framework="pt", device="cpu") as f:
-                for k in f.keys():
-                    s = f.get_slice(k)
-                    params[k] = torch.empty(s.get_shape(), dtype=getattr(torch, _TD[s.get_dtype()]), device="cuda:0")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for p in paths:
-            with safe_open(p, framework="pt", device="cpu") as f:
-                for k in f.keys():
-                    params[k].copy_(f.get_tensor(k))
-        torch.cuda.synchronize()
-        return params, time.perf_counter() - t0
-
-    got, secs = loop(files)
+    got, secs = loop(args.dir)
     out = {"seconds": secs, "bytes": ckpt_bytes(args.dir), "tensors": len(got)}
     if args.ref:
-        want, _ = loop(ckpt_files(args.ref))
+        want, _ = loop(args.ref)
         out["mismatch"] = sorted(k for k in want if not torch.equal(got[k], want[k]))[:10]
     hook = sys.modules.get("phxmount.hook")  # importing it would turn it on
     out["hook_summary"] = hook.report.summary() if hook is not None and hook._mode.on else "off"
     return out
-
-
-_TD = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
 def first_load(args) -> dict:
