@@ -118,9 +118,15 @@ def safetensors_side(a, h, wd, cold: bool):
         return "backing path"
 
     reps = a.cold_reps if cold else a.reps
-    wd.stage(f"safetensors load_file, {'cold' if cold else 'hot'}: {reps} loads", 60 + reps * 60)
     fresh()
-    name = f"c safetensors load_file cuda {'cold' if cold else 'hot'}"
+    return timed_side(a, h, wd, f"c safetensors load_file cuda {'cold' if cold else 'hot'}",
+                      f"safetensors load_file, {'cold' if cold else 'hot'}: {reps} loads", reps, run, cold)
+
+
+def timed_side(a, h, wd, name: str, stage: str, reps: int, run, cold: bool) -> list:
+    """Row name: the best of reps of run over the backing file (cold: its
+    pages dropped before each, and checked), or why it failed."""
+    wd.stage(stage, 60 + reps * 60)
     try:
         best, note = best_of(reps, run, cold_before(a.backing_file) if cold else None)
     except NotCold as e:
@@ -148,13 +154,8 @@ def pageable_side(a, h, wd, cold: bool):
         return "whole file: read() then .cuda(), no tensor views"
 
     reps = 1 if cold else 2
-    wd.stage(f"pageable read + .cuda(), {'cold' if cold else 'hot'}", 60 + reps * 60)
-    name = f"d pageable read + .cuda() {'cold' if cold else 'hot'}"
-    try:
-        best, note = best_of(reps, run, cold_before(a.backing_file) if cold else None)
-    except NotCold as e:
-        return [failed(name, e)]
-    return [record(name, h.data_len, best, note=note)]
+    return timed_side(a, h, wd, f"d pageable read + .cuda() {'cold' if cold else 'hot'}",
+                      f"pageable read + .cuda(), {'cold' if cold else 'hot'}", reps, run, cold)
 
 
 def main() -> int:

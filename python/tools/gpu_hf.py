@@ -24,7 +24,8 @@ Each measurement is one fresh Python process (imports outside the clock):
   the mount with device="cpu" must give host tensors equal to stock's; a
   file off the mount must get the real safetensors' object;
 * engine: safe_open(f, framework="pt", device="cpu"), every key, get_tensor,
-  copied into a GPU tensor allocated before the clock (vLLM's and SGLang's
+  copied into a GPU tensor allocated before the clock from the files'
+  headers, nothing opened through the mount before it (vLLM's and SGLang's
   default loading loop), on M/NAME without the hook and with
   PHXMOUNT_HOOK=cuda:0; the hooked one compared with a stock loop on B;
 * cold: caches dropped, the hooked from_pretrained; the cold-read ceiling
