@@ -78,9 +78,13 @@ class Pending:
     def result(self):
         if self._done:
             return self._result
-        what = f"phx read of {self.plan.name}" + ("" if self.plan.index is None else f"[{self.plan.index}]")
         try:
-            wait_all(self.futures, max(0.0, self.deadline - time.monotonic()), what)
+            if all(f.done() for f in self.futures):  # landed: no waiter to set up (per tensor of thousands)
+                for f in self.futures:
+                    f.result()
+            else:
+                what = f"phx read of {self.plan.name}" + ("" if self.plan.index is None else f"[{self.plan.index}]")
+                wait_all(self.futures, max(0.0, self.deadline - time.monotonic()), what)
         except PhxError as e:
             raise PhxError(e.errno, f"{self.plan.name}: {e.strerror}") from None
         self._result = self.mem if self.given else self.fetcher.backend.finish(self.mem, self.plan)
@@ -377,6 +381,13 @@ class SafeOpen:
         for p, pend in zip(plans, self.fetcher.start(plans, flush_bytes=flush_bytes)):
             self._landing.setdefault(p.key, []).append(pend)
         return plans
+
+    def read(self, plans: List[Plan], flush_bytes: Optional[int] = None) -> List[Pending]:
+        """Starts plans for a caller that takes each result from its
+        Pending (nothing is kept for a later get_planned), in tasks of
+        about flush_bytes (Fetcher.start)."""
+        with self._lock:
+            return self.fetcher.start(plans, flush_bytes=flush_bytes)
 
     def read_in_place(self, plans: List[Plan], mems: list, urgent: bool = False,
                       flush_bytes: Optional[int] = None) -> List[Pending]:

@@ -165,9 +165,41 @@ class HookedFile:
         if dev is None:
             return self.stock().get_tensors()
         names = [t.name for t in self.header.tensors]
+        with self._lock:
+            fresh = not self._ahead.held and not any(self._starts.of(dev))
+        if fresh:
+            return self._whole_file(dev, names)
         for n in names:
             self.defer(dev, n)
         return {n: self._gpu(self.tensors[n], None, dev, self._take(n)) for n in names}
+
+    def _whole_file(self, dev: int, names: List[str]) -> dict:
+        """Every tensor of a file nothing was read of yet (load_file): one
+        start of all of them, each result taken from its own request, with
+        none of a single request's bookkeeping (its read-ahead, guesses
+        and hand-over: a MoE file's thousands of tensors paid it each)."""
+        report.asked()
+        try:
+            reader = self._reader(dev)
+            plans = [reader.fetcher.plan(n) for n in names]
+            with self._lock:
+                self._starts.started.setdefault(dev, set()).update(names)
+            report.started()
+            pends = reader.read(plans, flush_bytes=self.task or reader.fetcher.in_order_task)
+        except Exception as e:  # noqa: BLE001: never fail where safetensors works
+            self._fall_back(e)
+            return {n: self._stock_to(self.tensors[n], None, dev) for n in names}
+        out, nbytes, landed = {}, 0, 0
+        for i, (n, pend) in enumerate(zip(names, pends)):
+            try:
+                out[n] = pend.result()
+            except Exception as e:  # noqa: BLE001
+                self._fall_back(e)
+                out.update((m, self._stock_to(self.tensors[m], None, dev)) for m in names[i:])
+                break
+            nbytes, landed = nbytes + pend.plan.read_bytes, landed + 1
+        report.landed(dev, nbytes, landed)
+        return out
 
     @if_installed
     def close(self) -> None:

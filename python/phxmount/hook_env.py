@@ -90,14 +90,25 @@ def cuda_index(device) -> Optional[int]:
         return None
     if isinstance(device, int):
         return device if device >= 0 else None
+    if type(device) is str and device in _NAMED:
+        return _NAMED[device]
     s = str(device).strip().lower()
     m = re.fullmatch(r"cuda(?::(\d+))?", s)
     if not m:
-        return None
-    if m.group(1) is not None:
-        return int(m.group(1))
-    import torch
-    return torch.cuda.current_device()
+        got = None
+    elif m.group(1) is not None:
+        got = int(m.group(1))
+    else:
+        import torch
+        return torch.cuda.current_device()  # the thread's, asked each time
+    if type(device) is str and len(_NAMED) < 64:
+        _NAMED[device] = got
+    return got
+
+
+# Device names whose answer does not depend on the thread (not "cuda"
+# alone): a hooked get_tensor asks for PHXMOUNT_HOOK's device each time.
+_NAMED: dict = {}
 
 
 def is_cpu(device) -> bool:

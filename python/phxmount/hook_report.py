@@ -41,9 +41,9 @@ class Report:
         with self.lock:
             self.files += 1
 
-    def landed(self, dev: int, nbytes: int) -> None:
+    def landed(self, dev: int, nbytes: int, tensors: int = 1) -> None:
         with self.lock:
-            self.tensors += 1
+            self.tensors += tensors
             self.bytes += nbytes
             self.devices.add(dev)
             self.last = time.perf_counter()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .extents import Cols, Run, coalesce, cut, extent_count, to_cols
 from .stformat import DTYPE_SIZES, TensorInfo
@@ -59,6 +59,15 @@ class Selection:
     @property
     def counts(self) -> Tuple[int, ...]:
         return tuple(d.count for d in self.dims)
+
+    def __hash__(self) -> int:
+        # Remembered: a plan's key (name, selection) is looked up several
+        # times per request, and the generated hash walks every Dim.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.dims, self.out_shape))
+            object.__setattr__(self, "_hash", h)
+        return h
 
 
 def _as_int(x) -> int:
@@ -289,16 +298,31 @@ def whole_plan(info: TensorInfo) -> Plan:
     search: one extent, the same under every cost model and strategy. A
     file of thousands of small tensors is planned tensor by tensor, so
     this is on the per-tensor path (issue 27: 2,000 tensors under 10 ms)."""
-    shape = tuple(info.shape)
+    k = (tuple(info.shape), info.dtype)
+    made = _WHOLE.get(k)
+    if made is None:
+        made = _WHOLE[k] = _whole_parts(*k)
+    sel, run, nbytes, why = made
+    if run is None:
+        return Plan(info, sel, 0, 0, [], 0, "empty", why, None)
+    return Plan(info, sel, 0, 0, [run], nbytes, "exact", why, None, [(0, 0.0)])
+
+
+# What whole_plan makes of a shape and dtype (its selection, its run
+# relative to the tensor, bytes and why), made once: a MoE file's thousands
+# of experts have a handful of shapes. Frozen objects, shared by plans.
+_WHOLE: Dict[tuple, tuple] = {}
+
+
+def _whole_parts(shape: Tuple[int, ...], dtype: str) -> tuple:
     sel = Selection(tuple(Dim(s, 0, s, 1) for s in shape), shape)
-    es = DTYPE_SIZES[info.dtype]
-    nbytes = es
+    nbytes = DTYPE_SIZES[dtype]
     for s in shape:
         nbytes *= s
     if nbytes == 0:
-        return Plan(info, sel, 0, 0, [], 0, "empty", "nothing to read", None)
-    return Plan(info, sel, 0, 0, [Run(1, 0, nbytes, 0, nbytes, nbytes)], nbytes, "exact",
-                lambda: f"chose {describe(sel, es, 0, 0)}; the whole tensor, one candidate", None, [(0, 0.0)])
+        return sel, None, 0, "nothing to read"
+    return (sel, Run(1, 0, nbytes, 0, nbytes, nbytes), nbytes,
+            f"chose {describe(sel, DTYPE_SIZES[dtype], 0, 0)}; the whole tensor, one candidate")
 
 
 def _levels(info: TensorInfo, index, cost: CostModel, strategy: str, in_place: bool):

@@ -75,23 +75,28 @@ def parse_header_bytes(prefix: bytes, file_size: Optional[int] = None) -> Header
                              not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())):
         raise SafetensorsError("__metadata__ must map strings to strings")
     tensors: List[TensorInfo] = []
-    for name, d in obj.items():
-        if not isinstance(d, dict):
+    for name, d in obj.items():  # type() is, not isinstance: a bool is not a size (and this runs per tensor)
+        if type(d) is not dict:
             raise SafetensorsError(f"{name}: entry is not an object")
         dtype, shape, offs = d.get("dtype"), d.get("shape"), d.get("data_offsets")
-        if dtype not in DTYPE_SIZES:
+        es = DTYPE_SIZES.get(dtype) if type(dtype) is str else None
+        if es is None:
             raise SafetensorsError(f"{name}: unsupported dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+        if type(shape) is not list:
             raise SafetensorsError(f"{name}: bad shape {shape!r}")
-        if (not isinstance(offs, list) or len(offs) != 2 or
-                not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in offs) or offs[0] > offs[1]):
-            raise SafetensorsError(f"{name}: bad data_offsets {offs!r}")
         numel = 1
         for x in shape:
+            if type(x) is not int or x < 0:
+                raise SafetensorsError(f"{name}: bad shape {shape!r}")
             numel *= x
-        if offs[1] - offs[0] != numel * DTYPE_SIZES[dtype]:
-            raise SafetensorsError(f"{name}: {offs[1] - offs[0]} bytes for {dtype}{shape}, want {numel * DTYPE_SIZES[dtype]}")
-        tensors.append(TensorInfo(name, dtype, tuple(shape), offs[0], offs[1]))
+        if type(offs) is not list or len(offs) != 2:
+            raise SafetensorsError(f"{name}: bad data_offsets {offs!r}")
+        b, e = offs
+        if type(b) is not int or type(e) is not int or b < 0 or b > e:
+            raise SafetensorsError(f"{name}: bad data_offsets {offs!r}")
+        if e - b != numel * es:
+            raise SafetensorsError(f"{name}: {e - b} bytes for {dtype}{shape}, want {numel * es}")
+        tensors.append(TensorInfo(name, dtype, tuple(shape), b, e))
     tensors.sort(key=lambda t: (t.begin, t.end))
     pos = 0
     for t in tensors:

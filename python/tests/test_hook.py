@@ -432,6 +432,49 @@ class RoutingTest(HookedCase):
         self.assertEqual(said.count("injected"), 1, said)
         self.assertEqual(hook.report.fallbacks, 1)
 
+    def test_get_tensors_failing_midway_falls_back_once(self):
+        # One start for the file; the third tensor's read fails: the two
+        # before it stay phxmount's, the rest come from safetensors, and
+        # every one is the file's.
+        self.gpu_ok()
+
+        def third_fails(path, dev, availability=None, header=None, fd=None):
+            r = open_emu(path, fd=fd)
+            real = r.read
+
+            def read(plans, flush_bytes=None):
+                pends = real(plans, flush_bytes)
+
+                def fail():
+                    raise PhxError(5, "injected")
+                pends[2].result = fail
+                return pends
+            r.read = read
+            self.readers.append(r)
+            return r
+        hook._open_reader = third_fails
+        with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:
+            got = f.get_tensors()
+        self.assertEqual(list(got), [n for n, _, _ in SPECS])
+        for n, want in self.arrays.items():
+            self.assertTrue(same(np.asarray(got[n]), want), n)
+        self.assertEqual(hook.report.fallbacks, 1)
+        self.assertEqual(hook.report.tensors, 2)
+        self.assertEqual(Served.tensors, len(SPECS) - 2)
+
+    def test_get_tensors_after_get_tensor(self):
+        # A file read from before is not fresh: what its read-ahead holds is
+        # taken, not read twice, and every tensor is the file's.
+        self.gpu_ok()
+        with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:
+            first = f.get_tensor(SPECS[0][0])
+            got = f.get_tensors()
+        self.assertTrue(same(np.asarray(first), self.arrays[SPECS[0][0]]))
+        for n, want in self.arrays.items():
+            self.assertTrue(same(np.asarray(got[n]), want), n)
+        self.assertEqual(Served.tensors, 0)
+        self.assertEqual(hook.report.fallbacks, 0)
+
     def test_an_index_the_planner_refuses_goes_to_safetensors(self):
         self.gpu_ok()
         with self.fake.safe_open(self.path, "pt", device="cuda:0") as f:

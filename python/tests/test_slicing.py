@@ -217,6 +217,30 @@ class WholePlanTest(unittest.TestCase):
                 if n:
                     self.assertIn(f"{n} B read", whole_plan(info).why)
 
+    def test_shared_parts_own_plans(self):
+        # Tensors of one shape share the selection and run (frozen), never
+        # the plan: each has its own info, and a key that finds it alone.
+        a = whole_plan(TensorInfo("a", "BF16", (8, 4), 0, 64))
+        b = whole_plan(TensorInfo("b", "BF16", (8, 4), 64, 128))
+        self.assertIs(a.sel, b.sel)
+        self.assertIsNot(a, b)
+        self.assertIsNot(a.runs, b.runs)
+        self.assertEqual((a.name, b.name, a.info.begin, b.info.begin), ("a", "b", 0, 64))
+        found = {a.key: 1, b.key: 2}
+        self.assertEqual(found[whole_plan(TensorInfo("b", "BF16", (8, 4), 64, 128)).key], 2)
+
+    def test_selection_hash(self):
+        # The remembered hash is the one of its fields: equal selections,
+        # however made, find each other in a dict.
+        for shape in SHAPES:
+            for index in ((), (Ellipsis,)) + (((slice(None),),) if shape else ()):
+                x, y = normalize(index, shape), normalize(index, shape)
+                self.assertIsNot(x, y)
+                self.assertEqual(hash(x), hash(y))
+                self.assertEqual(hash(x), hash((x.dims, x.out_shape)))
+                self.assertEqual({x: 1}[y], 1)
+        self.assertNotEqual(normalize((slice(0, 1),), (4, 4)), normalize((slice(1, 2),), (4, 4)))
+
 
 @unittest.skipIf(WHY_NO_NUMPY, f"SKIP: {WHY_NO_NUMPY}")
 class NativePlanTest(unittest.TestCase):

@@ -69,6 +69,12 @@ class ParseTest(unittest.TestCase):
             header_bytes({"t": {"dtype": "U8", "shape": [-1], "data_offsets": [0, 1]}}),
             header_bytes({"t": {"dtype": "U8", "shape": [1], "data_offsets": [2, 1]}}),
             header_bytes({"t": {"dtype": "U8", "shape": [True], "data_offsets": [0, 1]}}),
+            header_bytes({"t": {"dtype": ["U8"], "shape": [1], "data_offsets": [0, 1]}}),  # was a TypeError
+            header_bytes({"t": {"dtype": "U8", "shape": [1.0], "data_offsets": [0, 1]}}),
+            header_bytes({"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, True]}}),
+            header_bytes({"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1, 2]}}),
+            header_bytes({"t": {"dtype": "U8", "shape": 1, "data_offsets": [0, 1]}}),
+            header_bytes({"t": [1]}),
             header_bytes({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
                           "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]}}),  # overlap
             header_bytes({"__metadata__": {"k": 1}}),

@@ -9,9 +9,9 @@
 set -u
 W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python > $OUT/pip.log 2>&1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python > $W/pip.log 2>&1
 ONLY=moe,qwen2; [ -n "${FP:-}" ] && ONLY=moe
-python3 python/tools/ckpt_gen.py gen --root $C --only $ONLY --sync > $OUT/gen.log 2>&1 || { tail $OUT/gen.log; exit 1; }
+python3 python/tools/ckpt_gen.py gen --root $C --only $ONLY --sync > $W/gen.log 2>&1 || { tail $W/gen.log; exit 1; }
 echo "generated in $(( $(date +%s) - T0 )) s"
 cat $C/*/*.safetensors > /dev/null
 PHXMOUNT_CPUPROFILE=$OUT/daemon.prof ./.devcarry/phxmount --vendor nvidia $W/backing $W/mnt > $OUT/daemon.log 2>&1 &
