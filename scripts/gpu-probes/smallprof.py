@@ -4,7 +4,7 @@ around the class methods, so only this process's own calls count), torch's
 allocator counters and, with --profile, a cProfile of the loop.
 
     python3 smallprof.py CASE DIR [--profile]
-CASE: narrow2 | narrow8 | engine | load_file | slice8"""
+CASE: narrow2 | narrow8 | engine | engine_floor | load_file | slice8 | fp"""
 
 import cProfile
 import functools
@@ -20,6 +20,8 @@ import torch  # noqa: E402
 import shapes_children  # noqa: E402
 import tploops  # noqa: E402
 from benchlib import hook_stats  # noqa: E402
+from phxmount.dtypes import torch_dtype  # noqa: E402
+from phxmount.stformat import read_header  # noqa: E402
 
 TALLY = {}
 
@@ -89,6 +91,20 @@ def run(case, d):
         return shapes_children.engine_loop(d)
     if case == "load_file":
         return shapes_children.load_file_loop(d)
+    if case == "engine_floor":
+        # The engines' copies into the same parameters, from one load_file
+        # a file: what the loop would take if a get_tensor cost nothing
+        # more than load_file's share of a tensor.
+        from safetensors.torch import load_file
+        params = {t.name: torch.empty(t.shape, dtype=torch_dtype(t.dtype), device="cuda:0")
+                  for f in fs for t in read_header(f).tensors}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for p in fs:
+            for k, t in load_file(p, device="cuda:0").items():
+                params[k].copy_(t)
+        torch.cuda.synchronize()
+        return params, time.perf_counter() - t0
     if case == "fp":  # from_pretrained, loading only (the context and the model's module before the clock)
         import importlib
         import transformers

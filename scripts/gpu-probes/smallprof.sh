@@ -42,6 +42,7 @@ one narrow8 $Q
 [ -n "${QUICK:-}" ] || one narrow2 $Q
 [ -n "${QUICK:-}" ] || one slice8 $Q
 one engine $M
+one engine_floor $M
 one load_file $M
 for rw in "7 8" "0 2"; do
 	[ -n "${QUICK:-}" ] && [ "$rw" = "0 2" ] && continue
@@ -50,8 +51,10 @@ for rw in "7 8" "0 2"; do
 	env PHXMOUNT_HOOK=cuda:0 python3 python/tools/tploops.py child --loop narrow --dir $W/mnt/ckpt27/$Q --ref $C/$Q --rank $1 --world $2 --ops 2>&1 | tail -c 1500
 done
 echo "== profiles"
-for c in ${QUICK:+none}${QUICK:-narrow8:$Q engine:$M load_file:$M}; do
-	[ "$c" = none ] && continue
+# PROFS: the cases to profile (default none with QUICK, else narrow8 engine load_file)
+for c in ${PROFS:-${QUICK:+none}${QUICK:-narrow8 engine load_file}}; do
+	case $c in narrow*|slice*) c=$c:$Q ;; *) c=$c:$M ;; esac
+	[ "${c%%:*}" = none ] && continue
 	echo "=== profile ${c%%:*}"
 	env PHXMOUNT_HOOK=cuda:0 python3 $P ${c%%:*} $W/mnt/ckpt27/${c##*:} --profile 2>&1 | head -c 20000
 done
