@@ -12,11 +12,18 @@ _TORCH_DTYPES = {
 
 
 def torch_dtype(st_dtype: str):
+    dt = _FOUND.get(st_dtype)
+    if dt is not None:
+        return dt
     import torch
     dt = getattr(torch, _TORCH_DTYPES.get(st_dtype, "?"), None)
     if dt is None:
         raise TypeError(f"safetensors dtype {st_dtype} has no torch {torch.__version__} dtype")
+    _FOUND[st_dtype] = dt
     return dt
+
+
+_FOUND: dict = {}  # torch_dtype's answers: asked for every tensor allocated
 
 
 def st_dtype(torch_dt) -> str:

@@ -87,6 +87,16 @@ class RegCache:
             self.registered += 1
             return e
 
+    def entry(self, base: int) -> Optional[Entry]:
+        """The registration of the allocation at base, if any (not made)."""
+        return self._by_base.get(base)
+
+    def current(self, e: Entry) -> bool:
+        """Whether e is still its allocation's registration (not dropped
+        or replaced since get gave it): a caller that remembers entries
+        may use one without asking get again."""
+        return self._by_base.get(e.base) is e  # one dict lookup: atomic, no lock needed
+
     def locate(self, alloc: Alloc, ptr: int, nbytes: int) -> Tuple[int, int]:
         """(buffer id, offset) of the nbytes at address ptr in alloc."""
         e = self.get(alloc)

@@ -217,7 +217,8 @@ class CudaBackend:
     def __init__(self, device: int, cache: RegCache):
         self.device, self.cache = device, cache
         self.counts0 = (cache.registered, cache.hits, cache.register_seconds)  # for a load's stats
-        self._recent: list = []  # (alloc, a weakref of a tensor inside it), newest first: see locate
+        self._recent: list = []  # (alloc, a weakref of a tensor inside it, its Entry), newest first: see locate
+        self._torch_device = None  # torch.device of cuda:device, made at the first allocation
 
     def prepare(self, plans) -> None:
         import torch
@@ -248,12 +249,20 @@ class CudaBackend:
             # nothing to make (a view and a reshape per tensor, which a
             # file of thousands of small ones pays thousands of times).
             import torch
-            return torch.empty(plan.out_shape, dtype=torch_dtype(plan.dtype), device=f"cuda:{self.device}")
+            return torch.empty(plan.out_shape, dtype=torch_dtype(plan.dtype), device=self.torch_device)
         return self.scratch(plan.read_bytes)
+
+    @property
+    def torch_device(self):
+        """torch.device of cuda:device (made once: a name is parsed per call)."""
+        if self._torch_device is None:
+            import torch
+            self._torch_device = torch.device("cuda", self.device)
+        return self._torch_device
 
     def scratch(self, nbytes: int):
         import torch
-        return torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.torch_device)
 
     def locate(self, mem) -> Tuple[int, int]:
         """(buffer id, offset) of mem. The CUDA allocations of the last
@@ -264,12 +273,17 @@ class CudaBackend:
         cut from a few segments, a whole file's of them: one
         cuPointerGetAttributes a segment, not one a tensor)."""
         ptr, n = mem.data_ptr(), mem.numel() * mem.element_size()
-        for a, alive in self._recent:
+        for a, alive, e in self._recent:
             if a.base <= ptr and ptr + n <= a.base + a.size and alive() is not None:
+                if ptr + n <= e.base + e.size and self.cache.current(e):
+                    self.cache.hits += 1  # (a count for the load's stats: no lock)
+                    return e.id, ptr - e.base  # cache.locate's answer, without its lock
                 return self.cache.locate(a, ptr, n)
         a = tensor_alloc(mem)
-        self._recent = [(a, weakref.ref(mem))] + [r for r in self._recent[:RECENT - 1] if r[0].base != a.base]
-        return self.cache.locate(a, ptr, n)
+        got = self.cache.locate(a, ptr, n)
+        self._recent = [(a, weakref.ref(mem), self.cache.entry(a.base))] + [
+            r for r in self._recent[:RECENT - 1] if r[0].base != a.base]
+        return got
 
     def finish(self, mem, plan: Plan):
         out = to_tensor(mem, plan)

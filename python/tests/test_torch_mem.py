@@ -9,7 +9,7 @@ import unittest
 from unittest import mock
 
 from phxmount import torch_mem
-from phxmount.regcache import Alloc
+from phxmount.regcache import Alloc, Entry
 
 
 class FakeTensor:
@@ -27,11 +27,24 @@ class FakeTensor:
 
 
 class FakeCache:
+    """RegCache's answers: an allocation's registration is its key."""
     registered = hits = 0
     register_seconds = 0.0
 
+    def __init__(self):
+        self.entries, self.located = {}, 0
+
     def locate(self, alloc, ptr, nbytes):
-        return alloc.key, ptr - alloc.base
+        self.located += 1
+        if alloc.base not in self.entries:
+            self.entries[alloc.base] = Entry(alloc.key, alloc.base, alloc.size, alloc.key, "fake")
+        return self.entries[alloc.base].id, ptr - alloc.base
+
+    def entry(self, base):
+        return self.entries.get(base)
+
+    def current(self, e):
+        return self.entries.get(e.base) is e
 
 
 class LocateTest(unittest.TestCase):
@@ -81,3 +94,19 @@ class LocateTest(unittest.TestCase):
         self.b.locate(t)
         self.b.locate(FakeTensor(0x10000 + (1 << 20) - 16, 64))  # crosses the end: the driver is asked
         self.assertEqual(len(self.asked), 2)
+
+    def test_a_remembered_registration_is_used_while_current(self):
+        # Located again without the cache's lookup while the registration
+        # stands; once it is dropped (or replaced) the cache is asked.
+        c = self.b.cache
+        t = FakeTensor(0x10000, 4096)
+        self.assertEqual(self.b.locate(t), (7, 0))
+        self.assertEqual(self.b.locate(FakeTensor(0x10000 + 4096, 64)), (7, 4096))
+        self.assertEqual(c.located, 1, "the cache was asked for a remembered registration")
+        c.entries[0x10000] = Entry(70, 0x10000, 1 << 20, 7, "fake")  # registered anew (another id)
+        self.assertEqual(self.b.locate(FakeTensor(0x10000 + 8192, 64)), (70, 8192))
+        self.assertEqual(c.located, 2)
+        del c.entries[0x10000]
+        self.b.locate(FakeTensor(0x10000 + 8192, 64))
+        self.assertEqual(c.located, 3)
+        self.assertEqual(len(self.asked), 1)

@@ -53,7 +53,9 @@ def instrument():
     for owner, names in ((regcache.RegCache, ("get", "prune")),
                          (fetch.Fetcher, ("plan", "start")),
                          (fetch.Pending, ("result",)),
-                         (hook.HookedFile, ("get_tensor", "_gpu", "_take", "read_slice", "_in_place", "_ahead_of")),
+                         (hook.HookedFile, ("get_tensor", "_gpu", "_take", "read_slice", "_in_place", "_ahead_of",
+                                            "__init__", "_close", "_whole_file", "_reader")),
+                         (hook.mounts.__class__, ("open_if_phxmount",)),
                          (hook_defer.Source, ("fill",)),
                          (hook_guess.Guesses, ("after",)),
                          (torch_mem.CudaBackend, ("prepare", "alloc", "finish", "locate", "make_room")),
@@ -61,6 +63,8 @@ def instrument():
         for n in names:
             wrap(owner, n, f"{owner.__name__}.{n}")
     wrap(deferred, "make", "deferred.make")
+    for n in ("_open", "_open_reader", "read_header"):  # a file's open: each looked up by name in hook
+        wrap(hook, n, f"hook.{n}")
     wrap(hook_defer.RegionReads, "start", "RegionReads.start")
     orig = hook_defer.Source._fill_elsewhere
 
