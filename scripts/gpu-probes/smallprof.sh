@@ -42,9 +42,9 @@ one narrow8 $Q
 [ -n "${QUICK:-}" ] || one narrow2 $Q
 [ -n "${QUICK:-}" ] || one slice8 $Q
 one engine $M
-# TASKVAR=BYTES: the engine loop again with PHXMOUNT_HOOK_TASK=BYTES (what
-# a smaller read-ahead task does to the urgent reads behind it)
-[ -n "${TASKVAR:-}" ] && one engine $M PHXMOUNT_HOOK_TASK=$TASKVAR
+# ENGINEVAR="NAME=VALUE ...": the engine loop again, hooked with that
+# environment (PHXMOUNT_HOOK_TASK=..., PHXMOUNT_HOOK_DEFER=0)
+[ -n "${ENGINEVAR:-}" ] && one engine $M $ENGINEVAR
 one engine_floor $M
 one load_file $M
 for rw in "7 8" "0 2"; do
