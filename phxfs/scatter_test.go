@@ -17,7 +17,7 @@ import (
 // and the pieces in them: packing shows as far fewer calls than blocks.
 type countingConn struct {
 	connector.Connector
-	calls, pieces atomic.Int64
+	calls, pieces, fences atomic.Int64
 }
 
 type countingStream struct {
@@ -37,6 +37,11 @@ func (s countingStream) ScatterToDevice(src []byte, ps []connector.Piece) error 
 	s.c.calls.Add(1)
 	s.c.pieces.Add(int64(len(ps)))
 	return s.Stream.ScatterToDevice(src, ps)
+}
+
+func (s countingStream) Fence() (connector.Fence, error) {
+	s.c.fences.Add(1)
+	return s.Stream.Fence()
 }
 
 func (s countingStream) GatherFromDevice(dst []byte, ps []connector.Piece) error {
