@@ -51,16 +51,20 @@ func (l *Lib) runStriped(p *plan) {
 	c := newClaimer(p.xfers, n, l.cfg.BounceSize)
 	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
 		if !p.write {
-			var buf []int // this worker's claims, one array
+			// This worker's claims, one array, kept for its next plan (a
+			// worker runs one plan at a time).
+			buf := l.staged.claims[w]
+			defer func() { l.staged.claims[w] = buf }()
 			src := func() []int {
 				if l.leaves(c, dev, w, start, n) {
 					return nil
 				}
-				buf = c.claim(buf)
-				if buf == nil {
-					return nil
+				idx := c.claim(buf)
+				if idx == nil {
+					return nil // buf keeps its array
 				}
-				return l.hostFirst(eng, p, buf)
+				buf = idx
+				return l.hostFirst(eng, p, idx)
 			}
 			l.stagedRead(w, eng, p.xfers, src, bf, mode)
 			return
@@ -121,9 +125,12 @@ func (l *Lib) runOps(eng ioengine.Engine, xfers []xfer, ops []ioengine.Op, idx [
 // flight across chunks.
 func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, src func() []int, bf batchFiles, mode ODirect) {
 	slots := l.staged.slots[w]
-	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, bf: bf, mode: mode, slots: slots, sf: make(slotFences, len(slots))}
+	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, bf: bf, mode: mode, slots: slots}
 	sc := &l.staged.scratch[w] // a worker runs one plan at a time
 	r.readScratch = *sc
+	if len(r.sf) != len(slots) {
+		r.sf = make(slotFences, len(slots))
+	}
 	defer func() { *sc = r.readScratch }()
 	for idx := src(); idx != nil; idx = src() {
 		for k := 0; k < len(idx); {
@@ -146,7 +153,6 @@ type stagedReader struct {
 	bf    batchFiles
 	mode  ODirect
 	slots [][]byte
-	sf    slotFences
 	next  int // the slot to fill next
 
 	gathers int // reads of the group gathered from a mapping
@@ -154,8 +160,14 @@ type stagedReader struct {
 }
 
 // readScratch is a worker's reusable slices: a staged read's groups fill
-// them anew, and the next plan on the worker starts from their arrays.
+// them anew, and the next plan on the worker starts from their arrays. A
+// small batch is a few slots' worth per worker, so what a plan allocates
+// per worker (the slots' flights and their piece lists among it) is most
+// of what it allocates at all.
 type readScratch struct {
+	// sf is the worker's slots in flight; every slot is waited for when
+	// a read ends, so the next plan finds them idle.
+	sf      slotFences
 	reads   []slotRead // this group's reads, slot by slot
 	ops     []ioengine.Op
 	filled  []int             // this group's slots, in order
