@@ -3,7 +3,9 @@ package phxfs
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -15,48 +17,62 @@ import (
 
 // BenchmarkKVBlocks is issue 27's small KV-block row on the emulated
 // staged device: 409 random blocks of a hot file per ReadBatch (one
-// BATCH ioctl's worth) into shuffled slots, from 1 and 16 client
-// goroutines (one client thread, and four threads with four ioctls in
-// flight each), on 16 workers of 2 slots of 4 MiB, as the daemon runs on
-// the GPU machine. Its baseline, timed in the same run over the same
-// blocks, is kv_blocks.cu's method B in Go on the same connector: 16
-// threads pread blocks into a 4 MiB pinned staging buffer each (two per
-// thread, 256 blocks of 16 KiB a buffer) and move each buffer with one
-// scatter and a fence. Both sides pay the same two copies here (the file's
-// bytes into a staging buffer, and the emulated device's copy out of it),
-// so what the ratio loses is the library's per-batch cost.
+// BATCH ioctl's worth) into shuffled slots, from 1, 4 and 16 client
+// goroutines, each with one batch in flight (phxbench-gpu kv's one
+// thread; a client thread keeping four ioctls in flight; four such
+// threads), on 16 workers of 2 slots of 4 MiB, as the daemon runs on the
+// GPU machine. Its baseline, timed in the same run over the same blocks,
+// is kv_blocks.cu's method B in Go on the same connector: 16 threads
+// pread blocks into a 4 MiB pinned staging buffer each (two per thread,
+// 256 blocks of 16 KiB a buffer) and move each buffer with one scatter
+// and a fence. Both sides pay the same two copies here (the file's bytes
+// into a staging buffer, and the emulated device's copy out of it), so
+// what the ratio loses is the library's per-batch cost.
 //
 //	go test ./phxfs -run '^$' -bench KVBlocks -benchtime 3x
 //
-// It reports GB/s of both, phx/ref, and the CPU time of each side per
-// batch of 409 blocks (the whole process's, the emulated copies
-// included). The emu+driver rows add a model of the driver's per-call cost
-// (kvDriverCost) to both sides.
+// The library runs twice, its batches spread over workers as if each ran
+// alone (the default: spread) and split by load (StagedByLoad: load), so
+// both rules meet the same baseline in one run. It
+// reports GB/s, each side's ratio to the reference, and each side's CPU
+// time per batch of 409 blocks (the whole process's, the emulated copies
+// included). The emu+driver rows add a model of the driver's per-call
+// cost (kvDriverCost, or PHX_KV_DRIVER_US) to every side.
 func BenchmarkKVBlocks(b *testing.B) {
 	const fileSize, total = 256 * mib, 128 * mib
 	name := patternFile(b, fileSize)
-	for _, drv := range []time.Duration{0, kvDriverCost} {
+	cost := kvDriverCost
+	if v, err := strconv.Atoi(os.Getenv("PHX_KV_DRIVER_US")); err == nil && v > 0 {
+		cost = time.Duration(v) * time.Microsecond
+	}
+	for _, drv := range []time.Duration{0, cost} {
 		for _, bs := range []int64{16 << 10, 64 << 10} {
-			for _, clients := range []int{1, 16} {
+			for _, clients := range []int{1, 4, 16} {
 				what := "emu"
 				if drv > 0 {
 					what = "emu+driver"
 				}
 				b.Run(fmt.Sprintf("%s/%dKiB/%dclients", what, bs>>10, clients), func(b *testing.B) {
 					k := newKVRig(b, name, fileSize, total, bs, drv)
-					var ref, phx kvSide
+					var ref, load, spread kvSide
 					for range b.N {
 						ref.add(func() { k.reference() })
-						phx.add(func() { k.library(b, clients) })
+						k.l.SetStagedByLoad(false)
+						spread.add(func() { k.library(b, clients) })
+						k.l.SetStagedByLoad(true)
+						load.add(func() { k.library(b, clients) })
 					}
 					k.verify(b, clients)
 					batches := float64(b.N) * float64((len(k.reqs)+kvBatchLen-1)/kvBatchLen)
 					gbs := func(d time.Duration) float64 { return float64(total) * float64(b.N) / d.Seconds() / 1e9 }
 					b.ReportMetric(gbs(ref.wall), "ref-GB/s")
-					b.ReportMetric(gbs(phx.wall), "phx-GB/s")
-					b.ReportMetric(ref.wall.Seconds()/phx.wall.Seconds(), "phx/ref")
+					b.ReportMetric(gbs(load.wall), "load-GB/s")
+					b.ReportMetric(ref.wall.Seconds()/load.wall.Seconds(), "load/ref")
+					b.ReportMetric(gbs(spread.wall), "spread-GB/s")
+					b.ReportMetric(ref.wall.Seconds()/spread.wall.Seconds(), "spread/ref")
+					b.ReportMetric(float64(spread.cpu.Microseconds())/batches, "spread-cpu-us/batch")
 					b.ReportMetric(float64(ref.cpu.Microseconds())/batches, "ref-cpu-us/batch")
-					b.ReportMetric(float64(phx.cpu.Microseconds())/batches, "phx-cpu-us/batch")
+					b.ReportMetric(float64(load.cpu.Microseconds())/batches, "load-cpu-us/batch")
 					b.ReportMetric(0, "ns/op")
 				})
 			}

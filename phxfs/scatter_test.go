@@ -169,7 +169,7 @@ func TestConcurrentSmallBatches(t *testing.T) {
 				checkPattern(t, dev[rq.BufOffset:rq.BufOffset+rq.Len], rq.FileOffset)
 			}
 		}
-		if got := l.stagedWorkers(make([]xfer, 3)); s.transport == Staged && got != 1 {
+		if got := l.stagedWorkers(make([]xfer, 3), 1); s.transport == Staged && got != 1 {
 			t.Errorf("3 empty xfers get %d workers, want 1", got)
 		}
 	})
