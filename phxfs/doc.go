@@ -53,7 +53,11 @@
 //     only: a slot whose copy fails is moved again piece by piece.
 //     Placement (placement.go) decides which workers run a staged plan: a
 //     small batch runs on a few workers only (stagedWorkers), so
-//     concurrent batches run beside it, and devices loading at the same
+//     concurrent batches run beside it (split by load, StagedByLoad, a
+//     batch beside other plans of its device takes no more than its fair
+//     part of the pool, down to a slot's worth a worker: one scatter and
+//     one fence a share), and devices
+//     loading at the same
 //     time split the pool, device rank r of k getting workers
 //     [r·W/k, (r+1)·W/k), so that each GPU's copy engine is kept busy. A
 //     read plan's workers claim its transfers a chunk at a time (claimer);

@@ -57,7 +57,13 @@ type Config struct {
 	// 1 MiB): a small batch (a few KV-cache blocks, one tensor) runs on a
 	// few workers, which keeps the copy engine's driver calls few and lets
 	// concurrent batches from other client threads run beside it.
+	// StagedByLoad may give a batch more than this a worker.
 	StagedShare int64
+	// StagedByLoad splits a staged batch among workers by what runs
+	// beside it: beside other plans of its device a batch gets no more
+	// than its fair part of the pool, down to a slot's worth a worker
+	// (stagedWorkers; PHX_STAGED_SHARE=load too; Lib.SetStagedByLoad).
+	StagedByLoad bool
 	// ODirect is the staged transport's read policy (policy.go); ODirectAuto
 	// lets PHX_DIRECT_IO choose.
 	ODirect ODirect
@@ -110,6 +116,7 @@ type Lib struct {
 	stagedStats stagedCounters
 	xportStats  transportCounters // bytes per transport (stats.go)
 	directIO    atomic.Int32
+	byLoad      atomic.Bool // Config.StagedByLoad, SetStagedByLoad
 }
 
 // New creates a library instance and starts its worker pool.
@@ -146,6 +153,9 @@ func New(cfg Config) (*Lib, error) {
 	if cfg.GatherMax, err = gatherMaxFrom(cfg.GatherMax); err != nil {
 		return nil, err
 	}
+	if cfg.StagedByLoad, err = stagedByLoadFrom(cfg.StagedByLoad); err != nil {
+		return nil, err
+	}
 	if cfg.WritebackMin, err = writebackMinFrom(cfg.WritebackMin); err != nil {
 		return nil, err
 	}
@@ -171,6 +181,7 @@ func New(cfg Config) (*Lib, error) {
 	}
 	l.changed = sync.NewCond(&l.mu)
 	l.directIO.Store(int32(dio))
+	l.byLoad.Store(cfg.StagedByLoad)
 	l.wb.start(cfg.WritebackMin)
 	go l.dispatch()
 	return l, nil

@@ -21,15 +21,17 @@ type loading struct {
 }
 
 // enter counts a plan of dev and returns dev's rank among the devices
-// loading now, and how many they are.
-func (ld *loading) enter(dev int) (rank, k int) {
+// loading now, how many they are, and how many plans of dev run now,
+// this one included.
+func (ld *loading) enter(dev int) (rank, k, plans int) {
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
 	if ld.active == nil {
 		ld.active = map[int]int{}
 	}
 	ld.active[dev]++
-	return ld.rankLocked(dev)
+	rank, k = ld.rankLocked(dev)
+	return rank, k, ld.active[dev]
 }
 
 func (ld *loading) leave(dev int) {

@@ -15,14 +15,14 @@ import (
 // devices loading at once get disjoint halves, whatever the rotation.
 func TestPlacementSplitsThePool(t *testing.T) {
 	l, _ := newLib(t, setup{"sync", Staged}, 2, func(c *Config) { c.Workers = 8 })
-	r0, k := l.loading.enter(0)
+	r0, k, _ := l.loading.enter(0)
 	if r0 != 0 || k != 1 {
 		t.Fatalf("one device loading: rank %d of %d", r0, k)
 	}
 	if start, n := l.place(r0, k, 100); start != 0 || n != 8 {
 		t.Fatalf("alone: workers %d+%d, want 0+8", start, n)
 	}
-	r1, k := l.loading.enter(1)
+	r1, k, _ := l.loading.enter(1)
 	if r1 != 1 || k != 2 {
 		t.Fatalf("second device: rank %d of %d", r1, k)
 	}
@@ -35,7 +35,7 @@ func TestPlacementSplitsThePool(t *testing.T) {
 		}
 	}
 	l.loading.leave(0)
-	if r, k := l.loading.enter(1); r != 0 || k != 1 {
+	if r, k, _ := l.loading.enter(1); r != 0 || k != 1 {
 		t.Fatalf("after device 0 left: rank %d of %d", r, k)
 	}
 	l.loading.leave(1)
@@ -122,7 +122,7 @@ func TestLastWorkerNeverLeaves(t *testing.T) {
 	// Placement is arithmetic on device numbers: no device is opened.
 	l, _ := newLib(t, setup{"sync", Staged}, 0, func(c *Config) { c.Workers = 8 })
 	const dev = 1
-	rank, k := l.loading.enter(dev) // device 1 alone: its plan takes every worker
+	rank, k, _ := l.loading.enter(dev) // device 1 alone: its plan takes every worker
 	start, n := l.place(rank, k, 8)
 	if start != 0 || n != 8 {
 		t.Fatalf("alone: workers %d+%d, want 0+8", start, n)

@@ -188,7 +188,8 @@ func CachestatSupported() bool {
 }
 
 // CheckEnv checks the environment variables New reads (PHX_ENGINE,
-// PHX_STAGED_BUFFERS, PHX_DIRECT_IO): New fails on the first bad one.
+// PHX_STAGED_BUFFERS, PHX_DIRECT_IO, PHX_GATHER, PHX_WRITEBACK, PHX_STAGED_SHARE):
+// New fails on the first bad one.
 func CheckEnv() error {
 	if err := ioengine.CheckKind(ioengine.KindFromEnv()); err != nil {
 		return errs.Wrapf(err, "phxfs: %s=%q", ioengine.EnvEngine, os.Getenv(ioengine.EnvEngine))
@@ -197,6 +198,9 @@ func CheckEnv() error {
 		return err
 	}
 	if _, err := gatherMaxFrom(0); err != nil {
+		return err
+	}
+	if _, err := stagedByLoadFrom(false); err != nil {
 		return err
 	}
 	if _, err := writebackMinFrom(0); err != nil {

@@ -17,7 +17,7 @@ import (
 // and the pieces in them: packing shows as far fewer calls than blocks.
 type countingConn struct {
 	connector.Connector
-	calls, pieces atomic.Int64
+	calls, pieces, fences atomic.Int64
 }
 
 type countingStream struct {
@@ -37,6 +37,11 @@ func (s countingStream) ScatterToDevice(src []byte, ps []connector.Piece) error 
 	s.c.calls.Add(1)
 	s.c.pieces.Add(int64(len(ps)))
 	return s.Stream.ScatterToDevice(src, ps)
+}
+
+func (s countingStream) Fence() (connector.Fence, error) {
+	s.c.fences.Add(1)
+	return s.Stream.Fence()
 }
 
 func (s countingStream) GatherFromDevice(dst []byte, ps []connector.Piece) error {
@@ -164,7 +169,7 @@ func TestConcurrentSmallBatches(t *testing.T) {
 				checkPattern(t, dev[rq.BufOffset:rq.BufOffset+rq.Len], rq.FileOffset)
 			}
 		}
-		if got := l.stagedWorkers(make([]xfer, 3)); s.transport == Staged && got != 1 {
+		if got := l.stagedWorkers(make([]xfer, 3), 1); s.transport == Staged && got != 1 {
 			t.Errorf("3 empty xfers get %d workers, want 1", got)
 		}
 	})

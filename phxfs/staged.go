@@ -34,6 +34,7 @@ type stagedState struct {
 	host    connector.HostMemory                       // every worker's slots, one pinned allocation
 	slots   [][][]byte                                 // [worker][slot]
 	scratch []readScratch                              // [worker]: a staged read's slices, kept between plans
+	claims  [][]int                                    // [worker]: the array a read's claims reuse
 	streams atomic.Pointer[map[int][]connector.Stream] // device -> stream per worker
 	closed  bool
 }
@@ -117,6 +118,7 @@ func (l *Lib) allocSlots() error {
 	b := h.Bytes()
 	st.slots = make([][][]byte, workers)
 	st.scratch = make([]readScratch, workers)
+	st.claims = make([][]int, workers)
 	for w := range st.slots {
 		st.slots[w] = make([][]byte, per)
 		for i := range per {

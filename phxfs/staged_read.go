@@ -2,8 +2,11 @@ package phxfs
 
 import (
 	"context"
+	"os"
 	"runtime/trace"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/phxmount/phxmount/connector"
 	"github.com/phxmount/phxmount/internal/errs"
@@ -14,22 +17,78 @@ import (
 // steps (go tool trace; free when no trace runs).
 var bg = context.Background()
 
+// EnvStagedShare names the variable that chooses how a staged batch is
+// split among workers: spread (or auto, or unset: every batch as if it ran
+// alone) or load (weighing the plans beside it: Config.StagedByLoad).
+const EnvStagedShare = "PHX_STAGED_SHARE"
+
+// stagedByLoadFrom resolves Config.StagedByLoad: true, or the
+// environment's choice.
+func stagedByLoadFrom(byLoad bool) (bool, error) {
+	if byLoad {
+		return true, nil
+	}
+	switch v := os.Getenv(EnvStagedShare); v {
+	case "", "auto", "spread":
+		return false, nil
+	case "load":
+		return true, nil
+	default:
+		return false, errs.New(unix.EINVAL, "phxfs: %s=%q: want spread or load", EnvStagedShare, v)
+	}
+}
+
+// SetStagedByLoad sets whether staged batches are split by load
+// (Config.StagedByLoad) and returns the previous setting; batches already
+// running keep theirs.
+func (l *Lib) SetStagedByLoad(on bool) bool { return l.byLoad.Swap(on) }
+
+// StagedByLoad reports whether staged batches are split by load.
+func (l *Lib) StagedByLoad() bool { return l.byLoad.Load() }
+
 // minStagedOps is the least number of pieces a worker is given: a read
 // costs a few microseconds whatever its size, so many small ones (a column
 // slice is one per row) spread over workers by count as well as by bytes.
 const minStagedOps = 64
 
-// stagedWorkers is how many workers a staged plan of these xfers uses:
-// each gets at least Config.StagedShare bytes or minStagedOps pieces.
-func (l *Lib) stagedWorkers(xs []xfer) int {
+// stagedWorkers is how many workers a staged plan of these xfers uses,
+// plans being how many staged plans of its device run now (this one
+// included).
+//
+// A plan spreads: each worker gets at least Config.StagedShare bytes or
+// minStagedOps pieces, so that one batch's reads run in parallel. Split
+// by load (Config.StagedByLoad), a plan beside others (a KV-cache client
+// keeps several BATCH ioctls in flight; the mount serves several threads)
+// takes no more than its fair part of the pool, workers/plans, but never
+// fewer workers than its bytes need slots: every worker is busy anyway
+// there, and what a worker costs a plan is fixed per share, a job handed
+// to it, then a scatter and a fence per slot it fills (on a GPU three to
+// four driver calls, which queue on the context's lock when sixteen
+// workers reach them at once; docs/gpu-notes.md run 10). Each share then
+// fills a slot, one scatter and one fence, as kv_blocks.cu moves 4 MiB
+// (256 blocks of 16 KiB) per staging buffer: a 409-block batch of 16 KiB
+// goes to 7 workers alone, 4 beside three others and 2 (205 blocks a
+// slot) among sixteen; of 64 KiB, to 16, 7 and 7. Not the default: on
+// the emulated device (2 CPUs) it cost 5-30 % against spreading, the
+// larger slots no longer fitting the CPU's cache between the gather and
+// the emulated copy (docs/perf-notes.md §8); a GPU run must say
+// (scripts/gpu-probes/kvprof.sh).
+func (l *Lib) stagedWorkers(xs []xfer, plans int) int {
 	var bytes, pieces int64
 	for i := range xs {
 		bytes += xs[i].len
 		pieces += xs[i].pieces()
 	}
-	share := l.cfg.StagedShare
-	n := max(int((bytes+share-1)/share), int((pieces+minStagedOps-1)/minStagedOps))
-	return max(min(n, len(xs), l.pool.Workers()), 1)
+	if !l.byLoad.Load() {
+		plans = 1
+	}
+	share, slot := l.cfg.StagedShare, l.cfg.BounceSize
+	workers := l.pool.Workers()
+	spread := max(int((bytes+share-1)/share), int((pieces+minStagedOps-1)/minStagedOps))
+	fair := (workers + max(plans, 1) - 1) / max(plans, 1)
+	full := int((bytes + slot - 1) / slot)
+	n := max(min(spread, fair), full)
+	return max(min(n, len(xs), workers), 1)
 }
 
 // runStriped runs a plan that has staged transfers on its share of the
@@ -42,25 +101,29 @@ func (l *Lib) stagedWorkers(xs []xfer) int {
 func (l *Lib) runStriped(p *plan) {
 	workers := l.pool.Workers()
 	dev := stagedDevice(p.xfers)
-	rank, k := l.loading.enter(dev)
+	rank, k, plans := l.loading.enter(dev)
 	defer l.loading.leave(dev)
-	start, n := l.place(rank, k, l.stagedWorkers(p.xfers))
+	start, n := l.place(rank, k, l.stagedWorkers(p.xfers, plans))
 	mode := l.ODirectPolicy()
 	bf := newBatchFiles(p, &l.maps)
 	defer bf.close()
 	c := newClaimer(p.xfers, n, l.cfg.BounceSize)
 	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
 		if !p.write {
-			var buf []int // this worker's claims, one array
+			// This worker's claims, one array, kept for its next plan (a
+			// worker runs one plan at a time).
+			buf := l.staged.claims[w]
+			defer func() { l.staged.claims[w] = buf }()
 			src := func() []int {
 				if l.leaves(c, dev, w, start, n) {
 					return nil
 				}
-				buf = c.claim(buf)
-				if buf == nil {
-					return nil
+				idx := c.claim(buf)
+				if idx == nil {
+					return nil // buf keeps its array
 				}
-				return l.hostFirst(eng, p, buf)
+				buf = idx
+				return l.hostFirst(eng, p, idx)
 			}
 			l.stagedRead(w, eng, p.xfers, src, bf, mode)
 			return
@@ -121,9 +184,12 @@ func (l *Lib) runOps(eng ioengine.Engine, xfers []xfer, ops []ioengine.Op, idx [
 // flight across chunks.
 func (l *Lib) stagedRead(w int, eng ioengine.Engine, xfers []xfer, src func() []int, bf batchFiles, mode ODirect) {
 	slots := l.staged.slots[w]
-	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, bf: bf, mode: mode, slots: slots, sf: make(slotFences, len(slots))}
+	r := stagedReader{l: l, w: w, eng: eng, xfers: xfers, bf: bf, mode: mode, slots: slots}
 	sc := &l.staged.scratch[w] // a worker runs one plan at a time
 	r.readScratch = *sc
+	if len(r.sf) != len(slots) {
+		r.sf = make(slotFences, len(slots))
+	}
 	defer func() { *sc = r.readScratch }()
 	for idx := src(); idx != nil; idx = src() {
 		for k := 0; k < len(idx); {
@@ -146,7 +212,6 @@ type stagedReader struct {
 	bf    batchFiles
 	mode  ODirect
 	slots [][]byte
-	sf    slotFences
 	next  int // the slot to fill next
 
 	gathers int // reads of the group gathered from a mapping
@@ -154,8 +219,14 @@ type stagedReader struct {
 }
 
 // readScratch is a worker's reusable slices: a staged read's groups fill
-// them anew, and the next plan on the worker starts from their arrays.
+// them anew, and the next plan on the worker starts from their arrays. A
+// small batch is a few slots' worth per worker, so what a plan allocates
+// per worker (the slots' flights and their piece lists among it) is most
+// of what it allocates at all.
 type readScratch struct {
+	// sf is the worker's slots in flight; every slot is waited for when
+	// a read ends, so the next plan finds them idle.
+	sf      slotFences
 	reads   []slotRead // this group's reads, slot by slot
 	ops     []ioengine.Op
 	filled  []int             // this group's slots, in order

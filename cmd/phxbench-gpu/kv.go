@@ -21,9 +21,13 @@ import (
 // kv is the KV-cache restore shape of kv_blocks.cu, through the phxfs
 // library in-process (no mount): random fixed-size blocks of a hot file
 // into shuffled slots of one registered 2 GiB buffer, in batches of 409
-// requests (the ioctl's most), from 1 and 4 client goroutines, once per
-// scatter method. The mount's figure is python/tools/gpu_kv.py's; this one
-// tells the daemon's share of it.
+// requests (the ioctl's most), from 1 and 4 client threads, each keeping
+// -inflight batches in flight (one goroutine a batch: ReadBatch waits),
+// once per scatter method and per rule splitting a batch among workers
+// (-rules: spread as if alone, or by load: phxfs Config.StagedByLoad).
+// Each run prints its per-batch figures: wall time a batch, the
+// library's batches and scatters a batch. The mount's figure is
+// python/tools/gpu_kv.py's; this one tells the daemon's share of it.
 
 const (
 	kvTotal = 2 * gib // bytes moved per run, and the buffer
@@ -33,6 +37,7 @@ const (
 type kvOpts struct {
 	common
 	scatter, blocks, threads, trace string
+	rules, inflight                 string
 	share                           int64
 }
 
@@ -42,7 +47,9 @@ func kvMain(args []string) error {
 	o.register(fs, "the blocks' file (hot: it is read once first)")
 	fs.StringVar(&o.scatter, "scatter", "auto,kernel,batch,copies", "PHX_SCATTER methods to compare")
 	fs.StringVar(&o.blocks, "blocks", "16,64,256,1024", "block sizes in KiB")
-	fs.StringVar(&o.threads, "threads", "1,4", "client goroutines")
+	fs.StringVar(&o.threads, "threads", "1,4", "client threads")
+	fs.StringVar(&o.inflight, "inflight", "1", "batches each client thread keeps in flight (the mount's loaders: 4)")
+	fs.StringVar(&o.rules, "rules", "spread", "how a batch is split among workers: spread (as if alone), load (by the plans beside it)")
 	fs.Int64Var(&o.share, "share", 0, "least KiB of a batch per worker (0: the library's default)")
 	fs.StringVar(&o.trace, "trace", "", "write a runtime trace of the runs here")
 	fs.Parse(args)
@@ -167,17 +174,22 @@ func (k *kvBench) run() error {
 		bs := bk << 10
 		reqs := kvRequests(k.f, bs, k.mem.Addr())
 		for _, th := range parseList(k.o.threads, parseInt64) {
-			for _, m := range parseList(k.o.scatter, nonEmpty) {
-				if err := k.conn.SetScatter(m); err != nil {
-					fmt.Printf("kv %d KiB, %s: not run (%v)\n", bk, m, err)
-					continue
+			for _, fl := range parseList(k.o.inflight, parseInt64) {
+				for _, rule := range parseList(k.o.rules, nonEmpty) {
+					if rule != "spread" && rule != "load" {
+						return fmt.Errorf("kv: -rules: spread or load, not %q", rule)
+					}
+					k.lib.SetStagedByLoad(rule == "load")
+					for _, m := range parseList(k.o.scatter, nonEmpty) {
+						if err := k.conn.SetScatter(m); err != nil {
+							fmt.Printf("kv %d KiB, %s: not run (%v)\n", bk, m, err)
+							continue
+						}
+						if err := k.one(reqs, bk, int(th), int(fl), rule, m); err != nil {
+							return err
+						}
+					}
 				}
-				d, err := k.restore(reqs, int(th))
-				if err != nil {
-					return fmt.Errorf("kv %d KiB, %d threads, %s: %w", bk, th, m, err)
-				}
-				k.rep.add(fmt.Sprintf("kv in-process %4d KiB blocks, %d thread(s), scatter %s, share %d KiB", bk, th, m, k.o.share), kvTotal, d,
-					"409 requests per batch, hot file, registered before the clock")
 			}
 		}
 		if err := k.verify(reqs, bs); err != nil {
@@ -186,6 +198,33 @@ func (k *kvBench) run() error {
 		fmt.Printf("verify: kv %d KiB: every block equals the file\n", bk)
 	}
 	k.rep.Notes = append(k.rep.Notes, k.conn.ScatterReport())
+	return nil
+}
+
+// one is one run: its row, named as before for one batch in flight and
+// the spread rule (the rows gpu_report.py knows), and its per-batch
+// figures.
+func (k *kvBench) one(reqs []phxfs.Request, bk int64, threads, inflight int, rule, method string) error {
+	st0 := k.lib.Stats()
+	c0, b0, k0 := k.conn.PieceOps()
+	d, err := k.restore(reqs, threads*inflight)
+	if err != nil {
+		return fmt.Errorf("kv %d KiB, %d threads x %d in flight, %s, %s: %w", bk, threads, inflight, rule, method, err)
+	}
+	name := fmt.Sprintf("kv in-process %4d KiB blocks, %d thread(s), scatter %s, share %d KiB", bk, threads, method, k.o.share)
+	if inflight != 1 || rule != "spread" {
+		name += fmt.Sprintf(", %d in flight, %s", inflight, rule)
+	}
+	k.rep.add(name, kvTotal, d, "409 requests per batch, hot file, registered before the clock")
+	st := k.lib.Stats()
+	c1, b1, k1 := k.conn.PieceOps()
+	batches := st.Batches - st0.Batches
+	moves := (c1 - c0) + (b1 - b0) + (k1 - k0)
+	if batches > 0 {
+		fmt.Printf("  per batch: %d batches, %.0f us wall each (%d in flight), %.2f scatters (kernel %d, batch %d, copies %d), %.1f blocks a scatter\n",
+			batches, float64(d.Microseconds())*float64(threads*inflight)/float64(batches), threads*inflight,
+			float64(moves)/float64(batches), k1-k0, b1-b0, c1-c0, float64(st.Requests-st0.Requests)/float64(max(moves, 1)))
+	}
 	return nil
 }
 
@@ -203,7 +242,8 @@ func kvRequests(f *os.File, bs int64, addr uint64) []phxfs.Request {
 	return reqs
 }
 
-// restore runs reqs in batches of kvBatch, threads batches at a time.
+// restore runs reqs in batches of kvBatch, threads batches at a time
+// (one goroutine each).
 func (k *kvBench) restore(reqs []phxfs.Request, threads int) (time.Duration, error) {
 	var next sync.Mutex
 	at := 0

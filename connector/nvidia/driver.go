@@ -194,9 +194,17 @@ func load() (*driver, error) {
 //
 //go:uintptrescapes
 func (d *driver) call(f fn, args ...uintptr) error {
+	if countCall != nil {
+		countCall(f.name)
+	}
 	r, _, _ := purego.SyscallN(f.addr, args...)
 	return d.check(f.name, uint32(r))
 }
+
+// countCall, when set (tests only, with nothing else calling the
+// driver), sees the name of every driver call: how many calls a scatter,
+// a fence and its wait cost is what KV-cache blocks pay per worker share.
+var countCall func(name string)
 
 // check turns CUresult code from the call named fname into an error.
 func (d *driver) check(fname string, code uint32) error {

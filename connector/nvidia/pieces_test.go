@@ -375,3 +375,55 @@ func TestKernelParamBlockMatchesPTX(t *testing.T) {
 		t.Fatalf("kernelArgs is %d bytes, the PTX declares %d (limit 4096)", size, declared)
 	}
 }
+
+// TestFakeDriverCallsPerShare counts the driver calls of one worker's
+// share of a KV-cache batch as phxfs moves it: one scatter of a slot's
+// blocks, its fence, and the fence's wait, for 58 blocks (a share of a
+// 409-block batch over 7 workers) and 205 (over 2). With the kernel: a
+// context switch-in per call (3), one copy, a launch per 169 blocks, an
+// event record and an event wait; the batch method one batched copy
+// instead of the copy and launches. Every block lands.
+func TestFakeDriverCallsPerShare(t *testing.T) {
+	for _, mode := range []string{"kernel", "batch"} {
+		for _, n := range []int{58, 205} {
+			t.Run(mode+"/"+strconv.Itoa(n), func(t *testing.T) {
+				c, _ := withFake(t)
+				if err := c.SetScatter(mode); err != nil {
+					t.Fatal(err)
+				}
+				const bs = 16 << 10
+				m, s := fakeMemAndStream(t, c, int64(n)*bs)
+				src := pattern(n*bs, byte(n))
+				ps := make([]connector.Piece, n)
+				for i := range ps {
+					ps[i] = connector.Piece{Off: int64(i) * bs, Dev: m.Addr() + uint64(n-1-i)*bs, Len: bs}
+				}
+				share := func() {
+					waitFence(t, s, s.ScatterToDevice(src, ps))
+				}
+				share() // the staging buffer and the event are made once per stream
+				calls := map[string]int{}
+				countCall = func(name string) { calls[name]++ }
+				share()
+				countCall = nil
+				checkLanded(t, c, m, ps, src, int64(n)*bs)
+				launches := (n + kernelMaxPieces - 1) / kernelMaxPieces
+				want := map[string]int{"cuCtxSetCurrent": 3, "cuEventRecord": 1, "cuEventSynchronize": 1}
+				if mode == "kernel" {
+					want["cuMemcpyHtoDAsync"], want["cuLaunchKernel"] = 1, launches
+				} else {
+					want["cuMemcpyBatchAsync"] = 1
+				}
+				total := 0
+				for name, k := range calls {
+					total += k
+					name, _, _ = strings.Cut(name, "_") // cuMemcpyHtoDAsync_v2: the symbol bound
+					if want[name] != k {
+						t.Errorf("%s: %d calls, want %d (all: %v)", name, k, want[name], calls)
+					}
+				}
+				t.Logf("%s, %d blocks of 16 KiB: %d driver calls a share: %v", mode, n, total, calls)
+			})
+		}
+	}
+}

@@ -224,6 +224,12 @@ func (c *Connector) ScatterReport() string {
 	return b.String()
 }
 
+// PieceOps is how many scatters and gathers have moved each way since
+// Open: one copy each, one batched copy, or the kernel.
+func (c *Connector) PieceOps() (copies, batch, kernel int64) {
+	return c.pieceOps[methodCopies].Load(), c.pieceOps[methodBatch].Load(), c.pieceOps[methodKernel].Load()
+}
+
 // span checks every piece against the host buffer and returns where the
 // first starts and the last ends.
 func span(host []byte, ps []connector.Piece) (lo, hi int64, err error) {
