@@ -440,3 +440,62 @@ func TestEachOn(t *testing.T) {
 		}
 	}
 }
+
+// TestEachOnFirst: a first-lane call runs before the jobs queued on its
+// worker (behind the one running), first-lane calls keep their order, and
+// after maxFirstRun of them in a row a queued job gets its turn.
+func TestEachOnFirst(t *testing.T) {
+	p := newPool(t, PoolConfig{Kind: KindSync, Workers: 1})
+	defer p.Close()
+	var mu sync.Mutex
+	var order []string
+	note := func(s string) func(int, Engine) {
+		return func(int, Engine) {
+			mu.Lock()
+			order = append(order, s)
+			mu.Unlock()
+		}
+	}
+	release := make(chan struct{})
+	inside := make(chan struct{})
+	var wg sync.WaitGroup
+	call := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	call(func() error { return p.EachOn(0, 1, func(int, Engine) { close(inside); <-release }) })
+	<-inside
+	queued := func(lane chan *job, n int) {
+		waitFor(t, "queued", func() bool { return len(lane) == n })
+	}
+	w := p.workers[0]
+	for i := range 2 {
+		call(func() error { return p.EachOn(0, 1, note(fmt.Sprintf("q%d", i))) })
+		queued(w.jobs, i+1)
+	}
+	for i := range maxFirstRun + 2 {
+		call(func() error { return p.EachOnFirst(0, 1, note(fmt.Sprintf("f%d", i))) })
+		queued(w.first, i+1)
+	}
+	close(release)
+	wg.Wait()
+	var want []string
+	for i := range maxFirstRun {
+		want = append(want, fmt.Sprintf("f%d", i))
+	}
+	want = append(want, "q0", fmt.Sprintf("f%d", maxFirstRun), fmt.Sprintf("f%d", maxFirstRun+1), "q1")
+	if !slices.Equal(order, want) {
+		t.Errorf("ran %v, want %v", order, want)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.EachOnFirst(0, 1, note("late")); !isErrno(err, unix.ESHUTDOWN) {
+		t.Errorf("EachOnFirst after Close: %v, want ESHUTDOWN", err)
+	}
+}

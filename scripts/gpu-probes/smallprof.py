@@ -24,6 +24,7 @@ from phxmount.dtypes import torch_dtype  # noqa: E402
 from phxmount.stformat import read_header  # noqa: E402
 
 TALLY = {}
+TIMELINE = {}
 
 
 def wrap(owner, attr, label):
@@ -76,6 +77,50 @@ def instrument():
 
 
 FAILED = []
+# The fp case's timeline (perf_counter): when transformers spawned each
+# materialization, each start (names, bytes), each read task's end, each
+# get_slice(k)[...] asked and returned.
+EVENTS = {"spawn": [], "start": [], "task_done": [], "ask": [], "got": []}
+
+
+def timeline():
+    """Wraps what the fp timeline records (after instrument())."""
+    from phxmount import batchio, hook, hook_plan
+    st = hook_plan.Starts.start
+
+    def start(self, reader, dev, task):
+        plans = st(self, reader, dev, task)
+        EVENTS["start"].append((time.perf_counter(), len(plans), sum(p.read_bytes for p in plans)))
+        return plans
+    hook_plan.Starts.start = start
+    sub = batchio._Submitter.submit
+
+    def submit(self, cols, keep=None, urgent=False):
+        fut = sub(self, cols, keep, urgent)
+        fut.add_done_callback(lambda f: EVENTS["task_done"].append(time.perf_counter()))
+        return fut
+    batchio._Submitter.submit = submit
+    rs = hook.HookedFile.read_slice
+
+    def read_slice(self, info, index, bound):
+        EVENTS["ask"].append(time.perf_counter())
+        try:
+            return rs(self, info, index, bound)
+        finally:
+            EVENTS["got"].append(time.perf_counter())
+    hook.HookedFile.read_slice = read_slice
+
+
+def timeline_summary(t0):
+    """Each event's first, median and last time after t0 (ms), and the starts' sizes."""
+    out = {}
+    for k, v in EVENTS.items():
+        ts = sorted(e[0] if isinstance(e, tuple) else e for e in v)
+        if ts:
+            out[k] = {"n": len(ts), "first_ms": round((ts[0] - t0) * 1e3, 1),
+                      "median_ms": round((ts[len(ts) // 2] - t0) * 1e3, 1), "last_ms": round((ts[-1] - t0) * 1e3, 1)}
+    out["starts"] = [(round((t - t0) * 1e3, 1), n, round(b / 1e6)) for t, n, b in EVENTS["start"][:40]]
+    return out
 
 
 def files(d):
@@ -118,11 +163,21 @@ def run(case, d):
         with open(os.path.join(d, "config.json")) as f:
             mt = json.load(f)["model_type"]
         importlib.import_module(f"transformers.models.{mt}.modeling_{mt}")
+        timeline()
+        import transformers.core_model_loading as cml
+        spawn = cml.spawn_materialize  # the hook's wrapper where it is on
+
+        def spawned(*a, **k):
+            EVENTS["spawn"].append(time.perf_counter())
+            return spawn(*a, **k)
+        cml.spawn_materialize = spawned
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, device_map="cuda:0")
         torch.cuda.synchronize()
-        return dict(m.named_parameters()), time.perf_counter() - t0
+        secs = time.perf_counter() - t0
+        TIMELINE.update(timeline_summary(t0), workers=getattr(cml, "GLOBAL_WORKERS", "?"))
+        return dict(m.named_parameters()), secs
     raise SystemExit(f"unknown case {case}")
 
 
@@ -145,7 +200,7 @@ def main():
            "bytes": sum(t.numel() * t.element_size() for t in got.values()),
            "alloc": {k: m1.get(k, 0) - m0.get(k, 0) for k in keys},
            "tally": {k: [v[0], round(v[1] * 1e3, 2)] for k, v in sorted(TALLY.items(), key=lambda kv: -kv[1][1])},
-           "hook": hook_stats(), "filled_elsewhere": FAILED[:5], "n_elsewhere": len(FAILED)}
+           "hook": hook_stats(), "timeline": TIMELINE, "filled_elsewhere": FAILED[:5], "n_elsewhere": len(FAILED)}
     try:
         from phxmount import regcache
         out["regcaches"] = [{"registered": c.registered, "hits": c.hits, "stale": c.stale,
