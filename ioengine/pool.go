@@ -25,11 +25,6 @@ const MaxWorkers = 1024
 // batches ahead without unbounded memory.
 const jobQueueLen = 64
 
-// maxFirstRun is how many jobs of the first lane (EachOnFirst) a worker
-// runs in a row while jobs wait in its queue; then one of those gets its
-// turn, so a stream of small batches cannot starve a large one.
-const maxFirstRun = 8
-
 // Pool runs batches on a fixed set of workers. Each worker is a goroutine
 // locked to its own OS thread that owns one Engine, so per-thread state
 // (the ring, a device context set up in Each) stays with one thread.
@@ -49,11 +44,7 @@ type Pool struct {
 type worker struct {
 	id   int
 	jobs chan *job
-	// first holds jobs that go ahead of those queued in jobs: a small
-	// batch that its caller waits for (one tensor, a few KV blocks) would
-	// otherwise wait for every job of the large reads queued before it.
-	first chan *job
-	eng   engine
+	eng  engine
 }
 
 // job is one worker's share of a Run, or one call of an Each.
@@ -116,7 +107,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	}
 	ready := make(chan started, n)
 	for i := range p.workers {
-		w := &worker{id: i, jobs: make(chan *job, jobQueueLen), first: make(chan *job, jobQueueLen)}
+		w := &worker{id: i, jobs: make(chan *job, jobQueueLen)}
 		p.workers[i] = w
 		p.wg.Add(1)
 		go func() {
@@ -162,53 +153,11 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	return p, nil
 }
 
-// loop runs the worker's jobs until both its lanes are closed and drained,
-// then closes its engine. Each lane is FIFO; a job of the first lane runs
-// before the queued ones, up to maxFirstRun in a row while others wait.
+// loop runs the worker's jobs in FIFO order until its queue is closed and
+// drained, then closes its engine.
 func (w *worker) loop() {
-	jobs, first := w.jobs, w.first // nil once closed: a nil channel is never ready
-	run := 0                       // first-lane jobs run in a row
-	for jobs != nil || first != nil {
-		if run >= maxFirstRun {
-			run = 0
-			select {
-			case j, ok := <-jobs:
-				if ok {
-					w.run(j)
-				} else {
-					jobs = nil
-				}
-				continue
-			default: // nothing queued: the first lane goes on
-			}
-		}
-		select {
-		case j, ok := <-first:
-			if !ok {
-				first = nil
-				continue
-			}
-			run++
-			w.run(j)
-			continue
-		default:
-		}
-		select {
-		case j, ok := <-first:
-			if !ok {
-				first = nil
-				continue
-			}
-			run++
-			w.run(j)
-		case j, ok := <-jobs:
-			if !ok {
-				jobs = nil
-				continue
-			}
-			run = 0
-			w.run(j)
-		}
+	for j := range w.jobs {
+		w.run(j)
 	}
 	_ = w.eng.Close()
 }
@@ -260,7 +209,7 @@ func (p *Pool) Run(ops []Op) error {
 	for i := range jobs {
 		jobs[i] = job{ops: ops, stride: len(p.workers), b: b}
 	}
-	if err := p.submit(b, jobs, 0, false); err != nil {
+	if err := p.submit(b, jobs, 0); err != nil {
 		return err
 	}
 	b.wg.Wait()
@@ -279,18 +228,6 @@ func (p *Pool) Each(fn func(worker int, e Engine)) error {
 // (n is clamped to 1..Workers). Small jobs on a few workers leave the
 // others to concurrent callers.
 func (p *Pool) EachOn(start, n int, fn func(worker int, e Engine)) error {
-	return p.eachOn(start, n, fn, false)
-}
-
-// EachOnFirst is EachOn with each worker's call queued ahead of the jobs
-// already waiting on that worker (behind the one it runs, and behind
-// earlier EachOnFirst calls): for a small batch its caller waits for.
-// After maxFirstRun such calls in a row a worker takes one queued job.
-func (p *Pool) EachOnFirst(start, n int, fn func(worker int, e Engine)) error {
-	return p.eachOn(start, n, fn, true)
-}
-
-func (p *Pool) eachOn(start, n int, fn func(worker int, e Engine), first bool) error {
 	w := len(p.workers)
 	n = min(max(n, 1), w)
 	start = (start%w + w) % w
@@ -299,7 +236,7 @@ func (p *Pool) eachOn(start, n int, fn func(worker int, e Engine), first bool) e
 	for i := range jobs {
 		jobs[i] = job{fn: fn, b: b}
 	}
-	if err := p.submit(b, jobs, start, first); err != nil {
+	if err := p.submit(b, jobs, start); err != nil {
 		return err
 	}
 	b.wg.Wait()
@@ -307,8 +244,8 @@ func (p *Pool) eachOn(start, n int, fn func(worker int, e Engine), first bool) e
 }
 
 // submit queues jobs[i] on worker start+i (mod Workers), in FIFO order
-// behind earlier jobs of the same lane (first: the first lane).
-func (p *Pool) submit(b *batch, jobs []job, start int, first bool) error {
+// behind earlier jobs.
+func (p *Pool) submit(b *batch, jobs []job, start int) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
@@ -318,12 +255,7 @@ func (p *Pool) submit(b *batch, jobs []job, start int, first bool) error {
 	for i := range jobs {
 		// Workers keep draining while we hold the shared lock, so a full
 		// queue only delays this send.
-		w := p.workers[(start+i)%len(p.workers)]
-		if first {
-			w.first <- &jobs[i]
-		} else {
-			w.jobs <- &jobs[i]
-		}
+		p.workers[(start+i)%len(p.workers)].jobs <- &jobs[i]
 	}
 	return nil
 }
@@ -338,7 +270,6 @@ func (p *Pool) Close() error {
 		p.closed = true
 		for _, w := range p.workers {
 			close(w.jobs)
-			close(w.first)
 		}
 	}
 	p.mu.Unlock()

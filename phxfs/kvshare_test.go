@@ -1,7 +1,6 @@
 package phxfs
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -178,40 +177,4 @@ func allocsPerBatch(l *Lib, reqs []Request, runs int) float64 {
 	}
 	runtime.ReadMemStats(&b)
 	return float64(b.Mallocs-a.Mallocs) / float64(runs)
-}
-
-// TestSmallFirstEnv: PHX_SMALL_FIRST sets the largest plan that runs ahead
-// of queued jobs (a size, off, auto or unset: the default); Config's own
-// value wins; a bad value fails New and CheckEnv.
-func TestSmallFirstEnv(t *testing.T) {
-	for _, c := range []struct {
-		v    string
-		cfg  int64
-		want int64
-		bad  bool
-	}{{"", 0, DefaultSmallFirst, false}, {"auto", 0, DefaultSmallFirst, false}, {"off", 0, -1, false},
-		{"0", 0, -1, false}, {"2MiB", 0, 2 << 20, false}, {"65536", 0, 65536, false}, {"off", 4096, 4096, false},
-		{"", -5, -1, false}, {"big", 0, 0, true}, {"-3", 0, 0, true}, {"2M", 0, 0, true}} {
-		t.Setenv(EnvSmallFirst, c.v)
-		if err := CheckEnv(); (err != nil) != (c.bad && c.cfg == 0) {
-			t.Errorf("%s=%q: CheckEnv %v", EnvSmallFirst, c.v, err)
-		}
-		l, err := New(Config{Connector: emuStaged(t, 1), Engine: "sync", Workers: 2, SmallFirst: c.cfg})
-		if c.bad {
-			if err == nil {
-				l.Close()
-				t.Errorf("%s=%q: New did not fail", EnvSmallFirst, c.v)
-			} else if !errors.Is(err, unix.EINVAL) {
-				t.Errorf("%s=%q: %v, want EINVAL", EnvSmallFirst, c.v, err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := l.SmallFirst(); got != c.want {
-			t.Errorf("%s=%q, config %d: small first %d, want %d", EnvSmallFirst, c.v, c.cfg, got, c.want)
-		}
-		l.Close()
-	}
 }

@@ -64,12 +64,6 @@ type Config struct {
 	// than its fair part of the pool, down to a slot's worth a worker
 	// (stagedWorkers; PHX_STAGED_SHARE=load too; Lib.SetStagedByLoad).
 	StagedByLoad bool
-	// SmallFirst is the largest staged plan (in bytes) that runs ahead of
-	// the jobs queued on its workers (ioengine.Pool.EachOnFirst): a caller
-	// waiting for one tensor or a few KV blocks does not wait behind
-	// every job of the large reads queued before it (0: PHX_SMALL_FIRST,
-	// else DefaultSmallFirst; negative: every plan in its turn).
-	SmallFirst int64
 	// ODirect is the staged transport's read policy (policy.go); ODirectAuto
 	// lets PHX_DIRECT_IO choose.
 	ODirect ODirect
@@ -160,9 +154,6 @@ func New(cfg Config) (*Lib, error) {
 		return nil, err
 	}
 	if cfg.StagedByLoad, err = stagedByLoadFrom(cfg.StagedByLoad); err != nil {
-		return nil, err
-	}
-	if cfg.SmallFirst, err = smallFirstFrom(cfg.SmallFirst); err != nil {
 		return nil, err
 	}
 	if cfg.WritebackMin, err = writebackMinFrom(cfg.WritebackMin); err != nil {

@@ -206,9 +206,6 @@ func CheckEnv() error {
 	if _, err := writebackMinFrom(0); err != nil {
 		return err
 	}
-	if _, err := smallFirstFrom(0); err != nil {
-		return err
-	}
 	_, err := odirectFrom(ODirectAuto)
 	return err
 }

@@ -38,39 +38,6 @@ func stagedByLoadFrom(byLoad bool) (bool, error) {
 	}
 }
 
-// EnvSmallFirst names the variable that sets Config.SmallFirst: a size in
-// bytes (KiB, MiB or GiB suffixes), off, or auto (the default).
-const EnvSmallFirst = "PHX_SMALL_FIRST"
-
-// DefaultSmallFirst is Config.SmallFirst's default: below the read-ahead's
-// tasks (16 MiB and up, python/phxmount/fetch.py), above a narrowed
-// tensor's region or a batch of a few hundred KV blocks.
-const DefaultSmallFirst = 8 << 20
-
-// smallFirstFrom resolves Config.SmallFirst: n where set (negative: -1,
-// off), else the environment's, else the default.
-func smallFirstFrom(n int64) (int64, error) {
-	if n != 0 {
-		return max(n, -1), nil
-	}
-	v := os.Getenv(EnvSmallFirst)
-	switch v {
-	case "", "auto":
-		return DefaultSmallFirst, nil
-	case "off", "0":
-		return -1, nil
-	}
-	b, ok := parseBytes(v)
-	if !ok {
-		return 0, errs.New(unix.EINVAL, "phxfs: %s=%q: want auto, off or a size in bytes (KiB, MiB, GiB suffixes)", EnvSmallFirst, v)
-	}
-	return b, nil
-}
-
-// SmallFirst reports the largest staged plan that runs ahead of queued
-// jobs (-1: none does).
-func (l *Lib) SmallFirst() int64 { return l.cfg.SmallFirst }
-
 // SetStagedByLoad sets whether staged batches are split by load
 // (Config.StagedByLoad) and returns the previous setting; batches already
 // running keep theirs.
@@ -141,11 +108,7 @@ func (l *Lib) runStriped(p *plan) {
 	bf := newBatchFiles(p, &l.maps)
 	defer bf.close()
 	c := newClaimer(p.xfers, n, l.cfg.BounceSize)
-	each := l.pool.EachOn
-	if planBytes(p.xfers) <= l.cfg.SmallFirst {
-		each = l.pool.EachOnFirst
-	}
-	err := each(start, n, func(w int, eng ioengine.Engine) {
+	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
 		if !p.write {
 			// This worker's claims, one array, kept for its next plan (a
 			// worker runs one plan at a time).
@@ -176,15 +139,6 @@ func (l *Lib) runStriped(p *plan) {
 			p.xfers[i].result = -int64(errs.Errno(err))
 		}
 	}
-}
-
-// planBytes is what xs move when nothing is short.
-func planBytes(xs []xfer) int64 {
-	var n int64
-	for i := range xs {
-		n += xs[i].len
-	}
-	return n
 }
 
 // hostFirst runs the host transfers of idx (a plan may mix host buffers

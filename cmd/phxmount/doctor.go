@@ -193,7 +193,7 @@ func checkEnvironment() finding {
 	if err != nil {
 		return finding{What: "environment", Detail: err.Error()}
 	}
-	return finding{What: "environment", OK: true, Detail: "PHX_ENGINE, PHX_STAGED_BUFFERS, PHX_DIRECT_IO, PHX_GATHER, PHX_WRITEBACK, PHX_STAGED_SHARE, PHX_SMALL_FIRST, PHX_CUDA_SYNC, PHX_SCATTER valid or unset"}
+	return finding{What: "environment", OK: true, Detail: "PHX_ENGINE, PHX_STAGED_BUFFERS, PHX_DIRECT_IO, PHX_GATHER, PHX_WRITEBACK, PHX_STAGED_SHARE, PHX_CUDA_SYNC, PHX_SCATTER valid or unset"}
 }
 
 // checkModule reports the phxfs kernel module; ok: its devices exist.
