@@ -80,7 +80,7 @@ FAILED = []
 # The fp case's timeline (perf_counter): when transformers spawned each
 # materialization, each start (names, bytes), each read task's end, each
 # get_slice(k)[...] asked and returned.
-EVENTS = {"spawn": [], "start": [], "task_done": [], "ask": [], "got": []}
+EVENTS = {"spawn": [], "start": [], "task_done": [], "ask": [], "got": [], "task": []}
 
 
 def timeline():
@@ -89,8 +89,11 @@ def timeline():
     st = hook_plan.Starts.start
 
     def start(self, reader, dev, task):
+        t = time.perf_counter()
         plans = st(self, reader, dev, task)
-        EVENTS["start"].append((time.perf_counter(), len(plans), sum(p.read_bytes for p in plans)))
+        if plans:
+            EVENTS["start"].append((t, len(plans), sum(p.read_bytes for p in plans),
+                                    os.path.basename(reader.fetcher.path)[-20:], round((time.perf_counter() - t) * 1e3, 1)))
         return plans
     hook_plan.Starts.start = start
     sub = batchio._Submitter.submit
@@ -100,10 +103,19 @@ def timeline():
         fut.add_done_callback(lambda f: EVENTS["task_done"].append(time.perf_counter()))
         return fut
     batchio._Submitter.submit = submit
+    rh = batchio._Submitter._run_holding
+
+    def run_holding(self, cols, keep):
+        t = time.perf_counter()
+        try:
+            return rh(self, cols, keep)
+        finally:
+            EVENTS["task"].append((t, time.perf_counter(), cols.nbytes, os.path.basename(self.path)[-20:]))
+    batchio._Submitter._run_holding = run_holding
     rs = hook.HookedFile.read_slice
 
     def read_slice(self, info, index, bound):
-        EVENTS["ask"].append(time.perf_counter())
+        EVENTS["ask"].append((time.perf_counter(), os.path.basename(self.path)[-20:]))
         try:
             return rs(self, info, index, bound)
         finally:
@@ -119,7 +131,27 @@ def timeline_summary(t0):
         if ts:
             out[k] = {"n": len(ts), "first_ms": round((ts[0] - t0) * 1e3, 1),
                       "median_ms": round((ts[len(ts) // 2] - t0) * 1e3, 1), "last_ms": round((ts[-1] - t0) * 1e3, 1)}
-    out["starts"] = [(round((t - t0) * 1e3, 1), n, round(b / 1e6)) for t, n, b in EVENTS["start"][:40]]
+    ms = lambda t: round((t - t0) * 1e3, 1)  # noqa: E731
+    out["starts"] = [(ms(t), n, round(b / 1e6), f, took) for t, n, b, f, took in EVENTS["start"][:40]]
+    files = {}
+    for t, f in EVENTS["ask"]:
+        files.setdefault(f, {"first_ask": ms(t)})
+    for t0_, t1, nb, f in EVENTS["task"]:
+        e = files.setdefault(f, {})
+        e["tasks"] = e.get("tasks", 0) + 1
+        e["task_first"] = min(e.get("task_first", 1e9), ms(t0_))
+        e["task_last_end"] = max(e.get("task_last_end", 0), ms(t1))
+        e["task_ms"] = round(e.get("task_ms", 0) + (t1 - t0_) * 1e3, 1)
+        e["MB"] = e.get("MB", 0) + nb // 1000000
+    out["files"] = files
+    # How many tasks ran at once, over the I/O's span (ms at each count).
+    edges = sorted([(a, 1) for a, _, _, _ in EVENTS["task"]] + [(b, -1) for _, b, _, _ in EVENTS["task"]])
+    at, prev, conc = 0, None, {}
+    for t, d in edges:
+        if prev is not None:
+            conc[at] = conc.get(at, 0) + (t - prev) * 1e3
+        at, prev = at + d, t
+    out["in_flight_ms"] = {k: round(v, 1) for k, v in sorted(conc.items())}
     return out
 
 
@@ -183,6 +215,8 @@ def run(case, d):
 
 def main():
     case, d = sys.argv[1], sys.argv[2]
+    if os.environ.get("PHXPROF_SWITCH"):  # the interpreter's thread switch interval, seconds
+        sys.setswitchinterval(float(os.environ["PHXPROF_SWITCH"]))
     prof = "--profile" in sys.argv
     torch.empty(1, device="cuda:0")
     import safetensors  # noqa: F401

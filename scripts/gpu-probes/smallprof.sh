@@ -5,7 +5,8 @@
 # with a cProfile; smallprof.py tallies the hook's pieces and torch's
 # allocator counters. A daemon CPU profile of the whole probe. QUICK=1:
 # the narrow loop at world 8 and the MoE loops only, no cProfile. FP=1:
-# the MoE checkpoint's from_pretrained, tallied and profiled.
+# the MoE checkpoint's from_pretrained, tallied (FPVARS: again with those
+# variables; FPPROF=1: and profiled).
 set -u
 W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt
 T0=$(date +%s)
@@ -29,7 +30,11 @@ if [ -n "${FP:-}" ]; then
 	# with a cProfile; stock's time is in the issue27 rows.
 	{
 	echo "== fp $M hooked"; env PHXMOUNT_HOOK=1 python3 $P fp $W/mnt/ckpt27/$M 2>&1 | head -c 8000; echo
-	echo "=== profile fp"; env PHXMOUNT_HOOK=1 python3 $P fp $W/mnt/ckpt27/$M --profile 2>&1 | head -c 30000
+	# FPVARS="A=1,B=2 C=3": the same again with each set of variables
+	for v in ${FPVARS:-}; do
+		echo "== fp $M hooked ${v//,/ }"; env PHXMOUNT_HOOK=1 ${v//,/ } python3 $P fp $W/mnt/ckpt27/$M 2>&1 | head -c 8000; echo
+	done
+	[ -n "${FPPROF:-}" ] && { echo "=== profile fp"; env PHXMOUNT_HOOK=1 python3 $P fp $W/mnt/ckpt27/$M --profile 2>&1 | head -c 30000; }
 	} > $OUT/probe.txt 2>&1
 	umount $W/mnt; wait $D
 	grep -E '^==|"seconds"' $OUT/probe.txt | cut -c1-600
