@@ -16,7 +16,8 @@ This module is an exact adapter over the installed safetensors: a call is
 bound to the installed safe_open's signature and goes to the real one,
 with the caller's own arguments, wherever phxmount does not serve it
 (hook_route); a served file's object has the installed one's methods, and
-whatever phxmount does not serve of it reaches the real object. Below it:
+whatever phxmount does not serve of it reaches the real object (get_slice's
+answer: hook_slice). Below it:
 what starts together (hook_plan), get_tensor's read-ahead (hook_ahead),
 get_slice's guesses (hook_guess), sharing PHXMOUNT_HOOK_WINDOW bytes a
 file. Nothing fails where safetensors would have worked: whatever phxmount
@@ -34,58 +35,21 @@ import threading
 import weakref
 from typing import Callable, Dict, List, Optional
 
-from .dtypes import is_torch_dtype
 from .hook_ahead import ReadAhead
 from .hook_close import Resources, closing
 from .hook_defer import Deferrals, RegionReads, uses_seen
-from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, is_cpu, parse_mode, task, window
+from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, parse_mode, task, window
 from .hook_guess import GUESS_TASK, Guesses, guessed_plan, slices_seen
 from .hook_import import Patcher, patch_spawn, unpatch_spawn
 from .hook_plan import Ahead, Held, Starts
 from .hook_report import Report, report
 from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index, stock_attr
+from .hook_slice import HookedSlice
 from .stformat import Header, TensorInfo, read_header
 from .slicing import selects_whole
 
 __all__ = ["safe_open", "install", "uninstall", "install_from_env", "Mode", "parse_mode", "HookedFile", "HookedSlice",
            "report", "Report", "closing", "mounts", "slices_seen", "uses_seen", "describe", "ENV", "WINDOW_ENV", "TASK_ENV", "GUESS_TASK"]
-
-
-class HookedSlice:
-    """get_slice's answer: shape and dtype from the header; an index reads
-    through phxmount when the tensor goes to a GPU and phxmount gives what
-    the installed safetensors gives for it, else through the real
-    safetensors slice."""
-
-    def __init__(self, file: "HookedFile", info: TensorInfo):
-        self._file, self._info = file, info
-        self._bound: Optional[int] = None
-
-    def get_shape(self) -> List[int]:
-        return list(self._info.shape)
-
-    def get_dtype(self) -> str:
-        return self._info.dtype
-
-    def bind(self, device, dtype=None) -> None:
-        """Where the caller will move the tensor (transformers says so):
-        a GPU in the file's own dtype lands there directly."""
-        dev = cuda_index(device) if not is_cpu(device) else None
-        if dev is None:
-            return
-        self._bound = dev
-        if dtype is None or is_torch_dtype(dtype, self._info.dtype):
-            self._file.defer(dev, self._info.name)
-
-    def __getitem__(self, index):
-        return self._file.read_slice(self._info, index, self._bound)
-
-    def __getattr__(self, name):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        f = self._file  # a method phxmount does not serve: the real slice's (said once)
-        return stock_attr(lambda: f.stock_slice(self._info.name), name, lambda m: report.say(
-            f"slice {m}", f"{f.path}: get_slice(...).{m}() is not phxmount's: safetensors serves it"))
 
 
 class HookedFile:

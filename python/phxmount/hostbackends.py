@@ -18,7 +18,8 @@ from . import abi
 from .availability import available
 from .batchio import BatchIO, PreadIO
 from .client import EmuBuffer
-from .fetch import Fetcher, SafeOpen
+from .fetch import Fetcher
+from .safeopen import SafeOpen
 from .regcache import PAGE, Alloc, cache_for
 from .slicing import Plan
 

@@ -22,7 +22,8 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from .batchio import BatchIO, PreadIO
 from .client import PhxError
-from .fetch import Fetcher, SafeOpen, select, stream
+from .fetch import Fetcher, select, stream
+from .safeopen import SafeOpen
 from .loader import DEFAULT_TIMEOUT, LoadStats
 from .stformat import DEFAULT_CHUNK, read_header
 from .sharded import assign_devices, shard_files

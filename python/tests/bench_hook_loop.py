@@ -35,7 +35,8 @@ from phxmount import abi, hook  # noqa: E402
 from phxmount.availability import Availability, known  # noqa: E402
 from phxmount.batchio import BatchIO  # noqa: E402
 from phxmount.client import EmuBuffer  # noqa: E402
-from phxmount.fetch import Fetcher, SafeOpen  # noqa: E402
+from phxmount.fetch import Fetcher  # noqa: E402
+from phxmount.safeopen import SafeOpen  # noqa: E402
 from phxmount.hostbackends import emu_alloc  # noqa: E402
 from phxmount.regcache import cache_for  # noqa: E402
 from phxmount.slicing import shard_index  # noqa: E402

@@ -29,7 +29,7 @@ from unittest import mock
 from hookutil import PYDIR, RANK, SPECS, HookedCase, SafetensorError, Served, StockFile, write_tree
 from mountutil import np, opens_counted, same
 
-from phxmount import hook  # noqa: E402
+from phxmount import hook, hook_env  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
 from phxmount.fetch import Fetcher  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
@@ -79,7 +79,7 @@ class ModeTest(unittest.TestCase):
         for d, want in ((0, 0), (3, 3), ("cuda:2", 2), (" CUDA:1", 1), ("cpu", None), ("mps", None),
                         ("meta", None), (True, None), (-1, None)):
             self.assertEqual(hook.cuda_index(d), want, d)
-        self.assertTrue(hook.is_cpu("cpu") and hook.is_cpu(None) and not hook.is_cpu("cuda:0"))
+        self.assertTrue(hook_env.is_cpu("cpu") and hook_env.is_cpu(None) and not hook_env.is_cpu("cuda:0"))
 
 
 class PatchingTest(unittest.TestCase):

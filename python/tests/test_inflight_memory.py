@@ -17,7 +17,8 @@ import weakref
 from phxmount.batchio import _Submitter, wait_all
 from phxmount.client import PhxError
 from phxmount.extents import Cols
-from phxmount.fetch import Fetcher, SafeOpen, select, stream
+from phxmount.fetch import Fetcher, select, stream
+from phxmount.safeopen import SafeOpen
 from phxmount.stformat import write_file
 from phxmount.savefile import Source, save
 
