@@ -41,10 +41,11 @@ from .hook_defer import Deferrals, RegionReads, uses_seen
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, parse_mode, task, window
 from .hook_guess import GUESS_TASK, Guesses, guessed_plan, slices_seen
 from .hook_import import Patcher, patch_spawn, unpatch_spawn
-from .hook_plan import Ahead, Held, Starts
+from .hook_plan import Ahead, Held, Starts, bound
 from .hook_report import Report, report
 from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index, stock_attr
 from .hook_slice import HookedSlice
+from .hook_whole import read_whole
 from .stformat import Header, TensorInfo, read_header
 from .slicing import selects_whole
 
@@ -138,32 +139,9 @@ class HookedFile:
         return {n: self._gpu(self.tensors[n], None, dev, self._take(n)) for n in names}
 
     def _whole_file(self, dev: int, names: List[str]) -> dict:
-        """Every tensor of a file nothing was read of yet (load_file): one
-        start of all of them, each result taken from its own request, with
-        none of a single request's bookkeeping (its read-ahead, guesses
-        and hand-over: a MoE file's thousands of tensors paid it each)."""
-        report.asked()
-        try:
-            reader = self._reader(dev)
-            plans = [reader.fetcher.plan(n) for n in names]
-            with self._lock:
-                self._starts.started.setdefault(dev, set()).update(names)
-            report.started()
-            pends = reader.read(plans, flush_bytes=self.task or reader.fetcher.in_order_task)
-        except Exception as e:  # noqa: BLE001: never fail where safetensors works
-            self._fall_back(e)
-            return {n: self._stock_to(self.tensors[n], None, dev) for n in names}
-        out, nbytes, landed = {}, 0, 0
-        for i, (n, pend) in enumerate(zip(names, pends)):
-            try:
-                out[n] = pend.result()
-            except Exception as e:  # noqa: BLE001
-                self._fall_back(e)
-                out.update((m, self._stock_to(self.tensors[m], None, dev)) for m in names[i:])
-                break
-            nbytes, landed = nbytes + pend.plan.read_bytes, landed + 1
-        report.landed(dev, nbytes, landed)
-        return out
+        """Every tensor of a file nothing was read of yet (load_file):
+        hook_whole.read_whole."""
+        return read_whole(self, dev, names)
 
     @if_installed
     def close(self) -> None:
@@ -224,6 +202,22 @@ class HookedFile:
         """name will be read onto dev: it starts with the next read there."""
         self._starts.defer(dev, name)
 
+    def bind(self, dev: int, name: str) -> None:
+        """The caller said name goes to dev (hook_slice.bind): deferred, and
+        started with the next read onto dev of any file (hook_plan.bound)."""
+        self._starts.defer(dev, name)
+        bound.add(dev, self)
+
+    def start_deferred(self, dev: int) -> None:
+        """Starts what is deferred onto dev (another file's read started
+        first: hook_plan.bound); a failure makes this file safetensors'."""
+        if self._closed or self.destination(dev) != dev:
+            return
+        try:
+            self._ahead.started(self._starts.start(self._reader(dev), dev, self.task))
+        except Exception as e:  # noqa: BLE001: never fail where safetensors works
+            self._fall_back(e)
+
     def read_slice(self, info: TensorInfo, index, bound: Optional[int]):
         dev = self.destination(bound)
         if dev is None:
@@ -265,6 +259,9 @@ class HookedFile:
             # allocates hundreds of tensors, and the other threads of a
             # pool (transformers') would wait for it in every _take.
             self._ahead.started(self._starts.start(reader, dev, self.task))
+            for g in bound.take(dev):  # the other files' bound tensors, after this one's
+                if g is not self:
+                    g.start_deferred(dev)
             then = None if index is None else (
                 lambda: self._guesses.after(reader, plan, index, dev, had, self._starts, self._ahead))
             t = reader.get_planned(plan, then)
@@ -416,6 +413,7 @@ def uninstall() -> None:
     """Turns the hook off and puts the real functions back (tests)."""
     global _mode, _installed
     _mode, _installed = Mode(False), None
+    bound.forget()
     slices_seen.forget()
     uses_seen.forget()
     _patches.off({"safe_open": safe_open})

@@ -39,7 +39,7 @@ class HookedSlice:
             return
         self._bound = dev
         if dtype is None or is_torch_dtype(dtype, self._info.dtype):
-            self._file.defer(dev, self._info.name)
+            self._file.bind(dev, self._info.name)
 
     def __getitem__(self, index):
         return self._file.read_slice(self._info, index, self._bound)

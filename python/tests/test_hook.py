@@ -254,6 +254,57 @@ class RoutingTest(HookedCase):
         self.assertEqual(Served.tensors, 0, "every tensor through the mount")
         self.assertLess(self.batches() - b0, len(self.arrays) - 1, "the bound tensors started together")
 
+    def test_bound_files_start_together(self):
+        # from_pretrained binds every tensor of every file before a pool of
+        # threads asks them in key order: the first read onto the device
+        # starts every file's bound tensors, not only its own file's (run
+        # 51: a MoE checkpoint's last files started 0.6 s into the call).
+        self.gpu_ok()
+        paths = [self.m.path("layers.safetensors"), self.m.path("layers2.safetensors")]
+        files = [self.fake.safe_open(p, "pt", device="cpu") for p in paths]
+        spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
+        slices = []
+        for f in files:
+            for k in f.keys():
+                s = f.get_slice(k)
+                spawn(None, s, "cuda:0", None)
+                slices.append((f, k, s))
+        second = files[1]
+        self.assertEqual(set(second._starts.of(0)[1]), set(second.keys()), "bound, not started")
+        f0, k0, s0 = slices[0]
+        self.assertTrue(same(s0[...], self.layers[k0]))
+        started, deferred = second._starts.of(0)
+        self.assertEqual((set(started), set(deferred)), (set(second.keys()), set()),
+                         "the second file's bound tensors started with the first file's first read")
+        for f, k, s in slices[1:]:
+            self.assertTrue(same(s[...], self.layers[k]), k)
+        served = sum(r.served_from_prefetch for r in self.readers)
+        for f in files:
+            f.__exit__(None, None, None)
+        self.assertEqual(served, len(slices), "every tensor from what started together")
+        self.assertEqual(Served.tensors, 0, "every tensor through the mount")
+
+    def test_a_bound_file_that_cannot_start_falls_back(self):
+        # Another file's start that fails makes that file safetensors', as a
+        # failing read of its own would; the file asked from is unaffected.
+        self.gpu_ok()
+        paths = [self.m.path("layers.safetensors"), self.m.path("layers2.safetensors")]
+        files = [self.fake.safe_open(p, "pt", device="cpu") for p in paths]
+        spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
+        slices = [(f, k, f.get_slice(k)) for f in files for k in f.keys()]
+        for _, _, s in slices:
+            spawn(None, s, "cuda:0", None)
+        with mock.patch.object(files[1], "_reader", side_effect=OSError(5, "no reader")):
+            f0, k0, s0 = slices[0]
+            self.assertTrue(same(s0[...], self.layers[k0]))
+        self.assertIsNotNone(files[1]._fallen)
+        self.assertIsNone(files[0]._fallen)
+        for f, k, s in slices:
+            self.assertTrue(same(s[...], self.layers[k]), k)
+        for f in files:
+            f.__exit__(None, None, None)
+        self.assertIn("no reader", self.err.getvalue())
+
     def test_unbound_cpu_slices_stay_host(self):
         self.gpu_ok()
         f = self.fake.safe_open(self.path, "pt", device="cpu")

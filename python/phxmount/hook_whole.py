@@ -1,0 +1,38 @@
+"""load_file's read through the hook: every tensor of a file nothing was
+read of yet, in one start (hook.HookedFile.get_tensors). No torch."""
+
+from __future__ import annotations
+
+from typing import List
+
+from .hook_report import report
+
+
+def read_whole(f, dev: int, names: List[str]) -> dict:
+    """names of hooked file f onto dev: one start of all of them, each
+    result taken from its own request, with none of a single request's
+    bookkeeping (its read-ahead, guesses and hand-over: a MoE file's
+    thousands of tensors paid it each). Where phxmount fails, f falls back
+    and the real safetensors reads the rest."""
+    report.asked()
+    try:
+        reader = f._reader(dev)
+        plans = [reader.fetcher.plan(n) for n in names]
+        with f._lock:
+            f._starts.started.setdefault(dev, set()).update(names)
+        report.started()
+        pends = reader.read(plans, flush_bytes=f.task or reader.fetcher.in_order_task)
+    except Exception as e:  # noqa: BLE001: never fail where safetensors works
+        f._fall_back(e)
+        return {n: f._stock_to(f.tensors[n], None, dev) for n in names}
+    out, nbytes, landed = {}, 0, 0
+    for i, (n, pend) in enumerate(zip(names, pends)):
+        try:
+            out[n] = pend.result()
+        except Exception as e:  # noqa: BLE001
+            f._fall_back(e)
+            out.update((m, f._stock_to(f.tensors[m], None, dev)) for m in names[i:])
+            break
+        nbytes, landed = nbytes + pend.plan.read_bytes, landed + 1
+    report.landed(dev, nbytes, landed)
+    return out
