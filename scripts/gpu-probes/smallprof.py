@@ -93,7 +93,7 @@ def timeline():
         plans = st(self, reader, dev, task)
         if plans:
             EVENTS["start"].append((t, len(plans), sum(p.read_bytes for p in plans),
-                                    os.path.basename(reader.fetcher.path)[-20:], round((time.perf_counter() - t) * 1e3, 1)))
+                                    os.path.basename(reader.fetcher.path).rsplit(".", 1)[0][-20:], round((time.perf_counter() - t) * 1e3, 1)))
         return plans
     hook_plan.Starts.start = start
     sub = batchio._Submitter.submit
@@ -110,12 +110,12 @@ def timeline():
         try:
             return rh(self, cols, keep)
         finally:
-            EVENTS["task"].append((t, time.perf_counter(), cols.nbytes, os.path.basename(self.path)[-20:]))
+            EVENTS["task"].append((t, time.perf_counter(), cols.nbytes, os.path.basename(self.path).rsplit(".", 1)[0][-20:]))
     batchio._Submitter._run_holding = run_holding
     rs = hook.HookedFile.read_slice
 
     def read_slice(self, info, index, bound):
-        EVENTS["ask"].append((time.perf_counter(), os.path.basename(self.path)[-20:]))
+        EVENTS["ask"].append((time.perf_counter(), os.path.basename(self.path).rsplit(".", 1)[0][-20:]))
         try:
             return rs(self, info, index, bound)
         finally:
