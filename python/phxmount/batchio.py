@@ -74,11 +74,13 @@ class _Submitter:
         """Moves every extent of cols on the calling thread."""
         raise NotImplementedError
 
-    def _run_holding(self, cols: Cols, keep) -> None:
+    def _run_holding(self, cols: Cols, keep) -> float:
+        """Runs cols; its future's result is when they landed (perf_counter)."""
         # The executor's work item holds keep until run has returned; the
         # del keeps a failure's traceback from holding it any longer.
         try:
             self.run(cols)
+            return time.perf_counter()
         finally:
             del keep
 

@@ -74,6 +74,8 @@ class Pending:
         self.futures: list = []
         self._done = False
         self._result = None
+        self.landed_at: Optional[float] = None  # perf_counter when its last task landed, once result() returned
+        self._made = time.perf_counter()  # a request of no bytes lands when made
 
     def done(self) -> bool:
         return all(f.done() for f in self.futures)
@@ -90,6 +92,10 @@ class Pending:
                 wait_all(self.futures, max(0.0, self.deadline - time.monotonic()), what)
         except PhxError as e:
             raise PhxError(e.errno, f"{self.plan.name}: {e.strerror}") from None
+        # Landed: in the destination memory, which for a read started ahead
+        # is before the caller asked (the tasks' results are their ends).
+        self.landed_at = max((r for r in (f.result() for f in self.futures) if r is not None),
+                             default=self._made)
         self._result = self.mem if self.given else self.fetcher.backend.finish(self.mem, self.plan)
         self._done, self.mem = True, None
         return self._result

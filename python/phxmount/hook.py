@@ -264,13 +264,13 @@ class HookedFile:
                     g.start_deferred(dev)
             then = None if index is None else (
                 lambda: self._guesses.after(reader, plan, index, dev, had, self._starts, self._ahead))
-            t = reader.get_planned(plan, then)
+            t, at = reader.get_planned_at(plan, then)
         except Exception as e:  # noqa: BLE001
             self._fall_back(e)
             return self._stock_to(info, index, dev)
         if had is not None and had.key != plan.key:
             self._drop(info.name, had)  # read ahead whole, asked as a slice (or guessed wrong)
-        report.landed(dev, t.nbytes)
+        report.landed(dev, t.nbytes, at=at)
         return t
 
     def _drop(self, name: str, had: Optional[Held]) -> None:

@@ -163,18 +163,19 @@ class Source:
             except Exception as e:  # noqa: BLE001: read it the way that works
                 self.failed = e
         pend, self.pending = self.pending, []
-        landed = 0
+        landed, at = 0, None
         for p, r in pend:
             try:
                 got = p.result()
                 if not p.given:  # read packed (RegionReads.start): into place on the device
                     (self.plain.narrow(*r) if r[0] >= 0 else self.plain).copy_(got)
                 landed += p.plan.read_bytes
+                at = max(at or 0.0, p.landed_at or 0.0) or None
             except Exception as e:  # noqa: BLE001
                 self.failed = self.failed or e
         self.handed = True
         if landed:
-            report.landed(self.dev, landed)
+            report.landed(self.dev, landed, at=at)
         if self.failed is not None or not here:
             self._fill_elsewhere(dest, regions)
 

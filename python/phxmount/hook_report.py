@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Optional
 
 
 class Report:
@@ -18,7 +19,10 @@ class Report:
         self.said = set()
         self.files = self.tensors = self.bytes = self.fallbacks = self.starts = 0
         self.devices = set()
-        self.first = self.last = None  # perf_counter of the first read asked for, and the last landed
+        # perf_counter of the first read asked for, and of the last landed:
+        # its bytes in device memory (a read started ahead lands before it
+        # is asked for; one whose end is not known, when it is handed over)
+        self.first = self.last = None
 
     def say(self, key: str, msg: str) -> None:
         with self.lock:
@@ -41,12 +45,15 @@ class Report:
         with self.lock:
             self.files += 1
 
-    def landed(self, dev: int, nbytes: int, tensors: int = 1) -> None:
+    def landed(self, dev: int, nbytes: int, tensors: int = 1, at: Optional[float] = None) -> None:
+        """tensors of nbytes were handed over on dev, their bytes landed at
+        at (perf_counter; None: now)."""
         with self.lock:
             self.tensors += tensors
             self.bytes += nbytes
             self.devices.add(dev)
-            self.last = time.perf_counter()
+            at = time.perf_counter() if at is None else at
+            self.last = at if self.last is None else max(self.last, at)
 
     def fell_back(self, path: str, why: BaseException) -> None:
         with self.lock:

@@ -25,7 +25,7 @@ def read_whole(f, dev: int, names: List[str]) -> dict:
     except Exception as e:  # noqa: BLE001: never fail where safetensors works
         f._fall_back(e)
         return {n: f._stock_to(f.tensors[n], None, dev) for n in names}
-    out, nbytes, landed = {}, 0, 0
+    out, nbytes, landed, at = {}, 0, 0, None
     for i, (n, pend) in enumerate(zip(names, pends)):
         try:
             out[n] = pend.result()
@@ -33,6 +33,6 @@ def read_whole(f, dev: int, names: List[str]) -> dict:
             f._fall_back(e)
             out.update((m, f._stock_to(f.tensors[m], None, dev)) for m in names[i:])
             break
-        nbytes, landed = nbytes + pend.plan.read_bytes, landed + 1
-    report.landed(dev, nbytes, landed)
+        nbytes, landed, at = nbytes + pend.plan.read_bytes, landed + 1, max(at or 0.0, pend.landed_at)
+    report.landed(dev, nbytes, landed, at=at)
     return out

@@ -131,6 +131,10 @@ class SafeOpen:
         """The result of plan p (from fetcher.plan): what a prefetch of it
         landed, or a request started now. then(), when given, runs once p
         is under way and before its result is waited for."""
+        return self.get_planned_at(p, then)[0]
+
+    def get_planned_at(self, p: Plan, then=None):
+        """get_planned's (result, when it landed: perf_counter)."""
         with self._lock:
             q = self._landing.get(p.key)
             if q:
@@ -142,7 +146,7 @@ class SafeOpen:
                 pend = self.fetcher.start([p])[0]
         if then is not None:
             then()
-        return pend.result()
+        return pend.result(), pend.landed_at
 
     def landing(self, name: str, index=None) -> bool:
         """Whether a prefetched request for name[index] waits to be taken."""

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 import types
 import unittest
 from unittest import mock
@@ -305,6 +306,27 @@ class RoutingTest(HookedCase):
             f.__exit__(None, None, None)
         self.assertIn("no reader", self.err.getvalue())
 
+    def test_read_ahead_lands_before_it_is_taken(self):
+        # The summary's span ends at the last landed: a read started ahead
+        # landed when its bytes were in memory, not when it was taken.
+        self.gpu_ok()
+        hook.install(hook.Mode(True, "cuda:0"))
+        with mock.patch.dict(os.environ, {"PHXMOUNT_HOOK_DEFER": "0"}), self.fake.safe_open(self.path, "pt") as f:
+            keys = f.keys()
+            f.get_tensor(keys[0])
+            r = self.readers[0]
+            self.assertTrue(all(r.landing(k) for k in keys[1:]), "the rest read ahead")
+            r.wait_prefetched()
+            landed = time.perf_counter()
+            time.sleep(0.05)
+            for k in keys[1:]:
+                self.assertTrue(same(f.get_tensor(k), self.arrays[k]), k)
+            taken = time.perf_counter()
+        self.assertLess(hook.report.last, landed)
+        self.assertGreater(hook.report.last, hook.report.first)
+        self.assertIn(f"{hook.report.last - hook.report.first:.3f} s", hook.report.summary())
+        self.assertLess(hook.report.last, taken - 0.04)
+
     def test_unbound_cpu_slices_stay_host(self):
         self.gpu_ok()
         f = self.fake.safe_open(self.path, "pt", device="cpu")
@@ -471,7 +493,7 @@ class RoutingTest(HookedCase):
 
             def fail(*a):
                 raise PhxError(5, "injected")
-            r.get_planned = fail
+            r.get_planned = r.get_planned_at = fail
             self.readers.append(r)
             return r
         hook._open_reader = broken

@@ -44,7 +44,11 @@ class TorchReader:
         self._inner = inner
 
     def get_planned(self, p, then=None):
-        return as_torch(self._inner.get_planned(p, then), p.dtype)
+        return self.get_planned_at(p, then)[0]
+
+    def get_planned_at(self, p, then=None):
+        r, at = self._inner.get_planned_at(p, then)
+        return as_torch(r, p.dtype), at
 
     def read_in_place(self, plans, mems, urgent=False, **kw):
         pends = self._inner.read_in_place(plans, mems, urgent, **kw)

@@ -27,7 +27,9 @@ the rows):
 * *_from_pretrained_load: the same call, loading only: the CUDA context
   and the model's module made and imported before the clock;
 * *_from_pretrained_bytes_vs_ref: the hook's own span in the loading-only
-  processes, from the first read asked for to the last tensor landed;
+  processes, from the first read asked for to the last tensor landed (its
+  bytes in device memory: a read the hook started ahead lands before
+  transformers asks for it; the whole call is the _hot row's);
 * vllm_tp_world{2,4,8}, slice_tp_world8: tploops.py's narrow and slice
   loops, rank W-1, on the Qwen2 checkpoint;
 * tp_8procs_vs_pinned: 8 processes at once, one per rank of world 8, the
@@ -388,7 +390,8 @@ class Run:
                                  f"best of {R}", self.step_why(step)))
             rows.append(span_row(f"{ck}_from_pretrained_bytes_vs_ref", load, self.ref_of(ck),
                                  f"{q}hooked from_pretrained (loading only), the hook's first read asked for to its "
-                                 f"last tensor landed; {words}; GB/s of the bytes it landed, best of {R}",
+                                 f"last tensor landed (in device memory: read ahead, before it is asked for); {words}; GB/s of the "
+                                 f"bytes it landed, best of {R}",
                                  self.step_why(step)))
         for w in (2, 4, 8):
             if w not in self.narrow_worlds():
