@@ -44,6 +44,7 @@ from .hook_import import Patcher, patch_spawn, unpatch_spawn
 from .hook_plan import Ahead, Held, Starts, bound
 from .hook_report import Report, report
 from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index, stock_attr
+from . import hook_spec
 from .hook_slice import HookedSlice
 from .hook_whole import read_whole
 from .stformat import Header, TensorInfo, read_header
@@ -80,6 +81,8 @@ class HookedFile:
         self._guesses = Guesses(self._sorted, {t.name: tuple(t.shape) for t in header.tensors}, self._lock)
         self._defer = Deferrals(self._guesses.shape_of, self._guesses.role_of, self._read_ahead.sizes)
         self._regions = RegionReads(self)
+        self.spec = hook_spec.Speculation()
+        hook_spec.open_files.add(self)
 
     # safetensors' interface
     @if_installed
@@ -100,6 +103,7 @@ class HookedFile:
         info = self.tensors.get(name)
         if info is None:
             return self.stock().get_slice(name)  # its own error
+        self.spec.sliced.add(name)
         return HookedSlice(self, info)
 
     @if_installed
@@ -203,14 +207,19 @@ class HookedFile:
         self._starts.defer(dev, name)
 
     def bind(self, dev: int, name: str) -> None:
-        """The caller said name goes to dev (hook_slice.bind): deferred, and
-        started with the next read onto dev of any file (hook_plan.bound)."""
+        """name goes to dev in the file's dtype (hook_slice.bind): it starts with the
+        next read onto dev of any file (hook_plan.bound), or now (hook_spec)."""
         self._starts.defer(dev, name)
         bound.add(dev, self)
+        hook_spec.bound(self, dev, name)
+
+    def unbind(self, name: str) -> None:
+        """name goes elsewhere (the host, another dtype): hook_spec.unbound."""
+        hook_spec.unbound(self, name)
 
     def start_deferred(self, dev: int) -> None:
-        """Starts what is deferred onto dev (another file's read started
-        first: hook_plan.bound); a failure makes this file safetensors'."""
+        """Starts what is deferred onto dev (hook_plan.bound, hook_spec); a
+        failure makes this file safetensors'."""
         if self._closed or self.destination(dev) != dev:
             return
         try:
@@ -414,6 +423,7 @@ def uninstall() -> None:
     global _mode, _installed
     _mode, _installed = Mode(False), None
     bound.forget()
+    hook_spec.open_files.forget()
     slices_seen.forget()
     uses_seen.forget()
     _patches.off({"safe_open": safe_open})

@@ -36,10 +36,13 @@ class HookedSlice:
         a GPU in the file's own dtype lands there directly."""
         dev = cuda_index(device) if not is_cpu(device) else None
         if dev is None:
+            self._file.unbind(self._info.name)
             return
         self._bound = dev
         if dtype is None or is_torch_dtype(dtype, self._info.dtype):
             self._file.bind(dev, self._info.name)
+        else:
+            self._file.unbind(self._info.name)
 
     def __getitem__(self, index):
         return self._file.read_slice(self._info, index, self._bound)

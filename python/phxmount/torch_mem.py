@@ -209,6 +209,11 @@ def to_tensor(mem, plan: Plan):
     return t.clone(memory_format=torch.contiguous_format).reshape(plan.out_shape)
 
 
+# What room() keeps free beside what it is asked for: a quarter more, and
+# 2 GiB (the loader's own conversions, the caching allocator's rounding).
+ROOM_MARGIN, ROOM_SPARE = 1.25, 2 << 30
+
+
 class CudaBackend:
     """owned=True: each request in its own torch.empty, so a result owns
     its memory (deleting it frees it to torch's caching allocator, which
@@ -227,6 +232,15 @@ class CudaBackend:
         torch.cuda.synchronize(self.device)
         self.cache.prune(every=PRUNE_EVERY)
         self.make_room(plans)
+
+    def room(self, nbytes: int) -> bool:
+        """Whether nbytes more fit on the device with a margin (ROOM_MARGIN
+        of them, and ROOM_SPARE): free memory and the blocks torch holds
+        cached (from_pretrained's warm-up reserves the model's size)."""
+        import torch
+        free, _ = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return free + cached >= nbytes * ROOM_MARGIN + ROOM_SPARE
 
     def make_room(self, plans) -> None:
         """One segment of torch's caching allocator for the large tensors of

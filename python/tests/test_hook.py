@@ -261,6 +261,7 @@ class RoutingTest(HookedCase):
         # starts every file's bound tensors, not only its own file's (run
         # 51: a MoE checkpoint's last files started 0.6 s into the call).
         self.gpu_ok()
+        self.enterContext(mock.patch.dict(os.environ, {"PHXMOUNT_HOOK_SPECULATE": "0"}))
         paths = [self.m.path("layers.safetensors"), self.m.path("layers2.safetensors")]
         files = [self.fake.safe_open(p, "pt", device="cpu") for p in paths]
         spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
@@ -289,6 +290,7 @@ class RoutingTest(HookedCase):
         # Another file's start that fails makes that file safetensors', as a
         # failing read of its own would; the file asked from is unaffected.
         self.gpu_ok()
+        self.enterContext(mock.patch.dict(os.environ, {"PHXMOUNT_HOOK_SPECULATE": "0"}))
         paths = [self.m.path("layers.safetensors"), self.m.path("layers2.safetensors")]
         files = [self.fake.safe_open(p, "pt", device="cpu") for p in paths]
         spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
@@ -326,6 +328,60 @@ class RoutingTest(HookedCase):
         self.assertGreater(hook.report.last, hook.report.first)
         self.assertIn(f"{hook.report.last - hook.report.first:.3f} s", hook.report.summary())
         self.assertLess(hook.report.last, taken - 0.04)
+
+    def loader_files(self):
+        """Two files on the mount, every key sliced (a loader takes them whole)."""
+        paths = [self.m.path("layers.safetensors"), self.m.path("layers2.safetensors")]
+        files = [self.fake.safe_open(p, "pt", device="cpu") for p in paths]
+        return files, [(f, k, f.get_slice(k)) for f in files for k in f.keys()]
+
+    def test_whole_files_start_at_the_first_bind(self):
+        # A loader that slices every key: its first bind onto a GPU starts
+        # both files whole, before any tensor is asked for; a key bound to
+        # the host afterwards lets its read go and reads on the host.
+        self.gpu_ok()
+        files, slices = self.loader_files()
+        spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
+        b0 = self.batches()
+        spawn(None, slices[0][2], "cuda:0", None)
+        for f in files:
+            self.assertEqual(set(f._starts.of(0)[0]), set(f.keys()), "started whole at the first bind")
+        started = self.batches() - b0
+        self.assertGreater(started, 0)
+        host_f, host_k, host_s = slices[-1]
+        for _, _, s in slices[1:-1]:
+            spawn(None, s, "cuda:0", None)
+        spawn(None, host_s, "cpu", None)
+        self.assertNotIn(host_k, host_f._starts.of(0)[0], "bound to the host: no longer read onto the GPU")
+        for f, k, s in slices[:-1]:
+            self.assertTrue(same(s[...], self.layers[k]), k)
+        self.assertTrue(same(host_s[...], self.layers[host_k]))
+        self.assertEqual(self.batches() - b0, started, "every GPU tensor from what started at the first bind")
+        served = sum(r.served_from_prefetch for r in self.readers)
+        for f in files:
+            f.__exit__(None, None, None)
+        self.assertEqual(served, len(slices) - 1)
+        self.assertEqual(Served.tensors, 1, "the host tensor from safetensors")
+
+    def test_no_whole_files_ahead_without_room_or_every_key(self):
+        self.gpu_ok()
+        spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
+        for why in ("no room", "a key not sliced", "off"):
+            with self.subTest(why):
+                env = {"PHXMOUNT_HOOK_SPECULATE": "0" if why == "off" else "1"}
+                with mock.patch.dict(os.environ, env):
+                    files, slices = self.loader_files()
+                    if why == "a key not sliced":
+                        files[0].spec.sliced.discard(slices[1][1])
+                        files[1].spec.sliced.discard(slices[-1][1])
+                    room = mock.patch("phxmount.hook_spec.room_for", return_value=why != "no room")
+                    with room:
+                        spawn(None, slices[0][2], "cuda:0", None)
+                    self.assertEqual(set(files[0]._starts.of(0)[0]), set(), why)
+                    self.assertEqual(set(files[1]._starts.of(0)[0]), set(), why)
+                    self.assertTrue(same(slices[0][2][...], self.layers[slices[0][1]]))
+                    for f in files:
+                        f.__exit__(None, None, None)
 
     def test_unbound_cpu_slices_stay_host(self):
         self.gpu_ok()
