@@ -3,16 +3,13 @@ and dtype from the header, an index read through the file. No torch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional
 
 from .dtypes import is_torch_dtype
 from .hook_env import cuda_index, is_cpu
 from .hook_report import report
 from .hook_route import stock_attr
 from .stformat import TensorInfo
-
-if TYPE_CHECKING:
-    from .hook import HookedFile
 
 
 class HookedSlice:
@@ -21,7 +18,7 @@ class HookedSlice:
     the installed safetensors gives for it, else through the real
     safetensors slice."""
 
-    def __init__(self, file: "HookedFile", info: TensorInfo):
+    def __init__(self, file, info: TensorInfo):  # file: a hook.HookedFile
         self._file, self._info = file, info
         self._bound: Optional[int] = None
 
