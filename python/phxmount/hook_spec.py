@@ -29,6 +29,8 @@ import threading
 import weakref
 from typing import Dict, List
 
+from .hook_report import report
+
 SPECULATE_ENV = "PHXMOUNT_HOOK_SPECULATE"
 
 
@@ -149,6 +151,7 @@ def room_for(reader, nbytes: int) -> bool:
 def start_whole(f, dev: int, names: List[str]) -> None:
     """Starts names of f onto dev ahead of their binds; a failure makes f
     safetensors' (as its own read's would)."""
+    report.asked()  # the span of the hook's reads begins with these
     f.spec.on[dev] = set(names)
     for n in names:
         f._starts.defer(dev, n)
