@@ -255,22 +255,22 @@ class RoutingTest(HookedCase):
         self.assertEqual(Served.tensors, 0, "every tensor through the mount")
         self.assertLess(self.batches() - b0, len(self.arrays) - 1, "the bound tensors started together")
 
+    def bound_files(self):
+        """Two files on the mount, every key sliced, hook_spec off (these
+        tests are of what the first read starts), and the hooked spawn."""
+        self.gpu_ok()
+        self.enterContext(mock.patch.dict(os.environ, {"PHXMOUNT_HOOK_SPECULATE": "0"}))
+        files, slices = self.loader_files()
+        return files, slices, spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
+
     def test_bound_files_start_together(self):
         # from_pretrained binds every tensor of every file before a pool of
         # threads asks them in key order: the first read onto the device
         # starts every file's bound tensors, not only its own file's (run
         # 51: a MoE checkpoint's last files started 0.6 s into the call).
-        self.gpu_ok()
-        self.enterContext(mock.patch.dict(os.environ, {"PHXMOUNT_HOOK_SPECULATE": "0"}))
-        paths = [self.m.path("layers.safetensors"), self.m.path("layers2.safetensors")]
-        files = [self.fake.safe_open(p, "pt", device="cpu") for p in paths]
-        spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
-        slices = []
-        for f in files:
-            for k in f.keys():
-                s = f.get_slice(k)
-                spawn(None, s, "cuda:0", None)
-                slices.append((f, k, s))
+        files, slices, spawn = self.bound_files()
+        for _, _, s in slices:
+            spawn(None, s, "cuda:0", None)
         second = files[1]
         self.assertEqual(set(second._starts.of(0)[1]), set(second.keys()), "bound, not started")
         f0, k0, s0 = slices[0]
@@ -289,12 +289,7 @@ class RoutingTest(HookedCase):
     def test_a_bound_file_that_cannot_start_falls_back(self):
         # Another file's start that fails makes that file safetensors', as a
         # failing read of its own would; the file asked from is unaffected.
-        self.gpu_ok()
-        self.enterContext(mock.patch.dict(os.environ, {"PHXMOUNT_HOOK_SPECULATE": "0"}))
-        paths = [self.m.path("layers.safetensors"), self.m.path("layers2.safetensors")]
-        files = [self.fake.safe_open(p, "pt", device="cpu") for p in paths]
-        spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
-        slices = [(f, k, f.get_slice(k)) for f in files for k in f.keys()]
+        files, slices, spawn = self.bound_files()
         for _, _, s in slices:
             spawn(None, s, "cuda:0", None)
         with mock.patch.object(files[1], "_reader", side_effect=OSError(5, "no reader")):
