@@ -341,6 +341,8 @@ class RoutingTest(HookedCase):
         spawn(None, slices[0][2], "cuda:0", None)
         for f in files:
             self.assertEqual(set(f._starts.of(0)[0]), set(f.keys()), "started whole at the first bind")
+        for r in self.readers:
+            r.wait_prefetched()  # the tasks' ioctls go from the I/O threads: all of them sent
         started = self.batches() - b0
         self.assertGreater(started, 0)
         host_f, host_k, host_s = slices[-1]
