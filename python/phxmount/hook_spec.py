@@ -9,8 +9,9 @@ pool's threads waits for the interpreter's lock behind that loop: a
 torch allocation gives the lock up, and taking it back beside a busy
 thread costs the switch interval, 5 ms (scripts/gpu-probes/gilprobe.py;
 docs/perf-notes.md §10). So at the first bind of such a file onto a GPU,
-in the file's own dtype, every such file's tensors not started yet start
-there at once, on the binding thread: the reads land while the loader's
+in the file's own dtype (the SPECULATE_AFTER-th such bind in a row), every
+such file's tensors not started yet start there at once, on the binding
+thread: the reads land while the loader's
 loop runs, and the pool finds them landed.
 
 It is a guess, made only where it is cheap to be wrong: every key of the
@@ -70,19 +71,48 @@ class OpenFiles:
     def forget(self) -> None:
         with self.lock:
             self.files.clear()
+        streak.broken()
 
 
 open_files = OpenFiles()
 
 
+# Binds onto one device in the files' own dtype, in a row, before the
+# whole files start there: one bind alone (a loader that casts or
+# quantizes most tensors may bind a few in the file's dtype first) is not
+# taken as the loader's pattern.
+SPECULATE_AFTER = 8
+
+
+class Streak:
+    """The binds in a row onto one device in the file's dtype, in any file
+    (a loader binds its files' keys in its own order)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.dev, self.n = None, 0
+
+    def bind(self, dev: int) -> int:
+        with self.lock:
+            self.dev, self.n = dev, (self.n + 1 if dev == self.dev else 1)
+            return self.n
+
+    def broken(self) -> None:
+        with self.lock:
+            self.dev, self.n = None, 0
+
+
+streak = Streak()
+
+
 def bound(f, dev: int, name: str) -> None:
     """name of hooked file f was bound to dev in the file's dtype: a read
-    started ahead onto another device lets go, and f's first bind onto dev
-    starts the whole files (ahead_of_binds)."""
+    started ahead onto another device lets go, and the SPECULATE_AFTER-th
+    such bind onto dev in a row starts the whole files (ahead_of_binds)."""
     for d in list(f.spec.on):
         if d != dev:
             unbound(f, name)
-    if dev not in f.spec.tried:
+    if streak.bind(dev) >= SPECULATE_AFTER and dev not in f.spec.tried:
         f.spec.tried.add(dev)
         ahead_of_binds(dev, f)
 
@@ -91,6 +121,7 @@ def unbound(f, name: str) -> None:
     """name of hooked file f goes elsewhere than where its whole file was
     started ahead (the host, another device, another dtype): its read lets
     go (its memory is free once the read returns)."""
+    streak.broken()
     for dev, names in f.spec.on.items():
         if name not in names:
             continue

@@ -30,7 +30,7 @@ from unittest import mock
 from hookutil import PYDIR, RANK, SPECS, HookedCase, SafetensorError, Served, StockFile, write_tree
 from mountutil import np, opens_counted, same
 
-from phxmount import hook, hook_env  # noqa: E402
+from phxmount import hook, hook_env, hook_spec  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
 from phxmount.fetch import Fetcher  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
@@ -338,7 +338,11 @@ class RoutingTest(HookedCase):
         files, slices = self.loader_files()
         spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
         b0 = self.batches()
-        spawn(None, slices[0][2], "cuda:0", None)
+        n = hook_spec.SPECULATE_AFTER
+        for _, _, s in slices[:n - 1]:
+            spawn(None, s, "cuda:0", None)
+        self.assertEqual(set(files[1]._starts.of(0)[0]), set(), f"not before the {n}th bind in a row")
+        spawn(None, slices[n - 1][2], "cuda:0", None)
         for f in files:
             self.assertEqual(set(f._starts.of(0)[0]), set(f.keys()), "started whole at the first bind")
         for r in self.readers:
@@ -346,7 +350,7 @@ class RoutingTest(HookedCase):
         started = self.batches() - b0
         self.assertGreater(started, 0)
         host_f, host_k, host_s = slices[-1]
-        for _, _, s in slices[1:-1]:
+        for _, _, s in slices[n:-1]:
             spawn(None, s, "cuda:0", None)
         spawn(None, host_s, "cpu", None)
         self.assertNotIn(host_k, host_f._starts.of(0)[0], "bound to the host: no longer read onto the GPU")
@@ -360,11 +364,29 @@ class RoutingTest(HookedCase):
         self.assertEqual(served, len(slices) - 1)
         self.assertEqual(Served.tensors, 1, "the host tensor from safetensors")
 
+    def test_a_cast_breaks_the_row(self):
+        # A loader that binds a tensor to another dtype (or the host) in
+        # between is not binding its files whole: the row starts again.
+        self.gpu_ok()
+        files, slices = self.loader_files()
+        spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
+        n = hook_spec.SPECULATE_AFTER
+        for i, (_, _, s) in enumerate(slices[:2 * n - 2]):
+            spawn(None, s, "cpu" if i == n - 2 else "cuda:0", None)
+        self.assertEqual(set(files[1]._starts.of(0)[0]), set(), "the row was broken")
+        spawn(None, slices[2 * n - 2][2], "cuda:0", None)
+        self.assertEqual(set(files[1]._starts.of(0)[0]), set(files[1].keys()))
+        for f, k, s in slices[:2 * n - 1]:
+            self.assertTrue(same(s[...], self.layers[k]), k)
+        for f in files:
+            f.__exit__(None, None, None)
+
     def test_no_whole_files_ahead_without_room_or_every_key(self):
         self.gpu_ok()
         spawn = spawned(lambda pool, t, device=None, dtype=None, *a, **k: t)
         for why in ("no room", "a key not sliced", "off"):
             with self.subTest(why):
+                hook_spec.streak.broken()
                 env = {"PHXMOUNT_HOOK_SPECULATE": "0" if why == "off" else "1"}
                 with mock.patch.dict(os.environ, env):
                     files, slices = self.loader_files()
@@ -373,7 +395,8 @@ class RoutingTest(HookedCase):
                         files[1].spec.sliced.discard(slices[-1][1])
                     room = mock.patch("phxmount.hook_spec.room_for", return_value=why != "no room")
                     with room:
-                        spawn(None, slices[0][2], "cuda:0", None)
+                        for _, _, s in slices[:hook_spec.SPECULATE_AFTER + 1]:
+                            spawn(None, s, "cuda:0", None)
                     self.assertEqual(set(files[0]._starts.of(0)[0]), set(), why)
                     self.assertEqual(set(files[1]._starts.of(0)[0]), set(), why)
                     self.assertTrue(same(slices[0][2][...], self.layers[slices[0][1]]))
