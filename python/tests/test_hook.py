@@ -350,18 +350,25 @@ class RoutingTest(HookedCase):
         started = self.batches() - b0
         self.assertGreater(started, 0)
         host_f, host_k, host_s = slices[-1]
-        for _, _, s in slices[n:-1]:
+        other_f, other_k, other_s = slices[-2]
+        for _, _, s in slices[n:-2]:
             spawn(None, s, "cuda:0", None)
         spawn(None, host_s, "cpu", None)
         self.assertNotIn(host_k, host_f._starts.of(0)[0], "bound to the host: no longer read onto the GPU")
-        for f, k, s in slices[:-1]:
+        self.gpu_ok(1)
+        spawn(None, other_s, "cuda:1", None)
+        self.assertNotIn(other_k, other_f._starts.of(0)[0], "bound to cuda:1: no longer read onto cuda:0")
+        for f, k, s in slices[:-2]:
             self.assertTrue(same(s[...], self.layers[k]), k)
+        self.assertTrue(same(other_s[...], self.layers[other_k]))
         self.assertTrue(same(host_s[...], self.layers[host_k]))
-        self.assertEqual(self.batches() - b0, started, "every GPU tensor from what started at the first bind")
+        on1 = [r for r, d in zip(self.readers, self.reader_devs) if d == 1]
+        self.assertEqual(len(on1), 1, "the cuda:1 tensor read onto cuda:1")
+        self.assertEqual(self.batches() - b0, started + 1, "every cuda:0 tensor from the whole start")
         served = sum(r.served_from_prefetch for r in self.readers)
         for f in files:
             f.__exit__(None, None, None)
-        self.assertEqual(served, len(slices) - 1)
+        self.assertEqual(served, len(slices) - 1, "all but the host tensor from what started")
         self.assertEqual(Served.tensors, 1, "the host tensor from safetensors")
 
     def test_a_cast_breaks_the_row(self):
