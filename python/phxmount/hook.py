@@ -41,7 +41,7 @@ from .hook_defer import Deferrals, RegionReads, uses_seen
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, parse_mode, task, window
 from .hook_guess import GUESS_TASK, Guesses, guessed_plan, slices_seen
 from .hook_import import Patcher, patch_spawn, unpatch_spawn
-from .hook_plan import Ahead, Held, Starts, bound
+from .hook_plan import Ahead, Held, Starts
 from .hook_report import Report, report
 from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index, stock_attr
 from . import hook_spec
@@ -208,9 +208,9 @@ class HookedFile:
 
     def bind(self, dev: int, name: str) -> None:
         """name goes to dev in the file's dtype (hook_slice.bind): it starts with the
-        next read onto dev of any file (hook_plan.bound), or now (hook_spec)."""
+        next read onto dev of any file (hook_spec.open_files), or now (hook_spec)."""
         self._starts.defer(dev, name)
-        bound.add(dev, self)
+        hook_spec.open_files.bind(self, dev)
         hook_spec.bound(self, dev, name)
 
     def unbind(self, name: str) -> None:
@@ -218,7 +218,7 @@ class HookedFile:
         hook_spec.unbound(self, name)
 
     def start_deferred(self, dev: int) -> None:
-        """Starts what is deferred onto dev (hook_plan.bound, hook_spec); a
+        """Starts what is deferred onto dev (hook_spec: its binds); a
         failure makes this file safetensors'."""
         if self._closed or self.destination(dev) != dev:
             return
@@ -268,7 +268,7 @@ class HookedFile:
             # allocates hundreds of tensors, and the other threads of a
             # pool (transformers') would wait for it in every _take.
             self._ahead.started(self._starts.start(reader, dev, self.task))
-            for g in bound.take(dev):  # the other files' bound tensors, after this one's
+            for g in hook_spec.open_files.bound_to(dev):  # the other files' bound tensors, after this one's
                 if g is not self:
                     g.start_deferred(dev)
             then = None if index is None else (
@@ -422,7 +422,6 @@ def uninstall() -> None:
     """Turns the hook off and puts the real functions back (tests)."""
     global _mode, _installed
     _mode, _installed = Mode(False), None
-    bound.forget()
     hook_spec.open_files.forget()
     slices_seen.forget()
     uses_seen.forget()

@@ -9,7 +9,6 @@ No torch."""
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -55,39 +54,6 @@ class Starts:
     def clear(self) -> None:
         with self.lock:
             self.deferred.clear()
-
-
-class BoundFiles:
-    """The files with tensors a caller bound to a device (transformers'
-    spawn_materialize says where each get_slice(k) goes: hook_slice.bind)
-    that have not started them yet. The first read onto a device starts
-    every such file's: a loader that asks in key order from a pool of
-    threads reaches a checkpoint's files one after another, and each
-    later file's bytes would wait until its first tensor is asked for
-    (docs/perf-notes.md §10: a MoE from_pretrained's third and fourth
-    files started 0.6 s into the call). Files are held weakly."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.files: Dict[int, Dict[int, weakref.ref]] = {}
-
-    def add(self, dev: int, f) -> None:
-        with self.lock:
-            self.files.setdefault(dev, {})[id(f)] = weakref.ref(f)
-
-    def take(self, dev: int) -> list:
-        """The files bound to dev, no longer listed (a later bind lists a
-        file again)."""
-        with self.lock:
-            refs = self.files.pop(dev, {})
-        return [f for f in (r() for r in refs.values()) if f is not None]
-
-    def forget(self) -> None:
-        with self.lock:
-            self.files.clear()
-
-
-bound = BoundFiles()
 
 
 @dataclass

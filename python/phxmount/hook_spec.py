@@ -41,18 +41,29 @@ def speculate_enabled() -> bool:
 
 class Speculation:
     """A hooked file's: the keys get_slice was asked for, the devices its
-    whole start was tried for, and per device the names it started ahead
-    of their binds."""
+    whole start was tried for, per device the names it started ahead of
+    their binds, and the devices it has binds onto not started yet
+    (OpenFiles.bound_to, under OpenFiles' lock)."""
 
     def __init__(self):
         self.sliced: set = set()
         self.tried: set = set()
         self.on: Dict[int, set] = {}
+        self.waiting: set = set()
 
 
 class OpenFiles:
     """The hooked files open in this process (weakly), in the order they
-    were opened."""
+    were opened: the one registry of them.
+
+    It also says which have tensors a caller bound to a device
+    (transformers' spawn_materialize says where each get_slice(k) goes:
+    hook_slice.bind) and not started yet. The first read onto a device
+    starts every such file's (bound_to): a loader that asks in key order
+    from a pool of threads reaches a checkpoint's files one after
+    another, and each later file's bytes would wait until its first
+    tensor is asked for (docs/perf-notes.md §10: a MoE from_pretrained's
+    third and fourth files started 0.6 s into the call)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -67,6 +78,20 @@ class OpenFiles:
     def live(self) -> List:
         with self.lock:
             return [f for _, f in sorted(self.files.items())]
+
+    def bind(self, f, dev: int) -> None:
+        """f has a tensor bound to dev, to start with the next read there."""
+        with self.lock:
+            f.spec.waiting.add(dev)
+
+    def bound_to(self, dev: int) -> List:
+        """The open files with binds onto dev, in the order they were
+        opened, no longer marked (a later bind marks a file again)."""
+        with self.lock:
+            out = [f for _, f in sorted(self.files.items()) if dev in f.spec.waiting]
+            for f in out:
+                f.spec.waiting.discard(dev)
+            return out
 
     def forget(self) -> None:
         with self.lock:
