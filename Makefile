@@ -105,9 +105,13 @@ integration: build testsummary
 
 # The Python client: ABI against the Go encoder's vectors (regenerated with
 # Go: PHX_GOLDEN_GO=1), the safetensors planner, and real emulated-device
-# mounts (no torch or GPU needed).
+# mounts (no torch or GPU needed). Bounded like the Go tiers: a test that
+# hangs is killed with SIGABRT after PYTEST_TIMEOUT seconds, and
+# faulthandler prints every thread's stack first, so the log says where.
+PYTEST_TIMEOUT ?= 900
 python-test: build testsummary
-	cd python && PHX_GOLDEN_GO=1 PHXMOUNT_BIN=$(CURDIR)/$(BIN)/phxmount python3 -m unittest discover -v -s tests 2>&1 | \
+	cd python && PHX_GOLDEN_GO=1 PHXMOUNT_BIN=$(CURDIR)/$(BIN)/phxmount timeout -s ABRT -k 30 $(PYTEST_TIMEOUT) \
+		python3 -X faulthandler -m unittest discover -v -s tests 2>&1 | \
 		$(CURDIR)/$(TS) python -tier python -out $(CURDIR)/$(SKIPS)/python.jsonl
 
 # Tier 3: the kernel module in a QEMU VM; the skips of the Go tests that
