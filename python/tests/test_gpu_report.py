@@ -824,6 +824,17 @@ class ShapesRowsTest(unittest.TestCase):
         for x in rows.values():
             self.assertTrue(x["timed"], x["name"])
             self.assertNotIn("QUICK", x["timed"])
+        # Each row says how many fresh processes a side its figure is the best
+        # of: --reps (2 here), from_pretrained's FP_REPS.
+        self.assertEqual(gpu_shapes.FP_REPS, 1, "this check is written for one from_pretrained process a side")
+        for name, x in rows.items():
+            if name == "tp_8procs_vs_pinned":
+                continue
+            if "from_pretrained" in name:
+                self.assertIn("one fresh process", x["timed"], name)
+                self.assertNotIn("best of 2", x["timed"], name)
+            else:
+                self.assertIn("best of 2", x["timed"], name)
         # A rank that differs from stock fails the aggregate.
         ranks[3]["mismatch"] = ["model.norm.weight"]
         with mock_exists("/x/big", 2 << 30):

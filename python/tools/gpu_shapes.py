@@ -41,7 +41,8 @@ the rows):
 * kv_*: gpu_kv.py (16 and 64 KiB blocks, read and written) and kv_blocks.cu
   on the KV file; gpu_rows.py makes those rows from their outputs.
 Stock reads the same files off the mount (the backing directory). Each
-row is the best of --reps fresh processes a side. The first hooked process
+row is the best of --reps fresh processes a side, the from_pretrained
+rows of FP_REPS (their timed says which). The first hooked process
 of each row compares every tensor (or parameter and buffer) with stock's,
 loaded after its clock in the same process off the mount (bytes, dtype,
 shape, device); a difference, a hooked side that did not go through
@@ -381,17 +382,17 @@ class Run:
             step = f"{ck}: from_pretrained"
             user, load = self.res.get(f"{ck}_fp_user"), self.res.get(f"{ck}_fp_load")
             words = self.ckpt_words(ck)
+            fp = reps_words(FP_REPS)  # from_pretrained runs FP_REPS processes a side, not --reps
             rows.append(time_row(f"{ck}_from_pretrained_hot", user, f"{q}from_pretrained(dtype=bfloat16, device_map="
                                  f"'cuda:0') as a user's program sees it: the whole call, its CUDA context and the "
                                  f"model's module inside it (torch and transformers imported at the top); {words}; "
-                                 f"a fresh process per repetition, best of {R}", self.step_why(step), with_process=True))
+                                 f"{fp}", self.step_why(step), with_process=True))
             rows.append(time_row(f"{ck}_from_pretrained_load", load, f"{q}the same call, loading only: the CUDA context "
-                                 f"and the model's module before the clock; {words}; a fresh process per repetition, "
-                                 f"best of {R}", self.step_why(step)))
+                                 f"and the model's module before the clock; {words}; {fp}", self.step_why(step)))
             rows.append(span_row(f"{ck}_from_pretrained_bytes_vs_ref", load, self.ref_of(ck),
                                  f"{q}hooked from_pretrained (loading only), the hook's first read asked for to its "
                                  f"last tensor landed (in device memory: read ahead, before it is asked for); {words}; GB/s of the "
-                                 f"bytes it landed, best of {R}",
+                                 f"bytes it landed, {fp.replace(' a side', '')}",
                                  self.step_why(step)))
         for w in (2, 4, 8):
             if w not in self.narrow_worlds():
@@ -452,6 +453,11 @@ class Run:
         ref = self.ref_of("dense20", files=[w["file"]])
         return rate_row("whole_file_vs_ref", w["runs"], ref, timed + f"; {os.path.basename(w['file'])}, "
                         f"{os.path.getsize(w['file']) / GB:.2f} GB", "", hooked=False)
+
+
+def reps_words(n: int) -> str:
+    """How many fresh processes a side a row's figure is the best of."""
+    return "one fresh process a side" if n == 1 else f"a fresh process per repetition, best of {n}"
 
 
 def spread(files, n):
