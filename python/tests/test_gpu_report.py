@@ -1157,5 +1157,43 @@ class TpWorldRowsTest(unittest.TestCase):
             gpu_tp.loop_in_fresh_process = real
             HOOK_TP["fallbacks"] = 0
 
+    def test_stock_reads_the_backing_directory(self):
+        """Stock reads the files as a program without phxmount does (the
+        backing directory), not through the mount's FUSE page cache; the
+        hooked side reads the mount and compares against the backing files."""
+        import gpu_tp
+
+        def opt(argv, k):
+            return argv[argv.index(k) + 1] if k in argv else None
+
+        stock = gpu_tp.loop_argv("/m/ck", "/b/ck", 7, 8, False, False)
+        hooked = gpu_tp.loop_argv("/m/ck", "/b/ck", 7, 8, True, True)
+        self.assertEqual((opt(stock, "--dir"), opt(stock, "--ref")), ("/b/ck", None))
+        self.assertEqual((opt(hooked, "--dir"), opt(hooked, "--ref")), ("/m/ck", "/b/ck"))
+        self.assertIn("backing directory", self.rows_with(gpu_tp)[0]["baseline_name"])
+
+    def rows_with(self, gpu_tp):
+        real = gpu_tp.loop_in_fresh_process
+        gpu_tp.loop_in_fresh_process = lambda m, b, r, w, h, c: dict(
+            {"seconds": 0.1, "hook": dict(HOOK_TP)}, **({"compared": 1, "mismatch": []} if c else {}))
+        try:
+            return gpu_tp.engine_rows("/m", "/b", {})[0]
+        finally:
+            gpu_tp.loop_in_fresh_process = real
+
+
+class EngineIteratorTest(unittest.TestCase):
+    def test_stock_reads_the_backing_directory(self):
+        """engine_iterator_hot: stock's loop on the backing directory, the
+        hooked one on the mount (compared with the backing files)."""
+        calls = []
+        with mock.patch.object(gpu_hf, "fresh", lambda kind, d, ref="", hook="": calls.append((kind, d, ref, hook))):
+            gpu_hf.engine_sides("/m/llama", "/b/llama")
+        self.assertEqual(calls, [("engine", "/b/llama", "", ""), ("engine", "/m/llama", "/b/llama", "cuda:0")])
+        r = {"bytes": 1, "engine_stock": {"seconds": 2.0}, "engine_hooked": {"seconds": 1.0}}
+        e = {x["name"]: x for x in gpu_hf.build_rows(r)}["engine_iterator_hot"]
+        self.assertEqual(e["ratio"], 2.0)
+        self.assertIn("backing directory", e["baseline_name"])
+
 
 HOOK_TP = {"files": 2, "fallbacks": 0, "summary": "2 file(s) through phxmount"}

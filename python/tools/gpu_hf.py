@@ -26,8 +26,8 @@ Each measurement is one fresh Python process (imports outside the clock):
 * engine: safe_open(f, framework="pt", device="cpu"), every key, get_tensor,
   copied into a GPU tensor allocated before the clock from the files'
   headers, nothing opened through the mount before it (vLLM's and SGLang's
-  default loading loop), on M/NAME without the hook and with
-  PHXMOUNT_HOOK=cuda:0; the hooked one compared with a stock loop on B;
+  default loading loop), stock on B/NAME (off the mount) and on M/NAME
+  with PHXMOUNT_HOOK=cuda:0; the hooked one compared with a stock loop on B;
 * cold: caches dropped, the hooked from_pretrained; the cold-read ceiling
   (the checkpoint's files read with 8 threads, O_DIRECT 16 MiB and buffered
   1 MiB, caches dropped before each; the better one) in the same run; each
@@ -248,6 +248,16 @@ def fresh(kind: str, d: str, ref: str = "", hook: str = "", timeout: float = 300
 PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def engine_sides(mnt: str, back: str) -> dict:
+    """The engines' loop, each side in a fresh process: stock on the
+    backing directory (the files as a program without phxmount reads them;
+    through the mount they would come through the FUSE page cache, slower
+    than the backing file system's, and cold in it: docs/perf-notes.md),
+    hooked on the mount with PHXMOUNT_HOOK=cuda:0, compared with stock's
+    loop on the backing directory after its clock."""
+    return {"engine_stock": fresh("engine", back), "engine_hooked": fresh("engine", mnt, back, hook="cuda:0")}
+
+
 def cold_ceiling(files) -> dict:
     """The checkpoint read cold, 8 threads, O_DIRECT 16 MiB and buffered
     1 MiB chunks (caches dropped before each): GB/s of each."""
@@ -320,8 +330,7 @@ def run(a) -> int:
         prof = os.path.join(os.path.dirname(os.path.abspath(a.out)), "hf-profile")
         r["profiled"] = {k: fresh(k, d, ref, hook=h, profile=prof) for k, d, ref, h in
                          (("stock", back, "", ""), ("hooked", mnt, back, "1"))}
-    r["engine_stock"] = fresh("engine", mnt)
-    r["engine_hooked"] = fresh("engine", mnt, back, hook="cuda:0")
+    r.update(engine_sides(mnt, back))
     r["cold_ceiling"] = cold_ceiling(files)
     try:
         r["cold_start"] = cold_start(files, ckpt_files(mnt))
@@ -417,9 +426,10 @@ def build_rows(r) -> list:
             timed="hooked from_pretrained (loading only) after dropping caches, the files checked not resident "
                   "(mincore) right before the clock; GB/s of the checkpoint's bytes"),
         row("engine_iterator_hot", ok(r.get("engine_hooked"), "seconds"), ok(r.get("engine_stock"), "seconds"),
-            "the same loop without the hook, on the mount", missing=why(r.get("engine_stock"), r.get("engine_hooked")),
+            "the same loop without the hook, the same files off the mount (the backing directory)",
+            missing=why(r.get("engine_stock"), r.get("engine_hooked")),
             timed="safe_open(device='cpu'), get_tensor per key, copy_ into GPU tensors allocated before the clock, "
-                  "PHXMOUNT_HOOK=cuda:0 against no hook, a fresh process each"),
+                  "PHXMOUNT_HOOK=cuda:0 on the mount against no hook off it, a fresh process each, one run each"),
         row("first_load_fresh_mount", ok(r.get("first"), "gbps"), ok(r.get("pinned"), "gbps"),
             "pinned H2D copy, 1 GiB, torch", missing=why(r.get("first"), r.get("pinned")),
             timed="load_safetensors of every file at once, fresh process, fresh mount; the name imported before "

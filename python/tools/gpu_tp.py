@@ -9,8 +9,9 @@ dim 1 (a slice of every row), norms whole.
 Rows (gpu_rows.row, targets in gpu_rows.SPECS, every ratio higher-is-better):
 * tp_world2, tp_world4, tp_world8: the engines' pattern (tploops.py's
   slice loop): safe_open(f, "pt", device="cpu"), for every key get_slice,
-  the rank's index, then .to("cuda:0"); stock safetensors on M against the
-  same loop with PHXMOUNT_HOOK=cuda:0; every repetition a fresh process,
+  the rank's index, then .to("cuda:0"); stock safetensors on B (the same
+  files off the mount) against the same loop on M with
+  PHXMOUNT_HOOK=cuda:0; every repetition a fresh process,
   both sides (nothing a hooked loop registered, measured or guessed
   carries over to the next); ranks 0 and W-1, best of 2 each side, the
   slower rank's ratio (stock s / hooked s); the first hooked process of
@@ -93,13 +94,23 @@ def probe_requests(files, mnt: str, url, out: dict) -> None:
     say(f"requests during a hooked world-8 loop ({secs:.3f} s): {json.dumps(s)}")
 
 
+def loop_argv(mnt: str, back: str, rank: int, world: int, hooked: bool, compare: bool) -> list:
+    """tploops.py's slice loop: stock on the backing directory (the files as
+    a program without phxmount reads them: through the mount they would
+    come through the FUSE page cache, slower than the backing file
+    system's, docs/perf-notes.md), hooked on the mount (and, compare,
+    every tensor checked against stock's of the backing directory after
+    the clock)."""
+    return [sys.executable, os.path.join(TOOLS, "tploops.py"), "child", "--loop", "slice",
+            "--dir", mnt if hooked else back, "--rank", str(rank), "--world", str(world)] + \
+        (["--ref", back] if compare else [])
+
+
 def loop_in_fresh_process(mnt: str, back: str, rank: int, world: int, hooked: bool, compare: bool) -> dict:
-    """tploops.py's slice loop in a process of its own: stock on the mount,
-    or with PHXMOUNT_HOOK=cuda:0 (and, compare, every tensor checked against
-    stock's of the backing directory after the clock)."""
-    argv = [sys.executable, os.path.join(TOOLS, "tploops.py"), "child", "--loop", "slice", "--dir", mnt,
-            "--rank", str(rank), "--world", str(world)] + (["--ref", back] if compare else [])
-    return fresh(argv, hook="cuda:0" if hooked else "", timeout=180, pythonpath=[PYDIR])
+    """loop_argv's loop in a process of its own, PHXMOUNT_HOOK=cuda:0 where
+    hooked."""
+    return fresh(loop_argv(mnt, back, rank, world, hooked, compare), hook="cuda:0" if hooked else "", timeout=180,
+                 pythonpath=[PYDIR])
 
 
 def engine_rows(mnt: str, back: str, out: dict, ranks: str = "both") -> list:
@@ -132,7 +143,8 @@ def engine_rows(mnt: str, back: str, out: dict, ranks: str = "both") -> list:
                 ratios.append((st / hk, st, hk, rank))
         failed = [f for f in fails if f.startswith(f"world {w} ")]
         worst = min(ratios) if ratios and not failed else (None, None, None, None)
-        rows.append(row(f"tp_world{w}", worst[2], worst[1], "stock safetensors get_slice + .to(), on the mount",
+        rows.append(row(f"tp_world{w}", worst[2], worst[1], "stock safetensors get_slice + .to(), the same files off "
+                        "the mount (the backing directory)",
                         failed=failed, timed=f"the get_slice loop of every file, world {w}, "
                         f"{'the slower of ranks 0 and ' if ranks == 'both' else 'rank '}{w - 1}, PHXMOUNT_HOOK=cuda:0 "
                         "against stock; every repetition a fresh process (torch, safetensors and the CUDA context "
