@@ -52,8 +52,8 @@
 # directory on a real disk, default /var/tmp/phxgpu), PHX_BENCH_ONLY (the
 # bench steps to run, of: go gokv refs py kv shard save two; default all of
 # them, more than one device call's 10 minutes: split it), PHX_EXTRA_ROWS (JSON files of more
-# report rows, space-separated), PHX_TP_RANKS (both: the tp_world rows take the slower of ranks 0
-# and W-1, each repetition a fresh process; last: W-1 alone, half the processes), PHX27_REPS
+# report rows, space-separated), PHX_TP_RANKS (both: the tp_world rows take the one of ranks 0
+# and W-1 with the lower speed-up, each repetition a fresh process; last: W-1 alone, half the processes), PHX27_REPS
 # (issue27's fresh processes a side and row, default 2; quick 1), PHX27_DEADLINE_S, PHX27_RESERVE_S
 # (issue27's seconds in all, and those kept for the report). PHX_RUN_DATE, PHX_RUN_COMMIT,
 # PHX_RUN_MACHINE: the run every row says it belongs to (set here when unset).

@@ -1145,6 +1145,7 @@ class TpWorldRowsTest(unittest.TestCase):
             self.assertEqual(sum(1 for c in calls if c[3]), 6, "the first hooked process of each rank compares")
             self.assertEqual([(r["name"], r["ratio"], r["status"]) for r in rows],
                              [(f"tp_world{w}", 10.0, "measured") for w in (2, 4, 8)])
+            self.assertIn("the one with the lower speed-up", rows[0]["timed"], "which rank's figure it is")
             calls.clear()
             rows, _ = gpu_tp.engine_rows("/m", "/b", {}, ranks="last")
             self.assertEqual(len(calls), 12)

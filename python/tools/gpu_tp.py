@@ -14,7 +14,8 @@ Rows (gpu_rows.row, targets in gpu_rows.SPECS, every ratio higher-is-better):
   PHXMOUNT_HOOK=cuda:0; every repetition a fresh process,
   both sides (nothing a hooked loop registered, measured or guessed
   carries over to the next); ranks 0 and W-1, best of 2 each side, the
-  slower rank's ratio (stock s / hooked s); the first hooked process of
+  lower of the two ranks' ratios (stock s / hooked s, each rank's best
+  against its own best), and that rank's times; the first hooked process of
   each rank compares every tensor with stock's;
 * tp_rank_vs_ceiling: world 8, rank 7, one call per file
   (load_safetensors(shard=the plan), the files at once):
@@ -143,10 +144,11 @@ def engine_rows(mnt: str, back: str, out: dict, ranks: str = "both") -> list:
                 ratios.append((st / hk, st, hk, rank))
         failed = [f for f in fails if f.startswith(f"world {w} ")]
         worst = min(ratios) if ratios and not failed else (None, None, None, None)
+        which = (f"of ranks 0 and {w - 1} the one with the lower speed-up"
+                 + (f" (rank {worst[3]})" if worst[3] is not None else "") if ranks == "both" else f"rank {w - 1}")
         rows.append(row(f"tp_world{w}", worst[2], worst[1], "stock safetensors get_slice + .to(), the same files off "
                         "the mount (the backing directory)",
-                        failed=failed, timed=f"the get_slice loop of every file, world {w}, "
-                        f"{'the slower of ranks 0 and ' if ranks == 'both' else 'rank '}{w - 1}, PHXMOUNT_HOOK=cuda:0 "
+                        failed=failed, timed=f"the get_slice loop of every file, world {w}, {which}, PHXMOUNT_HOOK=cuda:0 "
                         "against stock; every repetition a fresh process (torch, safetensors and the CUDA context "
                         "before the clock), best of 2 each side"))
     return rows, fails
