@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from unittest import mock
 
@@ -1108,6 +1109,10 @@ class LoopsTest(unittest.TestCase):
             self.assertIsNone(same["hook"], "no hook in this process")
             other = tploops.child(self.args(loop=loop, dir=self.q, ref=self.other, rank=3, world=4))
             self.assertTrue(other["mismatch"], f"{loop}: other bytes must differ")
+        with tempfile.TemporaryDirectory() as gate:  # timed together: the check waits for the others' marks
+            b = tploops.child(self.args(loop="slice", dir=self.q, ref=self.q_copy, rank=0, world=2, barrier=gate,
+                                        barrier_n=1, barrier_timeout=5))
+            self.assertEqual((b["mismatch"], "barrier_s" in b, os.listdir(gate)), ([], True, ["rank-0.done"]))
         s = tploops.child(self.args(loop="slice", dir=self.q, rank=1, world=2))
         want = self.file_tensors(self.q)
         self.assertEqual(s["bytes"], sum(
@@ -1181,6 +1186,48 @@ class TpWorldRowsTest(unittest.TestCase):
             return gpu_tp.engine_rows("/m", "/b", {})[0]
         finally:
             gpu_tp.loop_in_fresh_process = real
+
+
+class BarrierTest(unittest.TestCase):
+    """The rank processes timed together compare with stock only once all
+    are past their clocks (benchlib.barrier)."""
+
+    def test_none_passes_before_all_arrive(self):
+        import threading
+        with tempfile.TemporaryDirectory() as d:
+            passed, late = [], threading.Event()
+
+            def rank(k):
+                if k == 2:
+                    late.wait(5)
+                benchlib.barrier(d, f"rank-{k}", 3, timeout=10)
+                passed.append((k, late.is_set()))
+
+            ts = [threading.Thread(target=rank, args=(k,)) for k in range(3)]
+            for t in ts:
+                t.start()
+            time.sleep(0.2)
+            self.assertEqual(passed, [], "nobody passes while rank 2 is still in its clock")
+            late.set()
+            for t in ts:
+                t.join(10)
+            self.assertEqual(sorted(k for k, _ in passed), [0, 1, 2])
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(TimeoutError):
+                benchlib.barrier(d, "rank-0", 2, timeout=0.05)
+
+    def test_rank_processes_are_given_a_barrier(self):
+        r = ShapesRowsTest().run_of()
+        argv = r.procs8_argv("tploops.py", 3, 100.0, "/tmp/gate")
+        self.assertEqual(argv[argv.index("--barrier") + 1:argv.index("--barrier") + 4], ["/tmp/gate", "--barrier-n", "8"])
+        ranks = [{"rank": k, "start": 100.0, "end": 100.5, "bytes": 1e9, "compared": 1, "mismatch": [],
+                  "hook": dict(HOOK)} for k in range(8)]
+        ranks[5]["barrier_error"] = "7 of 8 processes reached the barrier"
+        r.res["procs8"] = {"ranks": ranks, "errors": []}
+        r.res["pinned"] = {"gbps": 55.0}
+        p8 = r.procs_row("")
+        self.assertEqual(p8["status"], "failed")
+        self.assertIn("compared beside the others' clocks", p8["missing"][0])
 
 
 class EngineIteratorTest(unittest.TestCase):

@@ -304,6 +304,27 @@ def fresh(cmd, hook: str = "", timeout: float = 300, env=None, pythonpath=()) ->
         return {"error": f"no JSON on stdout: {r.stdout[-300:]} {r.stderr[-300:]}"}
 
 
+def barrier(directory: str, name: str, n: int, timeout: float, pause: float = 0.002) -> float:
+    """Marks name done in directory, then waits until n names are (the
+    processes of one measurement each at the end of its clock, so that
+    what one does after its clock, e.g. its comparison with stock, cannot
+    run beside another's clock). Returns the seconds it waited; raises
+    TimeoutError when fewer than n arrived within timeout."""
+    os.makedirs(directory, exist_ok=True)
+    mark = os.path.join(directory, name + ".done")
+    with open(mark + ".tmp", "w"):
+        pass
+    os.replace(mark + ".tmp", mark)
+    t0 = time.monotonic()
+    while True:
+        got = sum(1 for f in os.listdir(directory) if f.endswith(".done"))
+        if got >= n:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{got} of {n} processes reached the barrier in {directory} within {timeout:.0f} s")
+        time.sleep(pause)
+
+
 def in_threads(fn, n: int) -> None:
     """fn(0) ... fn(n-1), each on a thread of its own, all at once."""
     ts = [threading.Thread(target=fn, args=(i,)) for i in range(n)]

@@ -55,8 +55,10 @@ its rows say QUICK and are no issue's figures."""
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -277,15 +279,17 @@ class Run:
         return (8,) if self.a.quick else (2, 4, 8)
 
     def procs8(self):
-        d = self.dirs["dense20"]
         loop = os.path.join(TOOLS, "tploops.py")
         start = time.time() + (6 if self.a.quick else 15)  # every process has torch and its context by then
         env = {k: v for k, v in os.environ.items() if k != "PHXMOUNT_HOOK"}
         env["PHXMOUNT_HOOK"] = "cuda:0"
         env["PYTHONPATH"] = os.pathsep.join([PYDIR, env.get("PYTHONPATH", "")])
-        ps = [subprocess.Popen([sys.executable, loop, "child", "--loop", "slice", "--dir", d["mnt"], "--ref",
-                                d["back"], "--rank", str(r), "--world", "8", "--start-at", str(start)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(8)]
+        # Each compares its tensors with stock's only once all 8 are past
+        # their clocks: an early rank's comparison (stock's loop onto the
+        # same GPU) would run beside the others' clocks.
+        gate = tempfile.mkdtemp(prefix="phx-procs8-")
+        ps = [subprocess.Popen(self.procs8_argv(loop, r, start, gate), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env) for r in range(8)]
         res, errs = [], []
         for p in ps:
             try:
@@ -299,6 +303,16 @@ class Run:
                 continue
             res.append(json.loads(o.strip().splitlines()[-1]))
         self.res["procs8"] = {"ranks": res, "errors": errs, "start_at": start}
+        shutil.rmtree(gate, ignore_errors=True)
+
+    def procs8_argv(self, loop, rank, start, gate):
+        """One of the 8 rank processes: the hooked slice loop on the mount
+        from start, then (past the barrier in gate) stock's on the backing
+        directory, compared."""
+        d = self.dirs["dense20"]
+        return [sys.executable, loop, "child", "--loop", "slice", "--dir", d["mnt"], "--ref", d["back"], "--rank",
+                str(rank), "--world", "8", "--start-at", str(start), "--barrier", gate, "--barrier-n", "8",
+                "--barrier-timeout", str(max(30.0, self.budget.left()))]
 
     def pinned(self):
         self.res["pinned"] = self.child("pinned", tag="pinned ceiling")
@@ -431,6 +445,8 @@ class Run:
         ranks, errs = p8["ranks"], p8["errors"]
         fails = [f"rank process: {e}" for e in errs]
         fails += [f"rank {r['rank']}: tensors differ from stock: {r['mismatch']}" for r in ranks if r.get("mismatch")]
+        fails += [f"rank {r['rank']}: compared beside the others' clocks: {r['barrier_error']}" for r in ranks
+                  if r.get("barrier_error")]
         fails += hook_fails([r.get("hook") for r in ranks], "rank processes")
         if len(ranks) != 8 and not fails:
             fails.append(f"{len(ranks)} of 8 rank processes reported")

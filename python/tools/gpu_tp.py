@@ -27,19 +27,22 @@ Rows (gpu_rows.row, targets in gpu_rows.SPECS, every ratio higher-is-better):
 * tp_8procs_vs_pinned: 8 processes of world 8 at once on cuda:0, each its
   rank through the one call, aggregate GB/s (all ranks' bytes from the
   first start to the last end) against the pinned ceiling; every process
-  compares its tensors with stock get_slice afterwards.
+  compares its tensors with stock get_slice afterwards, once all 8 are
+  past their clocks (a barrier).
 """
 
 import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import Watchdog, fresh, hook_fails, in_threads, pinned_ceiling_gbps, read_header, say, warm, write_json  # noqa: E402
+from benchlib import Watchdog, barrier, fresh, hook_fails, in_threads, pinned_ceiling_gbps, read_header, say, warm, write_json  # noqa: E402
 from gpu_rows import row  # noqa: E402
 from reqprobe import RequestProbe  # noqa: E402
 from tploops import files_of, mismatches, nbytes, slice_loop, tp_dim  # noqa: E402
@@ -201,7 +204,9 @@ def col_rows(files, ref: dict, out: dict) -> list:
 
 def child_rank(a) -> dict:
     """One of the 8 rank processes: waits for the start time, loads its
-    rank, then checks it against stock get_slice."""
+    rank, then, once all 8 are past their clocks (a.barrier: an early
+    rank's check would load stock's tensors onto the GPU beside the
+    others' clocks), checks it against stock get_slice."""
     import torch
     torch.empty(1, device="cuda:0")
     files = files_of(a.dir)
@@ -211,15 +216,23 @@ def child_rank(a) -> dict:
     t0 = time.time()
     got, _ = one_call(files, a.rank, a.world)
     t1 = time.time()
+    out = {"rank": a.rank, "start": t0, "end": t1, "bytes": nbytes(got)}
+    if a.barrier:
+        try:
+            out["barrier_s"] = barrier(a.barrier, f"rank-{a.rank}", a.barrier_n, 240)
+        except TimeoutError as e:
+            out["barrier_error"] = str(e)
     want, _ = slice_loop(files_of(a.ref), a.rank, a.world)
-    return {"rank": a.rank, "start": t0, "end": t1, "bytes": nbytes(got), "mismatch": mismatches(got, want)[:5]}
+    return dict(out, mismatch=mismatches(got, want)[:5])
 
 
 def procs_row(a, pinned: float, out: dict) -> list:
     mnt, back = os.path.join(a.mount_dir, a.ckpt), os.path.join(a.backing_dir, a.ckpt)
     start = time.time() + 12  # every process imported torch and made its context by then
+    gate = tempfile.mkdtemp(prefix="phx-tp8-")  # the check waits until all 8 are past their clocks
     ps = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "child-rank", "--dir", mnt, "--ref", back,
-                            "--rank", str(r), "--world", "8", "--start-at", str(start)],
+                            "--rank", str(r), "--world", "8", "--start-at", str(start), "--barrier", gate,
+                            "--barrier-n", "8"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(8)]
     res, errs = [], []
     for p in ps:
@@ -228,6 +241,7 @@ def procs_row(a, pinned: float, out: dict) -> list:
             errs.append(e[-500:])
             continue
         res.append(json.loads(o.strip().splitlines()[-1]))
+    shutil.rmtree(gate, ignore_errors=True)
     out["procs"] = res
     timed = ("8 processes at once, one per rank of world 8, each one load_safetensors(shard=Llama's plan) call per "
              "file onto cuda:0: all ranks' bytes from the first start to the last end")
@@ -240,6 +254,8 @@ def procs_row(a, pinned: float, out: dict) -> list:
     span = max(r["end"] for r in res) - min(r["start"] for r in res)
     total = sum(r["bytes"] for r in res)
     fails = [f"rank process {r['rank']}: tensors differ from stock get_slice: {r['mismatch']}" for r in res if r["mismatch"]]
+    fails += [f"rank process {r['rank']}: compared beside the others' clocks: {r['barrier_error']}" for r in res
+              if r.get("barrier_error")]
     say(f"8 rank processes of world 8 at once: {total / GB:.2f} GB in {span:.3f} s ({total / span / GB:.2f} GB/s), "
         f"starts within {late * 1e3:.1f} ms")
     return [row("tp_8procs_vs_pinned", total / span / GB, pinned, "pinned H2D copy, 1 GiB", timed=timed,
@@ -312,6 +328,9 @@ def main(argv=None) -> int:
     c.add_argument("--rank", type=int, required=True)
     c.add_argument("--world", type=int, required=True)
     c.add_argument("--start-at", type=float, required=True)
+    c.add_argument("--barrier", default="", help="a directory where each rank marks its clock done and waits for "
+                   "--barrier-n marks before its check")
+    c.add_argument("--barrier-n", type=int, default=8)
     a = ap.parse_args(argv)
     if a.cmd == "child-rank":
         print(json.dumps(child_rank(a)), flush=True)

@@ -20,7 +20,7 @@ next, on both sides.
   skipped where the embeddings are tied.
 
     python3 tploops.py child --loop slice|narrow --dir D [--ref B] --rank R --world W
-        [--start-at EPOCH] [--ops]
+        [--start-at EPOCH] [--ops] [--barrier DIR --barrier-n N]
 
 The clock holds the loop over every file alone: torch, safetensors and
 the CUDA context are there before it, the narrow loop's parameters
@@ -28,8 +28,9 @@ allocated. With --ref, the same loop with stock safetensors on B (the
 same checkpoint off the mount) runs after the clock in the same process,
 and every tensor is compared (bytes, dtype, shape, device); --ops also
 applies the operations an engine applies to what get_tensor returned and
-compares those. The planning below needs no torch (the CPU tests check
-it); the loops do. Output: one JSON line."""
+compares those; with --barrier (processes timed together), the comparison
+waits until every process is past its clock. The planning below needs no
+torch (the CPU tests check it); the loops do. Output: one JSON line."""
 
 import argparse
 import json
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import hook_stats, read_header  # noqa: E402
+from benchlib import barrier, hook_stats, read_header  # noqa: E402
 
 DIM0 = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
         "embed_tokens.weight", "lm_head.weight")
@@ -284,6 +285,13 @@ def child(a) -> dict:
         got, secs = narrow_loop(files, plan, params)
     out = {"loop": a.loop, "rank": a.rank, "world": a.world, "seconds": secs, "start": start, "end": time.time(),
            "bytes": nbytes(got), "tensors": len(got), "hook": hook_stats()}
+    if a.ref and getattr(a, "barrier", ""):
+        # Processes timed together: none compares until all are past their
+        # clocks (a comparison loads stock's tensors onto the same GPU).
+        try:
+            out["barrier_s"] = barrier(a.barrier, f"rank-{a.rank}", a.barrier_n, a.barrier_timeout)
+        except TimeoutError as e:
+            out["barrier_error"] = str(e)
     if a.ref:
         ref_files = files_of(a.ref)
         if a.loop == "slice":
@@ -310,6 +318,10 @@ def main(argv=None) -> int:
     c.add_argument("--start-at", type=float, default=0.0)
     c.add_argument("--device", default="cuda:0")
     c.add_argument("--ops", action="store_true")
+    c.add_argument("--barrier", default="", help="with --ref and processes timed together: a directory where "
+                   "each marks its clock done and waits for --barrier-n marks before it compares")
+    c.add_argument("--barrier-n", type=int, default=0)
+    c.add_argument("--barrier-timeout", type=float, default=120.0)
     a = ap.parse_args(argv)
     print(json.dumps(child(a)), flush=True)
     return 0
