@@ -1230,6 +1230,40 @@ class BarrierTest(unittest.TestCase):
         self.assertIn("compared beside the others' clocks", p8["missing"][0])
 
 
+class RankCallRowTest(unittest.TestCase):
+    """tp_rank_vs_ceiling: every repetition a fresh process (none after a
+    hooked loop or an earlier load in the same process), the first one
+    checked against stock, a difference failing the row."""
+
+    def test_fresh_processes(self):
+        import gpu_tp
+        argvs = []
+
+        def fake(argv, **kw):
+            argvs.append(argv)
+            r = {"seconds": 0.05 + 0.01 * len(argvs), "bytes": int(1e9), "rank": 7}
+            return dict(r, mismatch=[]) if "--ref" in argv else r
+
+        with mock.patch.object(gpu_tp, "fresh", fake):
+            rows, fails = gpu_tp.rank_call_row("/m/ck", "/b/ck", 50.0, {})
+        self.assertEqual((len(argvs), fails), (3, []))
+        self.assertTrue(all("child-rank" in a for a in argvs))
+        self.assertEqual(["--ref" in a for a in argvs], [True, False, False], "the first process compares")
+        r = rows[0]
+        self.assertEqual(r["status"], "measured")
+        self.assertAlmostEqual(r["value"], 0.06, msg="the best of the three")
+        self.assertAlmostEqual(r["baseline"], 1e9 / 50e9 + 0.010)
+        self.assertIn("fresh process per repetition", r["timed"])
+
+        def differs(argv, **kw):
+            return {"seconds": 0.01, "bytes": int(1e9), "mismatch": ["model.norm.weight"] if "--ref" in argv else []}
+
+        with mock.patch.object(gpu_tp, "fresh", differs):
+            rows, fails = gpu_tp.rank_call_row("/m/ck", "/b/ck", 50.0, {})
+        self.assertEqual((rows[0]["status"], rows[0]["value"]), ("failed", None), "a tensor that differs is no figure")
+        self.assertTrue(fails)
+
+
 class EngineIteratorTest(unittest.TestCase):
     def test_stock_reads_the_backing_directory(self):
         """engine_iterator_hot: stock's loop on the backing directory, the
