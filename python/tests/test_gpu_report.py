@@ -144,6 +144,22 @@ class RowsTest(unittest.TestCase):
         self.assertAlmostEqual(rows["shard_col_vs_safetensors"]["ratio"], 4.0)
         self.assertFalse(rows["shard_col_vs_safetensors"]["met"])
 
+    def test_hot_rows_say_what_carries_over(self):
+        """The Python hot and cold rows are best of N in one process: they
+        say N (gpu_bench.py's reps, cold_reps) and what the process
+        carries from run to run."""
+        inp = full_inputs()
+        inp["py"].update(reps=3, cold_reps=1)
+        rows = {r["name"]: r for r in gpu_rows.build(inp)}
+        self.assertIn("best of 3 in one process, the registrations of its earlier loads reused",
+                      rows["hot_vs_safetensors"]["timed"])
+        self.assertIn("best of 3 in the same process", rows["hot_vs_safetensors"]["timed"])
+        self.assertIn("best of 1, in the process of the hot runs", rows["cold"]["timed"])
+        self.assertNotIn("registrations", rows["cold"]["timed"], "one cold run: nothing of it reused")
+        inp["py"]["cold_reps"] = 2
+        self.assertIn("registrations of the first reused", gpu_rows.build(inp)[4]["timed"])
+        self.assertIn("best of 3 in one process", rows["hot_registered"]["timed"])
+
     def test_nothing_measured_every_row_not_run(self):
         rows = gpu_rows.build({})
         self.assertEqual([r["name"] for r in rows], list(gpu_rows.SPECS))

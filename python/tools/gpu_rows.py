@@ -302,27 +302,33 @@ def baselines(inp: dict) -> dict:
 
 
 def hot_rows(inp: dict, b: dict) -> list:
-    py = by_name(inp.get("py"))
+    doc = inp.get("py") or {}
+    py = by_name(doc)
     reg_r, e2e_r = py.get("phxmount load_into registered hot"), py.get("a phxmount ioctl (python client) hot")
     st_r, cold_r = py.get("c safetensors load_file cuda hot"), py.get("a phxmount ioctl (python client) cold")
     reg, e2e, st, cold = gbps(reg_r), gbps(e2e_r), gbps(st_r), gbps(cold_r)
     first = gbps(py.get("phxmount load_safetensors first load hot"))
-    e2e_note = "best of N; registrations reused, as in a process that loads again" + \
+    # gpu_bench.py's repetitions, as its file says them (N where it does not)
+    n, ncold = doc.get("reps") or "N", doc.get("cold_reps") or "N"
+    e2e_note = f"best of {n}; registrations reused, as in a process that loads again" + \
         (f"; its first load in a fresh state: {first:.2f} GB/s" if first else "")
     pinned = "pinned H2D ceiling (best measured)"
     return [
         row("hot_registered", reg, b["staged_best"], b["staged_best_name"] or "staged_ceiling.cu best",
-            timed="load_into of every tensor, allocated and registered before the clock, best of N",
+            timed=f"load_into of every tensor, allocated and registered before the clock, best of {n} in one process",
             missing=why_not(reg_r)),
         row("hot_registered_vs_pinned", reg, b["pinned"], pinned, timed="the same loads", missing=why_not(reg_r)),
         row("hot_end_to_end", e2e, b["pinned"], pinned, note=e2e_note, missing=why_not(e2e_r),
-            timed="load_safetensors(file, 0) end to end (header, allocation, registration, reads), best of N in "
-                  "one process"),
+            timed="load_safetensors(file, 0) end to end (header, allocation, registration, reads), best of "
+                  f"{n} in one process"),
         row("hot_vs_safetensors", e2e, st, "safetensors.torch.load_file(device=cuda), hot", missing=why_not(e2e_r, st_r),
-            timed="the same loads against load_file of the backing file, best of N each"),
+            timed=f"the same loads (best of {n} in one process, the registrations of its earlier loads reused) "
+                  f"against load_file of the backing file, best of {n} in the same process (torch's cached "
+                  "allocations reused, its caches emptied before its first)"),
         row("cold", cold, b["cold"], "best cold read ceiling (Go bench: O_DIRECT / buffered)", missing=why_not(cold_r),
             timed="load_safetensors after sync + drop_caches, the file's pages checked not resident (mincore) "
-                  "before the clock"),
+                  f"before the clock, best of {ncold}, in the process of the hot runs (its CUDA context made before"
+                  + ("" if ncold == 1 else "; from the second run on, the registrations of the first reused") + ")"),
     ]
 
 
