@@ -71,7 +71,8 @@ def full_inputs():
                       result("ceiling cold buffered read 16x4MiB", 1.5)]}
     py = {"results": [result("phxmount load_into registered hot", 49.0), result("a phxmount ioctl (python client) hot", 45.0),
                       result("c safetensors load_file cuda hot", 5.0), result("a phxmount ioctl (python client) cold", 1.75)]}
-    kv = {"results": [result(f"kv {k}KiB {t} thread", g, block=k << 10, threads=t, mismatches=0)
+    kv = {"results": [result(f"kv {k}KiB {t} thread", g, block=k << 10, blocks=(2 << 30) // (k << 10), threads=t,
+                             mismatches=0)
                       for k, g1, g4 in ((16, 17.0, 16.0), (64, 45.0, 46.0), (256, 47.0, 48.0), (1024, 48.0, 48.0))
                       for t, g in ((1, g1), (4, g4))]}
     # gpu_kv.py's write runs: ours (row runs and a comparison run) and the
@@ -80,9 +81,11 @@ def full_inputs():
                          (1024, (4.5, 5.0), (4.0, 4.2))):
         for t, g, gr in zip((1, 4), mine, ref):
             kv["results"].append(result(f"kv write {k}KiB {t} thread, 4 in flight each", g, direction="write",
-                                        side="phxmount", block=k << 10, threads=t, inflight=4, row=True, mismatches=0))
+                                        side="phxmount", block=k << 10, blocks=(2 << 30) // (k << 10), threads=t,
+                                        inflight=4, row=True, mismatches=0))
             kv["results"].append(result(f"kv write reference {k}KiB {t} thread", gr, direction="write", side="reference",
-                                        block=k << 10, threads=t, row=True, mismatches=0))
+                                        block=k << 10, blocks=(2 << 30) // (k << 10), threads=t, row=True,
+                                        mismatches=0))
         kv["results"].append(result(f"kv write {k}KiB 1 thread, 1 in flight each", 0.1, direction="write",
                                     side="phxmount", block=k << 10, threads=1, inflight=1, row=False, mismatches=0))
     save = {"results": [result("phxmount save_safetensors", 9.0), result("safetensors save_file", 2.0),
@@ -143,6 +146,27 @@ class RowsTest(unittest.TestCase):
         self.assertAlmostEqual(rows["shard_row_vs_full"]["ratio"], 0.2 / 0.03)
         self.assertAlmostEqual(rows["shard_col_vs_safetensors"]["ratio"], 4.0)
         self.assertFalse(rows["shard_col_vs_safetensors"]["met"])
+
+    def test_kv_rows_say_the_bytes_they_moved(self):
+        """The KV rows' timed says the bytes gpu_kv.py moved (not a typed
+        "2 GiB"); a read run of other bytes than kv_blocks.cu's 2 GiB (issue
+        27's quick KV file, 256 MiB) is no figure against it."""
+        inp = full_inputs()
+        rows = {r["name"]: r for r in gpu_rows.build(inp)}
+        self.assertIn("of 2 GiB of random blocks", rows["kv_16k"]["timed"])
+        self.assertIn("(2 GiB)", rows["kv_write_16k"]["timed"])
+        for r in inp["kv"]["results"]:
+            if r.get("block") == 16 << 10:
+                r["blocks"] = (256 << 20) // (16 << 10)
+        rows = {r["name"]: r for r in gpu_rows.build(inp)}
+        k = rows["kv_16k"]
+        self.assertEqual((k["status"], k["value"], k["met"]), ("not run", None, False))
+        self.assertIn("our runs moved 256 MiB, kv_blocks.cu 2 GiB", k["missing"][0])
+        self.assertIn("of 256 MiB of random blocks", k["timed"])
+        w = rows["kv_write_16k"]
+        self.assertEqual(w["status"], "measured", "the write reference moved the same 256 MiB in the same run")
+        self.assertIn("(256 MiB)", w["timed"])
+        self.assertEqual(rows["kv_64k"]["status"], "measured")
 
     def test_hot_rows_say_what_carries_over(self):
         """The Python hot and cold rows are best of N in one process: they
