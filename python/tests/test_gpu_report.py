@@ -147,6 +147,21 @@ class RowsTest(unittest.TestCase):
         self.assertAlmostEqual(rows["shard_col_vs_safetensors"]["ratio"], 4.0)
         self.assertFalse(rows["shard_col_vs_safetensors"]["met"])
 
+    def test_a_reference_that_failed_its_check_is_no_baseline(self):
+        """kv_blocks.cu prints "B MISMATCH" after the method's line when a
+        block it checked differs: that block size's read row is failed, the
+        others keep theirs (staged_ceiling.cu's mismatch spoils its ref too)."""
+        inp = full_inputs()
+        lines = KV.splitlines(keepends=True)
+        at = next(i for i, x in enumerate(lines) if x.startswith("B   64 KiB")) + 1
+        inp["ref_kv"] = "".join(lines[:at] + ["B MISMATCH\n"] + lines[at:])
+        k = gpu_rows.parse_kv(inp["ref_kv"])
+        self.assertEqual((k["mismatch"], k["bad_sizes"]), (["B"], {64 << 10: ["B"]}))
+        rows = {r["name"]: r for r in gpu_rows.build(inp)}
+        self.assertEqual((rows["kv_64k"]["status"], rows["kv_64k"]["value"]), ("failed", None))
+        self.assertIn("kv_blocks.cu's check found blocks that differ (B MISMATCH)", rows["kv_64k"]["missing"])
+        self.assertEqual([rows[n]["status"] for n in ("kv_16k", "kv_256k", "kv_1m")], ["measured"] * 3)
+
     def test_kv_rows_say_the_bytes_they_moved(self):
         """The KV rows' timed says the bytes gpu_kv.py moved (not a typed
         "2 GiB"); a read run of other bytes than kv_blocks.cu's 2 GiB (issue
