@@ -162,6 +162,12 @@ class RowsTest(unittest.TestCase):
         self.assertIn("kv_blocks.cu's check found blocks that differ (B MISMATCH)", rows["kv_64k"]["missing"])
         self.assertEqual([rows[n]["status"] for n in ("kv_16k", "kv_256k", "kv_1m")], ["measured"] * 3)
 
+    def test_shard_rows_say_their_rank_and_world(self):
+        inp = full_inputs()
+        inp["shard"].update(rank=3, world=4, reps=5)
+        r = {x["name"]: x for x in gpu_rows.build(inp)}["shard_col_vs_safetensors"]
+        self.assertIn("shard=(dim, 3, 4)) of the col shards of every 2-D tensor, best of 5", r["timed"])
+
     def test_kv_rows_say_the_bytes_they_moved(self):
         """The KV rows' timed says the bytes gpu_kv.py moved (not a typed
         "2 GiB"); a read run of other bytes than kv_blocks.cu's 2 GiB (issue

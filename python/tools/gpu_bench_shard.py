@@ -74,7 +74,8 @@ def main() -> int:
     names = [t.name for t in h.tensors if len(t.shape) == 2]
     torch.empty(1, device="cuda:0")
     warm(a.backing_file)
-    res = {"file": a.backing_file, "rank": a.rank, "world": a.world, "tensors_2d": len(names), "results": []}
+    res = {"file": a.backing_file, "rank": a.rank, "world": a.world, "reps": a.reps, "tensors_2d": len(names),
+           "results": []}
     wd.stage(f"full load_safetensors x{a.reps}", 180)
     try:
         res["results"].append(ours(a, None, None, "phxmount full load_safetensors")[0])

@@ -444,13 +444,17 @@ def save_rows(inp: dict, b: dict) -> list:
 
 
 def shard_rows(inp: dict, b: dict) -> list:
-    s = by_name(inp.get("shard"))
+    doc = inp.get("shard") or {}
+    s = by_name(doc)
     full = seconds(s.get("phxmount full load_safetensors"))
+    # gpu_bench_shard.py's rank, world and repetitions, as its file says them
+    rank, world, n = (doc.get(k, "?") for k in ("rank", "world", "reps"))
     out = []
     for kind in ("row", "col"):
         mine = seconds(s.get(f"phxmount shard {kind}s"))
         st = seconds(s.get(f"safetensors get_slice {kind}s"))
-        timed = f"load_safetensors(shard=(dim, 0, 8)) of the {kind} shards of every 2-D tensor, best of N in one process"
+        timed = (f"load_safetensors(shard=(dim, {rank}, {world})) of the {kind} shards of every 2-D tensor, best of {n} "
+                 "in one process (the sides one after the other: full, then each kind ours then get_slice)")
         out.append(row(f"shard_{kind}_vs_full", mine, full, "full load_safetensors of the file", timed=timed))
         out.append(row(f"shard_{kind}_vs_safetensors", mine, st, f"safetensors get_slice, the same {kind} shards",
                        timed=timed))
