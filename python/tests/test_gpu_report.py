@@ -880,6 +880,10 @@ class ShapesRowsTest(unittest.TestCase):
         p8 = rows["tp_8procs_vs_pinned"]
         self.assertAlmostEqual(p8["value"], 8 * 2.5 / 0.5)
         self.assertEqual((p8["baseline"], p8["status"]), (55.0, "measured"))
+        n = len(r.dirs["dense20"]["layout"]["files"])
+        self.assertTrue(r.ref_of("dense20")["best_name"].endswith(
+            f"over 2 file(s) of the checkpoint's {n} (a sample; the row's side loads all {n})"))
+        self.assertNotIn("sample", rows["whole_file_vs_ref"]["baseline_name"], "one file against that file")
         w = rows["whole_file_vs_ref"]
         self.assertEqual(w["baseline"], 45.0, "staged_ceiling.cu on the same file alone")
         self.assertAlmostEqual(w["value"], (2 << 30) / 0.05 / 1e9)

@@ -206,8 +206,15 @@ class Run:
                 self.budget)
 
     def ref_of(self, name, files=None) -> dict:
+        """staged_ceiling.cu over the checkpoint's files it ran on (files:
+        those alone); its name says when that is fewer than the rows' side
+        loads (--ref-files of them, spread: a sample of the checkpoint)."""
         runs = [r for r in self.res["refs"].get(name, []) if files is None or r["file"] in files]
-        return gpu_rows.staged_over_files([(r["bytes"], r["stdout"] or "") for r in runs])
+        ref = gpu_rows.staged_over_files([(r["bytes"], r["stdout"] or "") for r in runs])
+        total = len(self.dirs[name]["layout"]["files"])
+        if files is None and ref.get("best") and len(runs) < total:
+            ref["best_name"] += f" of the checkpoint's {total} (a sample; the row's side loads all {total})"
+        return ref
 
     # the steps
     def reps(self, fn_stock, fn_hooked, n=None):
