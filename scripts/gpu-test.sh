@@ -545,6 +545,9 @@ focus)
 	# (the benchmark's other rows "not run").
 	mkdir -p "$WORK/backing"
 	run_header focus
+	# An earlier call's benchmark files are no part of this run: its
+	# report must not make rows of them under this run's name.
+	rm -f "$RAW"/bench-*.json "$RAW"/ref-*.txt
 	go_tests
 	mount_phx && drop_in && tensor_parallel
 	unmount

@@ -505,6 +505,27 @@ class DirectionTest(unittest.TestCase):
         self.assertEqual((r["status"], r["met"]), ("failed", False))
         self.assertIn("measured 2 times", r["missing"][0])
 
+    def test_rows_made_from_raw_results_say_their_run(self):
+        """A tool's raw file says its run (write_json); the rows the report
+        makes of it say that run, not the report's."""
+        os.environ.update(PHX_RUN_DATE="d1", PHX_RUN_COMMIT="c1", PHX_RUN_MACHINE="m1")
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                p = os.path.join(d, "bench-py.json")
+                benchlib.write_json(p, full_inputs()["py"])
+                with open(p) as f:
+                    py = json.load(f)
+        finally:
+            for k in ("PHX_RUN_DATE", "PHX_RUN_COMMIT", "PHX_RUN_MACHINE"):
+                del os.environ[k]
+        self.assertEqual(py["run"], {"date": "d1", "commit": "c1", "machine": "m1"})
+        inp = dict(full_inputs(), py=py)
+        rows = {r["name"]: r for r in gpu_rows.stamp(gpu_rows.build(inp), {"date": "d2", "commit": "c2",
+                                                                             "machine": "m2"})}
+        self.assertEqual(rows["hot_registered"]["run"]["commit"], "c1")
+        self.assertEqual(rows["cold"]["run"]["commit"], "c1")
+        self.assertEqual(rows["kv_16k"]["run"]["commit"], "c2", "a file without its run: the report's")
+
     def test_each_row_says_its_run(self):
         os.environ.update(PHX_RUN_DATE="d1", PHX_RUN_COMMIT="c1", PHX_RUN_MACHINE="m1")
         try:

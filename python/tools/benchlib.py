@@ -219,11 +219,15 @@ def this_run():
 
 
 def write_json(path: str, obj) -> None:
-    """obj as JSON, atomically; rows in it (a tool's {"rows": [...]}) say
-    which run measured them (this_run) where the environment names it."""
+    """obj as JSON, atomically; the document and the rows in it (a tool's
+    {"rows": [...]}) say which run measured them (this_run, "run") where
+    the environment names it: the report's rows made from a tool's raw
+    results take their run from it."""
     run = this_run()
-    if run and isinstance(obj, dict) and isinstance(obj.get("rows"), list):
-        obj = dict(obj, rows=[r if r.get("run") else dict(r, run=run) for r in obj["rows"]])
+    if run and isinstance(obj, dict):
+        obj = dict(obj, run=obj.get("run") or run)
+        if isinstance(obj.get("rows"), list):
+            obj["rows"] = [r if r.get("run") else dict(r, run=run) for r in obj["rows"]]
     with open(path + ".tmp", "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(path + ".tmp", path)

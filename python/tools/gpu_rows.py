@@ -495,8 +495,17 @@ def build(inp: dict) -> list:
     shard, save (JSON documents), ref_staged, ref_kv (text), extra (a list
     of {"rows": [...]})."""
     b = baselines(inp)
-    return complete(hot_rows(inp, b) + kv_rows(inp, b) + kv_write_rows(inp, b) + save_rows(inp, b) +
-                    shard_rows(inp, b) + extra_rows(inp.get("extra")))
+    return complete(of_run(hot_rows(inp, b), inp.get("py")) + of_run(kv_rows(inp, b) + kv_write_rows(inp, b), inp.get("kv"))
+                    + of_run(save_rows(inp, b), inp.get("save")) + of_run(shard_rows(inp, b), inp.get("shard"))
+                    + extra_rows(inp.get("extra")))
+
+
+def of_run(rows: list, doc) -> list:
+    """Rows made from a tool's raw results say the run that measured them
+    (the run its file names, benchlib.write_json), not the report's: a file
+    left from an earlier call is not this run's."""
+    run = (doc or {}).get("run")
+    return [dict(r, run=dict(run)) if run and not r.get("run") else r for r in rows]
 
 
 def stamp(rows: list, run: dict) -> list:
