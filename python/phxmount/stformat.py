@@ -97,15 +97,21 @@ def parse_header_bytes(prefix: bytes, file_size: Optional[int] = None) -> Header
         if e - b != numel * es:
             raise SafetensorsError(f"{name}: {e - b} bytes for {dtype}{shape}, want {numel * es}")
         tensors.append(TensorInfo(name, dtype, tuple(shape), b, e))
+    # As safetensors validates a file: the tensors, in data order, tile the
+    # data section from its start with no gap and no overlap, and it ends
+    # where the file does. A file it refuses is refused here too (the hook
+    # then hands it to safetensors, whose error the caller gets), never
+    # read as if it were whole.
     tensors.sort(key=lambda t: (t.begin, t.end))
     pos = 0
     for t in tensors:
-        if t.begin < pos:
-            raise SafetensorsError(f"{t.name}: data [{t.begin}, {t.end}) overlaps the previous tensor")
-        pos = max(pos, t.end)
+        if t.begin != pos:
+            what = "overlaps the previous tensor" if t.begin < pos else f"leaves bytes [{pos}, {t.begin}) to no tensor"
+            raise SafetensorsError(f"{t.name}: data [{t.begin}, {t.end}) {what}")
+        pos = t.end
     data_start = 8 + n
-    if file_size is not None and data_start + pos > file_size:
-        raise SafetensorsError(f"tensors need {data_start + pos} bytes, the file has {file_size}")
+    if file_size is not None and data_start + pos != file_size:
+        raise SafetensorsError(f"the header and tensors take {data_start + pos} bytes, the file has {file_size}")
     return Header(n, data_start, pos, tuple(tensors), None if meta is None else dict(meta))
 
 

@@ -78,6 +78,11 @@ class ParseTest(unittest.TestCase):
             header_bytes({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
                           "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]}}),  # overlap
             header_bytes({"__metadata__": {"k": 1}}),
+            # What safetensors refuses (InvalidOffset): data not tiling the
+            # section from its start.
+            header_bytes({"t": {"dtype": "U8", "shape": [1], "data_offsets": [3, 4]}}),  # bytes before it
+            header_bytes({"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+                          "b": {"dtype": "U8", "shape": [2], "data_offsets": [6, 8]}}),  # a gap between
         ]
         for b in bad:
             with self.assertRaises(st.SafetensorsError, msg=repr(b[:60])):
@@ -85,7 +90,21 @@ class ParseTest(unittest.TestCase):
         ok = header_bytes({"t": {"dtype": "U8", "shape": [10], "data_offsets": [0, 10]}})
         with self.assertRaises(st.SafetensorsError):
             st.parse_header_bytes(ok, file_size=len(ok) + 9)  # file too short for the data
+        with self.assertRaises(st.SafetensorsError):
+            st.parse_header_bytes(ok, file_size=len(ok) + 11)  # bytes after the data (MetadataIncompleteBuffer)
         st.parse_header_bytes(ok, file_size=len(ok) + 10)
+
+    def test_refused_files_are_refused_on_disk(self):
+        # read_header says what safetensors says of the whole file: a byte
+        # appended after the data, or a gap, is an error, not a file.
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "m.safetensors")
+            st.write_file(p, [("a", "U8", (3,), b"abc"), ("z", "F16", (0,), b"")])
+            st.read_header(p)
+            with open(p, "ab") as f:
+                f.write(b"\0")
+            with self.assertRaisesRegex(st.SafetensorsError, "the file has"):
+                st.read_header(p)
 
 
 class PlanTest(unittest.TestCase):
