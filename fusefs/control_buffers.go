@@ -2,6 +2,10 @@ package fusefs
 
 import (
 	"errors"
+	"math"
+	"os"
+	"strconv"
+	"strings"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -96,7 +100,8 @@ func (s *ControlServer) checkRegister(c Caller, req client.RegisterReq, log *log
 
 // reserve counts a registration in progress against the limits, so that
 // concurrent REGISTERs cannot pass them together: EMFILE past the
-// process's buffers, ENFILE past the mount's, ENOMEM past its bytes.
+// process's buffers, ENFILE past the mount's (max_buffers, or what the
+// daemon has room for: daemonRoom), ENOMEM past its bytes.
 func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,7 +114,7 @@ func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
 		return unix.ESHUTDOWN
 	case live >= s.cfg.MaxBuffersPerProcess:
 		return unix.EMFILE
-	case len(s.bufs)+s.pendingCount >= s.cfg.MaxBuffers:
+	case len(s.bufs)+s.pendingCount >= min(s.cfg.MaxBuffers, daemonRoom()):
 		return unix.ENFILE
 	case size > s.cfg.MaxRegisteredBytes-s.liveBytes-s.pendingBytes:
 		return unix.ENOMEM
@@ -118,6 +123,30 @@ func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
 	s.pendingCount++
 	s.pendingBytes += size
 	return 0
+}
+
+// daemonRoom is how many buffers the daemon can hold and still serve:
+// a quarter of its RLIMIT_NOFILE and a quarter of vm.max_map_count. Every
+// registration maps the memory it imports (emu: once, twice on the staged
+// transport; its descriptor is closed once mapped), and every process
+// owning buffers is followed through a pidfd. Past the descriptors every
+// open through the mount, by any user, fails with EMFILE; past the
+// mappings the Go runtime cannot grow its heap and the daemon dies. The
+// rest is the overlay's (a descriptor for every inode the kernel holds)
+// and the runtime's. Read at each REGISTER: either may change while the
+// daemon runs. A variable: tests stand in for it.
+var daemonRoom = func() int {
+	room := math.MaxInt
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < math.MaxInt/2 {
+		room = int(rl.Cur / 4)
+	}
+	if b, err := os.ReadFile("/proc/sys/vm/max_map_count"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+			room = min(room, n/4)
+		}
+	}
+	return room
 }
 
 // unreserve takes back a reservation; the caller holds s.mu.

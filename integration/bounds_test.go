@@ -10,6 +10,7 @@ package integration
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -175,11 +176,53 @@ func TestRegisterAfterSIGTERM(t *testing.T) {
 	}
 }
 
+// TestHostileRegistrationHoard: uid 65534 registers one 64 KiB memfd
+// again and again from one process, as many times as the daemon lets it.
+// Each registration used to cost the root daemon a descriptor (and each
+// costs it a mapping): with the daemon's RLIMIT_NOFILE a little above
+// what it holds, the user took every descriptor left, and every open
+// through the mount, by any user, failed with EMFILE (and past
+// vm.max_map_count the Go runtime cannot grow its heap: the daemon dies).
+// Now the mount's buffers stop at a quarter of the daemon's descriptors
+// (ENFILE) and registrations hold none: other users' opens still work.
+func TestHostileRegistrationHoard(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
+	_, path := hostileFile(t, d, "victim", 1<<20)
+	other := writePattern(t, filepath.Join(d.Backing, "other"), 1<<16, 0644)
+	pid := d.Cmd.Process.Pid
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := uint64(len(fds) + 256)
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatalf("prlimit the daemon: %v", err)
+	}
+
+	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "hoard", path)
+	var n int
+	var why string
+	if _, err := fmt.Sscanf(c.expect(t, "HOARD"), "%d %s", &n, &why); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("uid 65534 registered %d buffers, then %s (the daemon's RLIMIT_NOFILE %d, %d open before)", n, why, limit, len(fds))
+	d.alive(t, "after the hoard")
+	got, err := os.ReadFile(filepath.Join(d.Mnt, "other"))
+	if err != nil || !bytes.Equal(got, other) {
+		t.Errorf("another file read through the mount while the buffers live: %d bytes, %v", len(got), err)
+	}
+	if why != "ENFILE" || uint64(n) > limit/4 {
+		t.Errorf("one process registered %d buffers, then %s; want ENFILE at a quarter of the daemon's %d descriptors at most", n, why, limit)
+	}
+	c.in.Close()
+	d.alive(t, "at the end")
+}
+
 // TestBoundsHelperChild is the body of the hostile child processes; it
 // skips when run normally.
 func TestBoundsHelperChild(t *testing.T) {
 	mode := os.Getenv("PHX_CHILD")
-	if mode != "strided" && mode != "sparse" {
+	if mode != "strided" && mode != "sparse" && mode != "hoard" {
 		t.Skip("helper process for the bounds tests (runs only when re-executed)")
 	}
 	args := strings.Split(os.Getenv("PHX_CHILD_ARGS"), "\x1f")
@@ -195,6 +238,8 @@ func TestBoundsHelperChild(t *testing.T) {
 		hostileStrided(f, say)
 	case "sparse":
 		hostileSparse(f, say)
+	case "hoard":
+		hostileHoard(f, say)
 	}
 }
 
@@ -262,6 +307,27 @@ func hostileSparse(f *client.File, say func(string, ...any)) {
 		return
 	}
 	say("ALLOCATED OK")
+}
+
+// hostileHoard registers one 64 KiB memfd until the daemon refuses, says
+// how many times and why, and keeps the buffers until stdin closes.
+func hostileHoard(f *client.File, say func(string, ...any)) {
+	fd, err := unix.MemfdCreate("phxemu-hoard", unix.MFD_CLOEXEC)
+	if err == nil {
+		err = unix.Fallocate(fd, 0, 0, 64<<10)
+	}
+	if err != nil {
+		say("HOARD 0 memfd:%v", err)
+		return
+	}
+	n := 0
+	for ; n < client.DefaultMaxBuffersPerProcess; n++ {
+		if err = registerFd(f, fd, 64<<10); err != nil {
+			break
+		}
+	}
+	say("HOARD %d %s", n, errnoName(err))
+	io.Copy(io.Discard, os.Stdin)
 }
 
 // registerFd registers size bytes of the emu memfd fd through f.

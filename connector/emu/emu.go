@@ -102,7 +102,7 @@ func (c *Connector) checkDevice(dev int) error {
 type Memory struct {
 	c     *Connector
 	dev   int
-	fd    int
+	fd    int // the memfd; -1 for imported memory, which its mappings hold
 	ino   uint64
 	size  int64
 	view  []byte // names the memory: PROT_NONE in staged mode
@@ -134,9 +134,14 @@ func (m *Memory) Size() int64 { return m.size }
 func (m *Memory) Bytes() []byte { return m.alias }
 
 // Export implements connector.Memory. The handle names this process and its
-// descriptor; only this process can have it imported (see Import).
+// descriptor; only this process can have it imported (see Import). Memory
+// imported from another process holds no descriptor and cannot be
+// exported again (EINVAL).
 func (m *Memory) Export() (connector.Handle, error) {
 	var h connector.Handle
+	if m.fd < 0 {
+		return h, errs.New(unix.EINVAL, "emu: imported memory cannot be exported again")
+	}
 	copy(h[0:8], handleMagic[:])
 	binary.LittleEndian.PutUint32(h[8:], uint32(os.Getpid()))
 	binary.LittleEndian.PutUint32(h[12:], uint32(m.fd))
@@ -164,8 +169,10 @@ func (m *Memory) Close() error {
 	if err := unmapAligned(m.view); err != nil && first == nil {
 		first = err
 	}
-	if err := unix.Close(m.fd); err != nil && first == nil {
-		first = err
+	if m.fd >= 0 {
+		if err := unix.Close(m.fd); err != nil && first == nil {
+			first = err
+		}
 	}
 	if first != nil {
 		return errs.Wrapf(first, "emu: free device memory")
@@ -259,10 +266,14 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 		return nil, err
 	}
 	m, err := c.mapFd(dev, fd, size, acc)
+	unix.Close(fd)
 	if err != nil {
-		unix.Close(fd)
 		return nil, err
 	}
+	// The mappings hold the memfd: imported memory keeps no descriptor, so
+	// that a registration costs the daemon a mapping (two, staged) and no
+	// descriptor, whatever the number of them a client makes.
+	m.fd = -1
 	return m, nil
 }
 
