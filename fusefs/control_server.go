@@ -199,6 +199,13 @@ func (s *ControlServer) openDevice(dev int) error {
 	if sr, ok := s.conn.(interface{ ScatterReport() string }); ok {
 		s.log.Infof("scatter and gather of small extents: %s", sr.ScatterReport())
 	}
+	if gr, ok := s.conn.(interface{ GuardReport() (bool, string) }); ok {
+		if guarded, why := gr.GuardReport(); guarded {
+			s.log.Infof("device %d: %s", dev, why)
+		} else {
+			s.log.Warnf("device %d: %s", dev, why)
+		}
+	}
 	return nil
 }
 

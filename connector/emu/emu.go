@@ -293,6 +293,18 @@ func (a access) openFlags() int {
 	return unix.O_RDWR
 }
 
+// share is how the memory is mapped: shared, or, read-only, private.
+// Nothing ever writes read-only memory (its mappings are PROT_READ), so a
+// private mapping reads what a shared one would, and unlike a shared
+// mapping of a read-only descriptor or of a write-sealed memfd, which can
+// never become writable (no VM_MAYWRITE), it can be guarded (guard.go).
+func (a access) share() int {
+	if a.readOnly {
+		return unix.MAP_PRIVATE
+	}
+	return unix.MAP_SHARED
+}
+
 func (a access) prot() int {
 	if a.readOnly {
 		return unix.PROT_READ
@@ -377,13 +389,13 @@ func (c *Connector) mapFd(dev, fd int, size int64, acc access) (*Memory, error) 
 	if c.cfg.Staged {
 		prot = unix.PROT_NONE
 	}
-	view, err := mapAligned(fd, size, prot, acc.populate)
+	view, err := mapAligned(fd, size, prot, acc)
 	if err != nil {
 		return nil, err
 	}
 	alias := view
 	if c.cfg.Staged {
-		flags := unix.MAP_SHARED
+		flags := acc.share()
 		if acc.populate {
 			// Populating reads nothing into this process: on pages past the
 			// end of a memfd shrunk meanwhile it just stops, without a fault.
@@ -393,6 +405,18 @@ func (c *Connector) mapFd(dev, fd int, size int64, acc access) (*Memory, error) 
 		if err != nil {
 			unmapAligned(view)
 			return nil, errs.Wrapf(err, "emu: map copy-engine alias")
+		}
+	}
+	if !acc.populate {
+		// Imported: the exporter's pages, which the daemon must never
+		// allocate (guard.go). The alias is the mapping any access goes
+		// through (the view itself in host mode; PROT_NONE when staged).
+		if err := guard(alias); err != nil {
+			if &alias[0] != &view[0] {
+				unix.Munmap(alias)
+			}
+			unmapAligned(view)
+			return nil, err
 		}
 	}
 	m := &Memory{c: c, dev: dev, fd: fd, ino: st.Ino, size: size, view: view, alias: alias, readOnly: acc.readOnly}
@@ -407,7 +431,7 @@ func (c *Connector) mapFd(dev, fd int, size int64, acc access) (*Memory, error) 
 
 // mapAligned maps fd at an address aligned to PageSize, as device memory is:
 // it reserves a larger range and maps the file over its aligned part.
-func mapAligned(fd int, size int64, prot int, populate bool) ([]byte, error) {
+func mapAligned(fd int, size int64, prot int, acc access) ([]byte, error) {
 	reserve, err := unix.Mmap(-1, 0, int(size+PageSize), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		return nil, errs.Wrapf(err, "emu: reserve %d bytes", size)
@@ -423,8 +447,8 @@ func mapAligned(fd int, size int64, prot int, populate bool) ([]byte, error) {
 	// memfd, in the daemon's name. In host mode the CPU never touches this
 	// mapping: only the kernel does, for I/O, and it returns EFAULT on pages
 	// that are gone.
-	flags := unix.MAP_SHARED | unix.MAP_FIXED
-	if populate {
+	flags := acc.share() | unix.MAP_FIXED
+	if acc.populate {
 		flags |= unix.MAP_POPULATE
 	}
 	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, flags)
