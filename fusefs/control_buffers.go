@@ -62,7 +62,7 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 		return client.RegisterResp{}, errs.Errno(err)
 	}
 	if e := s.reserve(c.Tgid, size); e != 0 {
-		log.Warnf("register refused: %v (limits: %d buffers per process, %d buffers and %d bytes per mount)", e, s.cfg.MaxBuffersPerProcess, s.cfg.MaxBuffers, s.cfg.MaxRegisteredBytes)
+		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: %v (limits: %d buffers per process, %d buffers and %d bytes per mount)", e, s.cfg.MaxBuffersPerProcess, s.cfg.MaxBuffers, s.cfg.MaxRegisteredBytes)
 		return client.RegisterResp{}, e
 	}
 	b, e := s.importBuffer(c, f, dev, size, req.Handle, log)
@@ -77,8 +77,8 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 	}
 	s.stats.registered.Add(1)
 	t := b.reg.Transport()
-	log.WithFields(logrus.Fields{"id": b.id, "transport": string(t)}).
-		Infof("registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, t)
+	limitedLog(&s.logRegistered, log.WithFields(logrus.Fields{"id": b.id, "transport": string(t)}), logrus.InfoLevel,
+		"registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, t)
 	return client.RegisterResp{ID: b.id, Token: b.token, Transport: client.TransportByName(string(t))}, 0
 }
 
@@ -86,7 +86,7 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 func (s *ControlServer) checkRegister(c Caller, req client.RegisterReq, log *logrus.Entry) unix.Errno {
 	switch {
 	case req.Vendor != client.VendorAny && req.Vendor != s.vendor:
-		log.Warnf("register refused: handle of vendor %s on a %s mount", req.Vendor, s.conn.Vendor())
+		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: handle of vendor %s on a %s mount", req.Vendor, s.conn.Vendor())
 		return unix.ENODEV
 	case req.Device > client.MaxDevice:
 		return unix.ENODEV
@@ -162,7 +162,7 @@ func (s *ControlServer) unreserve(tgid int, size int64) {
 func (s *ControlServer) importBuffer(c Caller, f *OpenFile, dev int, size int64, h [client.HandleSize]byte, log *logrus.Entry) (*buffer, unix.Errno) {
 	reg, err := s.lib.Import(dev, connector.Handle(h), size, c.Tgid)
 	if err != nil {
-		log.Warnf("register refused: %v", err)
+		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: %v", err)
 		return nil, errs.Errno(err)
 	}
 	b := &buffer{tgid: c.Tgid, uid: c.UID, fileID: f.ID, reg: reg}
@@ -192,7 +192,7 @@ func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.En
 		}
 		if err != nil {
 			b.reg.Close()
-			log.Warnf("register refused: cannot follow the registering process: %v", err)
+			limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: cannot follow the registering process: %v", err)
 			if errors.Is(err, unix.ESRCH) {
 				return unix.ESRCH
 			}
@@ -281,9 +281,9 @@ func (s *ControlServer) release(b *buffer, why releaseReason) error {
 	}
 	l := s.log.WithFields(logrus.Fields{"id": b.id, "pid": b.tgid})
 	if first != nil {
-		l.Warnf("released buffer %d (%s) with an error: %v", b.id, why, first)
+		limitedLog(&s.logReleased, l, logrus.WarnLevel, "released buffer %d (%s) with an error: %v", b.id, why, first)
 	} else if why == releaseDeath {
-		l.Infof("released buffer %d: its owner, process %d, died", b.id, b.tgid)
+		limitedLog(&s.logReleased, l, logrus.InfoLevel, "released buffer %d: its owner, process %d, died", b.id, b.tgid)
 	} else {
 		l.Debugf("released buffer %d (%s)", b.id, why)
 	}

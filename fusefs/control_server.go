@@ -81,6 +81,9 @@ type ControlServer struct {
 	reaper *reaper // releases the registrations of processes that exit
 	stats  ctlCounters
 
+	// The log lines clients' requests cause, rate limited (control_log.go).
+	logRefused, logRegistered, logReleased, logLoad logLimit
+
 	fallbackLogged atomic.Bool
 }
 

@@ -333,8 +333,8 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 	}
 	s.stats.loads.Add(1)
 	s.stats.bytesRead.Add(uint64(n))
-	s.log.WithFields(logrus.Fields{"id": b.id, "pid": c.Tgid, "uid": c.UID, "file": t.Name}).
-		Infof("user.phx.load: %d bytes of %s into buffer %d at %d", n, t.Name, b.id, r.offset)
+	limitedLog(&s.logLoad, s.log.WithFields(logrus.Fields{"id": b.id, "pid": c.Tgid, "uid": c.UID, "file": t.Name}), logrus.InfoLevel,
+		"user.phx.load: %d bytes of %s into buffer %d at %d", n, t.Name, b.id, r.offset)
 	return 0
 }
 
