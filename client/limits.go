@@ -71,7 +71,7 @@ var limitTable = [...]Limit{
 	{"max_device", MaxDevice, false, "the device index of REGISTER and INFO", unix.ENODEV},
 	{"max_load_value", MaxLoadValue, false, "bytes of a `user.phx.load` value", unix.EINVAL},
 	{"max_buffers_per_process", DefaultMaxBuffersPerProcess, true, "live buffers of one process", unix.EMFILE},
-	{"max_buffers", DefaultMaxBuffers, true, "live buffers of the mount", unix.ENFILE},
+	{"max_buffers", DefaultMaxBuffers, true, "live buffers of the mount, never more than a quarter of the daemon's `RLIMIT_NOFILE` or of `vm.max_map_count` (16,382 by the kernel's default)", unix.ENFILE},
 	{"max_registered_bytes", DefaultMaxRegisteredBytes, true, "bytes the mount's live buffers register", unix.ENOMEM},
 }
 

@@ -2,6 +2,10 @@ package fusefs
 
 import (
 	"errors"
+	"math"
+	"os"
+	"strconv"
+	"strings"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -58,7 +62,7 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 		return client.RegisterResp{}, errs.Errno(err)
 	}
 	if e := s.reserve(c.Tgid, size); e != 0 {
-		log.Warnf("register refused: %v (limits: %d buffers per process, %d buffers and %d bytes per mount)", e, s.cfg.MaxBuffersPerProcess, s.cfg.MaxBuffers, s.cfg.MaxRegisteredBytes)
+		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: %v (limits: %d buffers per process, %d buffers and %d bytes per mount)", e, s.cfg.MaxBuffersPerProcess, s.cfg.MaxBuffers, s.cfg.MaxRegisteredBytes)
 		return client.RegisterResp{}, e
 	}
 	b, e := s.importBuffer(c, f, dev, size, req.Handle, log)
@@ -73,8 +77,8 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 	}
 	s.stats.registered.Add(1)
 	t := b.reg.Transport()
-	log.WithFields(logrus.Fields{"id": b.id, "transport": string(t)}).
-		Infof("registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, t)
+	limitedLog(&s.logRegistered, log.WithFields(logrus.Fields{"id": b.id, "transport": string(t)}), logrus.InfoLevel,
+		"registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, t)
 	return client.RegisterResp{ID: b.id, Token: b.token, Transport: client.TransportByName(string(t))}, 0
 }
 
@@ -82,7 +86,7 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 func (s *ControlServer) checkRegister(c Caller, req client.RegisterReq, log *logrus.Entry) unix.Errno {
 	switch {
 	case req.Vendor != client.VendorAny && req.Vendor != s.vendor:
-		log.Warnf("register refused: handle of vendor %s on a %s mount", req.Vendor, s.conn.Vendor())
+		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: handle of vendor %s on a %s mount", req.Vendor, s.conn.Vendor())
 		return unix.ENODEV
 	case req.Device > client.MaxDevice:
 		return unix.ENODEV
@@ -96,7 +100,8 @@ func (s *ControlServer) checkRegister(c Caller, req client.RegisterReq, log *log
 
 // reserve counts a registration in progress against the limits, so that
 // concurrent REGISTERs cannot pass them together: EMFILE past the
-// process's buffers, ENFILE past the mount's, ENOMEM past its bytes.
+// process's buffers, ENFILE past the mount's (max_buffers, or what the
+// daemon has room for: daemonRoom), ENOMEM past its bytes.
 func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,7 +114,7 @@ func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
 		return unix.ESHUTDOWN
 	case live >= s.cfg.MaxBuffersPerProcess:
 		return unix.EMFILE
-	case len(s.bufs)+s.pendingCount >= s.cfg.MaxBuffers:
+	case len(s.bufs)+s.pendingCount >= min(s.cfg.MaxBuffers, daemonRoom()):
 		return unix.ENFILE
 	case size > s.cfg.MaxRegisteredBytes-s.liveBytes-s.pendingBytes:
 		return unix.ENOMEM
@@ -118,6 +123,30 @@ func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
 	s.pendingCount++
 	s.pendingBytes += size
 	return 0
+}
+
+// daemonRoom is how many buffers the daemon can hold and still serve:
+// a quarter of its RLIMIT_NOFILE and a quarter of vm.max_map_count. Every
+// registration maps the memory it imports (emu: once, twice on the staged
+// transport; its descriptor is closed once mapped), and every process
+// owning buffers is followed through a pidfd. Past the descriptors every
+// open through the mount, by any user, fails with EMFILE; past the
+// mappings the Go runtime cannot grow its heap and the daemon dies. The
+// rest is the overlay's (a descriptor for every inode the kernel holds)
+// and the runtime's. Read at each REGISTER: either may change while the
+// daemon runs. A variable: tests stand in for it.
+var daemonRoom = func() int {
+	room := math.MaxInt
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < math.MaxInt/2 {
+		room = int(rl.Cur / 4)
+	}
+	if b, err := os.ReadFile("/proc/sys/vm/max_map_count"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+			room = min(room, n/4)
+		}
+	}
+	return room
 }
 
 // unreserve takes back a reservation; the caller holds s.mu.
@@ -133,7 +162,7 @@ func (s *ControlServer) unreserve(tgid int, size int64) {
 func (s *ControlServer) importBuffer(c Caller, f *OpenFile, dev int, size int64, h [client.HandleSize]byte, log *logrus.Entry) (*buffer, unix.Errno) {
 	reg, err := s.lib.Import(dev, connector.Handle(h), size, c.Tgid)
 	if err != nil {
-		log.Warnf("register refused: %v", err)
+		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: %v", err)
 		return nil, errs.Errno(err)
 	}
 	b := &buffer{tgid: c.Tgid, uid: c.UID, fileID: f.ID, reg: reg}
@@ -163,7 +192,7 @@ func (s *ControlServer) publish(c Caller, f *OpenFile, b *buffer, log *logrus.En
 		}
 		if err != nil {
 			b.reg.Close()
-			log.Warnf("register refused: cannot follow the registering process: %v", err)
+			limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: cannot follow the registering process: %v", err)
 			if errors.Is(err, unix.ESRCH) {
 				return unix.ESRCH
 			}
@@ -252,9 +281,9 @@ func (s *ControlServer) release(b *buffer, why releaseReason) error {
 	}
 	l := s.log.WithFields(logrus.Fields{"id": b.id, "pid": b.tgid})
 	if first != nil {
-		l.Warnf("released buffer %d (%s) with an error: %v", b.id, why, first)
+		limitedLog(&s.logReleased, l, logrus.WarnLevel, "released buffer %d (%s) with an error: %v", b.id, why, first)
 	} else if why == releaseDeath {
-		l.Infof("released buffer %d: its owner, process %d, died", b.id, b.tgid)
+		limitedLog(&s.logReleased, l, logrus.InfoLevel, "released buffer %d: its owner, process %d, died", b.id, b.tgid)
 	} else {
 		l.Debugf("released buffer %d (%s)", b.id, why)
 	}

@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"sync"
@@ -123,6 +124,49 @@ func TestMountLimits(t *testing.T) {
 		t.Fatal(errno)
 	}
 	if _, errno := e.register(t, e.me, f, e.alloc(t, 128<<10)); errno != 0 {
+		t.Errorf("after a release: %v", errno)
+	}
+}
+
+// TestMountLimitsFitTheDaemon: whatever max_buffers says, the mount's
+// buffers stop (ENFILE) where the daemon's room does: a quarter of its
+// descriptors and of vm.max_map_count (every registration maps memory;
+// at 65,536 registrations, the default max_buffers, the daemon would pass
+// the kernel's default of 65,530 mappings and die at its next heap growth).
+func TestMountLimitsFitTheDaemon(t *testing.T) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	room := daemonRoom()
+	if uint64(room) > rl.Cur/4 {
+		t.Errorf("room for %d buffers with RLIMIT_NOFILE %d", room, rl.Cur)
+	}
+	if b, err := os.ReadFile("/proc/sys/vm/max_map_count"); err == nil {
+		var maps int
+		if _, err := fmt.Sscan(string(b), &maps); err == nil && room > maps/4 {
+			t.Errorf("room for %d buffers with vm.max_map_count %d", room, maps)
+		}
+	}
+
+	defer func(f func() int) { daemonRoom = f }(daemonRoom)
+	daemonRoom = func() int { return 2 }
+	e, _ := newLimitedCtl(t, ControlConfig{}, false)
+	f, _ := patternFile(t, 4096, unix.O_RDONLY)
+	a, errno := e.register(t, e.me, f, e.alloc(t, 64<<10))
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := e.register(t, e.me, f, e.alloc(t, 64<<10)); errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := e.register(t, e.me, f, e.alloc(t, 64<<10)); errno != unix.ENFILE {
+		t.Errorf("past the daemon's room: %v, want ENFILE", errno)
+	}
+	if errno := e.s.deregister(e.me, a.ID); errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := e.register(t, e.me, f, e.alloc(t, 64<<10)); errno != 0 {
 		t.Errorf("after a release: %v", errno)
 	}
 }

@@ -81,6 +81,9 @@ type ControlServer struct {
 	reaper *reaper // releases the registrations of processes that exit
 	stats  ctlCounters
 
+	// The log lines clients' requests cause, rate limited (control_log.go).
+	logRefused, logRegistered, logReleased, logLoad logLimit
+
 	fallbackLogged atomic.Bool
 }
 
@@ -198,6 +201,13 @@ func (s *ControlServer) openDevice(dev int) error {
 	}
 	if sr, ok := s.conn.(interface{ ScatterReport() string }); ok {
 		s.log.Infof("scatter and gather of small extents: %s", sr.ScatterReport())
+	}
+	if gr, ok := s.conn.(interface{ GuardReport() (bool, string) }); ok {
+		if guarded, why := gr.GuardReport(); guarded {
+			s.log.Infof("device %d: %s", dev, why)
+		} else {
+			s.log.Warnf("device %d: %s", dev, why)
+		}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -531,6 +532,42 @@ func TestControlXattrs(t *testing.T) {
 	v, errno = e.s.GetXattr(e.me, root, XattrInfo)
 	if errno != 0 || !strings.Contains(string(v), "path=.\n") || !strings.Contains(string(v), "xattr_loads=2\n") {
 		t.Errorf("root info %v:\n%s", errno, v)
+	}
+}
+
+// TestLoadNumbersAreDecimalOrHex: user.phx.load's numbers are decimal or
+// 0x hex (docs/abi.md). A decimal number with leading zeros (a script's
+// printf %08d) used to be read as octal, loading the file at another
+// offset than asked, or refused (08); other prefixes and digit
+// separators are refused.
+func TestLoadNumbersAreDecimalOrHex(t *testing.T) {
+	tok := strings.Repeat("ab", 16)
+	for _, c := range []struct {
+		v    string
+		want uint64
+		ok   bool
+	}{
+		{"010", 10, true},
+		{"08", 8, true},
+		{"0000", 0, true},
+		{"0x10", 16, true},
+		{"0X1f", 31, true},
+		{"4096", 4096, true},
+		{"0o10", 0, false},
+		{"0b1", 0, false},
+		{"1_000", 0, false},
+		{"0x", 0, false},
+		{"+1", 0, false},
+		{"0x8000000000000000", 0, false},
+		{"9223372036854775808", 0, false},
+	} {
+		r, err := parseLoad([]byte("token=" + tok + ",offset=" + c.v + ",length=" + c.v))
+		switch {
+		case c.ok && (err != nil || r.offset != c.want || r.length != c.want):
+			t.Errorf("%q: %d, %d, %v; want %d", c.v, r.offset, r.length, err, c.want)
+		case !c.ok && !errors.Is(err, unix.EINVAL):
+			t.Errorf("%q: %d, %v; want EINVAL", c.v, r.offset, err)
+		}
 	}
 }
 

@@ -234,7 +234,7 @@ func parseLoad(v []byte) (loadReq, error) {
 			}
 			continue
 		}
-		n, err := strconv.ParseUint(val, 0, 63)
+		n, err := parseLoadNumber(val)
 		if err != nil || n > client.MaxOffset {
 			return r, errs.New(unix.EINVAL, "user.phx.load: %s=%q is not a number below 2^63", k, val)
 		}
@@ -253,6 +253,17 @@ func parseLoad(v []byte) (loadReq, error) {
 		return r, errs.New(unix.EINVAL, "user.phx.load: token and offset are required")
 	}
 	return r, nil
+}
+
+// parseLoadNumber parses a user.phx.load number: decimal (leading zeros
+// are still decimal) or hex after 0x; no sign, no other base, no digit
+// separators.
+func parseLoadNumber(v string) (uint64, error) {
+	base := 10
+	if h, ok := strings.CutPrefix(strings.ToLower(v), "0x"); ok {
+		v, base = h, 16
+	}
+	return strconv.ParseUint(v, base, 63) // an explicit base: no prefix, sign or _
 }
 
 // SetXattr implements Control.
@@ -322,8 +333,8 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 	}
 	s.stats.loads.Add(1)
 	s.stats.bytesRead.Add(uint64(n))
-	s.log.WithFields(logrus.Fields{"id": b.id, "pid": c.Tgid, "uid": c.UID, "file": t.Name}).
-		Infof("user.phx.load: %d bytes of %s into buffer %d at %d", n, t.Name, b.id, r.offset)
+	limitedLog(&s.logLoad, s.log.WithFields(logrus.Fields{"id": b.id, "pid": c.Tgid, "uid": c.UID, "file": t.Name}), logrus.InfoLevel,
+		"user.phx.load: %d bytes of %s into buffer %d at %d", n, t.Name, b.id, r.offset)
 	return 0
 }
 

@@ -10,6 +10,7 @@ package integration
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -175,11 +176,78 @@ func TestRegisterAfterSIGTERM(t *testing.T) {
 	}
 }
 
+// TestHostileRegistrationHoard: uid 65534 registers one 64 KiB memfd
+// again and again from one process, as many times as the daemon lets it.
+// Each registration used to cost the root daemon a descriptor (and each
+// costs it a mapping): with the daemon's RLIMIT_NOFILE a little above
+// what it holds, the user took every descriptor left, and every open
+// through the mount, by any user, failed with EMFILE (and past
+// vm.max_map_count the Go runtime cannot grow its heap: the daemon dies).
+// Now the mount's buffers stop at a quarter of the daemon's descriptors
+// (ENFILE) and registrations hold none: other users' opens still work.
+func TestHostileRegistrationHoard(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
+	_, path := hostileFile(t, d, "victim", 1<<20)
+	other := writePattern(t, filepath.Join(d.Backing, "other"), 1<<16, 0644)
+	pid := d.Cmd.Process.Pid
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := uint64(len(fds) + 256)
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatalf("prlimit the daemon: %v", err)
+	}
+
+	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "hoard", path)
+	var n int
+	var why string
+	if _, err := fmt.Sscanf(c.expect(t, "HOARD"), "%d %s", &n, &why); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("uid 65534 registered %d buffers, then %s (the daemon's RLIMIT_NOFILE %d, %d open before)", n, why, limit, len(fds))
+	d.alive(t, "after the hoard")
+	got, err := os.ReadFile(filepath.Join(d.Mnt, "other"))
+	if err != nil || !bytes.Equal(got, other) {
+		t.Errorf("another file read through the mount while the buffers live: %d bytes, %v", len(got), err)
+	}
+	if why != "ENFILE" || uint64(n) > limit/4 {
+		t.Errorf("one process registered %d buffers, then %s; want ENFILE at a quarter of the daemon's %d descriptors at most", n, why, limit)
+	}
+	c.in.Close()
+	d.alive(t, "at the end")
+}
+
+// TestHostileFreedPages: uid 65534 registers 1 MiB of its memory, then
+// frees it (punches a hole in its memfd, which it keeps) and asks for
+// READs into it and WRITEs out of it. The daemon's accesses used to
+// allocate the pages again, charged to the daemon's memory cgroup while
+// the user's memfd kept them: round after round, a user confined to 64 MiB
+// held 256 MiB and more. Now they fail with EFAULT, allocate nothing,
+// and once the user writes its memory again, the READ works.
+func TestHostileFreedPages(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
+	_, path := hostileFile(t, d, "victim", 1<<20)
+	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "holes", path)
+	for _, what := range []string{"READ", "WRITE", "BATCH"} {
+		if got := c.expect(t, what); got != "EFAULT" {
+			t.Errorf("%s of memory the user freed: %s, want EFAULT", what, got)
+		}
+	}
+	if got := c.expect(t, "HELD"); got != "0" {
+		t.Errorf("the user's memfd holds %s bytes after the refused requests, want 0", got)
+	}
+	if got := c.expect(t, "AGAIN"); got != "OK" {
+		t.Errorf("a READ once the user wrote its memory again: %s", got)
+	}
+	d.alive(t, "at the end")
+}
+
 // TestBoundsHelperChild is the body of the hostile child processes; it
 // skips when run normally.
 func TestBoundsHelperChild(t *testing.T) {
 	mode := os.Getenv("PHX_CHILD")
-	if mode != "strided" && mode != "sparse" {
+	if mode != "strided" && mode != "sparse" && mode != "hoard" && mode != "holes" {
 		t.Skip("helper process for the bounds tests (runs only when re-executed)")
 	}
 	args := strings.Split(os.Getenv("PHX_CHILD_ARGS"), "\x1f")
@@ -195,6 +263,10 @@ func TestBoundsHelperChild(t *testing.T) {
 		hostileStrided(f, say)
 	case "sparse":
 		hostileSparse(f, say)
+	case "hoard":
+		hostileHoard(f, say)
+	case "holes":
+		hostileHoles(f, say)
 	}
 }
 
@@ -264,11 +336,83 @@ func hostileSparse(f *client.File, say func(string, ...any)) {
 	say("ALLOCATED OK")
 }
 
+// hostileHoard registers one 64 KiB memfd until the daemon refuses, says
+// how many times and why, and keeps the buffers until stdin closes.
+func hostileHoard(f *client.File, say func(string, ...any)) {
+	fd, err := unix.MemfdCreate("phxemu-hoard", unix.MFD_CLOEXEC)
+	if err == nil {
+		err = unix.Fallocate(fd, 0, 0, 64<<10)
+	}
+	if err != nil {
+		say("HOARD 0 memfd:%v", err)
+		return
+	}
+	n := 0
+	for ; n < client.DefaultMaxBuffersPerProcess; n++ {
+		if err = registerFd(f, fd, 64<<10); err != nil {
+			break
+		}
+	}
+	say("HOARD %d %s", n, errnoName(err))
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// hostileHoles registers 1 MiB of its memory, frees it, and says what
+// READ, WRITE and a batch READ into the freed memory get, how much of the
+// memfd is allocated afterwards, and whether a READ works once it wrote
+// the memory again.
+func hostileHoles(f *client.File, say func(string, ...any)) {
+	const size = 1 << 20
+	fd, err := unix.MemfdCreate("phxemu-holes", unix.MFD_CLOEXEC)
+	if err == nil {
+		err = unix.Fallocate(fd, 0, 0, size)
+	}
+	if err != nil {
+		say("READ memfd %v", err)
+		return
+	}
+	buf, err := registerFdBuffer(f, fd, size)
+	if err != nil {
+		say("READ REGISTER %s", errnoName(err))
+		return
+	}
+	if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, size); err != nil {
+		say("READ punch %v", err)
+		return
+	}
+	_, err = f.Read(buf, 0, size, 0)
+	say("READ %s", errnoName(err))
+	_, err = f.Write(buf, 0, 4096, 0)
+	say("WRITE %s", errnoName(err))
+	ext := []client.Extent{{Buffer: buf.ID, Len: 4096}, {Buffer: buf.ID, BufOffset: size / 2, Len: 4096, FileOffset: 4096}}
+	f.ReadBatch(ext)
+	say("BATCH %s", errnoName(ext[1].Err()))
+	var st unix.Stat_t
+	unix.Fstat(fd, &st)
+	say("HELD %d", st.Blocks*512)
+	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
+		say("AGAIN fallocate %v", err)
+		return
+	}
+	n, err := f.Read(buf, 0, size, 0)
+	if err == nil && n != size {
+		say("AGAIN %d bytes", n)
+		return
+	}
+	say("AGAIN %s", errnoName(err))
+}
+
 // registerFd registers size bytes of the emu memfd fd through f.
 func registerFd(f *client.File, fd int, size int64) error {
+	_, err := registerFdBuffer(f, fd, size)
+	return err
+}
+
+// registerFdBuffer is registerFd, with the buffer.
+func registerFdBuffer(f *client.File, fd int, size int64) (client.Buffer, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return err
+		return client.Buffer{}, err
 	}
 	var h [client.HandleSize]byte
 	copy(h[:], "PHXEMU01")
@@ -281,8 +425,7 @@ func registerFd(f *client.File, fd int, size int64) error {
 	le(h[12:], uint64(fd), 4)
 	le(h[16:], uint64(st.Size), 8)
 	le(h[24:], st.Ino, 8)
-	_, err := f.Register(client.VendorEmu, 0, h, size)
-	return err
+	return f.Register(client.VendorEmu, 0, h, size)
 }
 
 // TestStridedClientSplitsPieces: an extent of more pieces than one ioctl

@@ -31,7 +31,8 @@ import (
 // CAP_CHOWN, CAP_FSETID, CAP_MKNOD, CAP_LINUX_IMMUTABLE (acting on backing
 // files as their owner could), CAP_SETUID, CAP_SETGID (taking a caller's
 // credentials), CAP_KILL (SIGXFSZ to a caller), CAP_SYS_PTRACE (/proc of
-// callers), CAP_IPC_LOCK (pinned memory), CAP_SYS_RAWIO (the pcibar
+// callers; a userfaultfd that sees the kernel's own faults, connector/emu's
+// guard.go), CAP_IPC_LOCK (pinned memory), CAP_SYS_RAWIO (the pcibar
 // connector), CAP_NET_BIND_SERVICE (--metrics on a low port), and the rest
 // a file system server may be asked to forward (security xattrs).
 

@@ -102,7 +102,7 @@ func (c *Connector) checkDevice(dev int) error {
 type Memory struct {
 	c     *Connector
 	dev   int
-	fd    int
+	fd    int // the memfd; -1 for imported memory, which its mappings hold
 	ino   uint64
 	size  int64
 	view  []byte // names the memory: PROT_NONE in staged mode
@@ -134,9 +134,14 @@ func (m *Memory) Size() int64 { return m.size }
 func (m *Memory) Bytes() []byte { return m.alias }
 
 // Export implements connector.Memory. The handle names this process and its
-// descriptor; only this process can have it imported (see Import).
+// descriptor; only this process can have it imported (see Import). Memory
+// imported from another process holds no descriptor and cannot be
+// exported again (EINVAL).
 func (m *Memory) Export() (connector.Handle, error) {
 	var h connector.Handle
+	if m.fd < 0 {
+		return h, errs.New(unix.EINVAL, "emu: imported memory cannot be exported again")
+	}
 	copy(h[0:8], handleMagic[:])
 	binary.LittleEndian.PutUint32(h[8:], uint32(os.Getpid()))
 	binary.LittleEndian.PutUint32(h[12:], uint32(m.fd))
@@ -164,8 +169,10 @@ func (m *Memory) Close() error {
 	if err := unmapAligned(m.view); err != nil && first == nil {
 		first = err
 	}
-	if err := unix.Close(m.fd); err != nil && first == nil {
-		first = err
+	if m.fd >= 0 {
+		if err := unix.Close(m.fd); err != nil && first == nil {
+			first = err
+		}
 	}
 	if first != nil {
 		return errs.Wrapf(first, "emu: free device memory")
@@ -259,10 +266,14 @@ func (c *Connector) Import(dev int, h connector.Handle, size int64, pid int) (co
 		return nil, err
 	}
 	m, err := c.mapFd(dev, fd, size, acc)
+	unix.Close(fd)
 	if err != nil {
-		unix.Close(fd)
 		return nil, err
 	}
+	// The mappings hold the memfd: imported memory keeps no descriptor, so
+	// that a registration costs the daemon a mapping (two, staged) and no
+	// descriptor, whatever the number of them a client makes.
+	m.fd = -1
 	return m, nil
 }
 
@@ -280,6 +291,18 @@ func (a access) openFlags() int {
 		return unix.O_RDONLY
 	}
 	return unix.O_RDWR
+}
+
+// share is how the memory is mapped: shared, or, read-only, private.
+// Nothing ever writes read-only memory (its mappings are PROT_READ), so a
+// private mapping reads what a shared one would, and unlike a shared
+// mapping of a read-only descriptor or of a write-sealed memfd, which can
+// never become writable (no VM_MAYWRITE), it can be guarded (guard.go).
+func (a access) share() int {
+	if a.readOnly {
+		return unix.MAP_PRIVATE
+	}
+	return unix.MAP_SHARED
 }
 
 func (a access) prot() int {
@@ -366,13 +389,13 @@ func (c *Connector) mapFd(dev, fd int, size int64, acc access) (*Memory, error) 
 	if c.cfg.Staged {
 		prot = unix.PROT_NONE
 	}
-	view, err := mapAligned(fd, size, prot, acc.populate)
+	view, err := mapAligned(fd, size, prot, acc)
 	if err != nil {
 		return nil, err
 	}
 	alias := view
 	if c.cfg.Staged {
-		flags := unix.MAP_SHARED
+		flags := acc.share()
 		if acc.populate {
 			// Populating reads nothing into this process: on pages past the
 			// end of a memfd shrunk meanwhile it just stops, without a fault.
@@ -382,6 +405,18 @@ func (c *Connector) mapFd(dev, fd int, size int64, acc access) (*Memory, error) 
 		if err != nil {
 			unmapAligned(view)
 			return nil, errs.Wrapf(err, "emu: map copy-engine alias")
+		}
+	}
+	if !acc.populate {
+		// Imported: the exporter's pages, which the daemon must never
+		// allocate (guard.go). The alias is the mapping any access goes
+		// through (the view itself in host mode; PROT_NONE when staged).
+		if err := guard(alias); err != nil {
+			if &alias[0] != &view[0] {
+				unix.Munmap(alias)
+			}
+			unmapAligned(view)
+			return nil, err
 		}
 	}
 	m := &Memory{c: c, dev: dev, fd: fd, ino: st.Ino, size: size, view: view, alias: alias, readOnly: acc.readOnly}
@@ -396,7 +431,7 @@ func (c *Connector) mapFd(dev, fd int, size int64, acc access) (*Memory, error) 
 
 // mapAligned maps fd at an address aligned to PageSize, as device memory is:
 // it reserves a larger range and maps the file over its aligned part.
-func mapAligned(fd int, size int64, prot int, populate bool) ([]byte, error) {
+func mapAligned(fd int, size int64, prot int, acc access) ([]byte, error) {
 	reserve, err := unix.Mmap(-1, 0, int(size+PageSize), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		return nil, errs.Wrapf(err, "emu: reserve %d bytes", size)
@@ -412,8 +447,8 @@ func mapAligned(fd int, size int64, prot int, populate bool) ([]byte, error) {
 	// memfd, in the daemon's name. In host mode the CPU never touches this
 	// mapping: only the kernel does, for I/O, and it returns EFAULT on pages
 	// that are gone.
-	flags := unix.MAP_SHARED | unix.MAP_FIXED
-	if populate {
+	flags := acc.share() | unix.MAP_FIXED
+	if acc.populate {
 		flags |= unix.MAP_POPULATE
 	}
 	p, err := unix.MmapPtr(fd, 0, unsafe.Pointer(&reserve[head]), uintptr(size), prot, flags)

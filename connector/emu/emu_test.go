@@ -224,3 +224,48 @@ func TestImportRefusesWhatIsNotAnEmuBuffer(t *testing.T) {
 		t.Errorf("import of a handle naming a regular file: %v, want EINVAL", err)
 	}
 }
+
+// TestImportHoldsNoDescriptor: imported memory is held by its mappings
+// alone, so that a client registering one memfd again and again cannot
+// use up the daemon's descriptors; the memory still works, and cannot be
+// exported again.
+func TestImportHoldsNoDescriptor(t *testing.T) {
+	c := newConn(t, Config{})
+	m, err := c.Alloc(0, PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	h, _ := m.Export()
+	open := func() int {
+		fds, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(fds)
+	}
+	before := open()
+	var imports []connector.Memory
+	for range 8 {
+		im, err := c.Import(0, h, PageSize, os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		imports = append(imports, im)
+	}
+	if after := open(); after != before {
+		t.Errorf("8 imports hold %d descriptors", after-before)
+	}
+	m.(*Memory).Bytes()[7] = 42
+	if got := imports[7].(*Memory).Bytes()[7]; got != 42 {
+		t.Errorf("imported memory reads %d, want the exporter's 42", got)
+	}
+	if _, err := imports[0].Export(); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("export of imported memory: %v, want EINVAL", err)
+	}
+	for _, im := range imports {
+		if err := im.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+}

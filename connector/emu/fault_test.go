@@ -123,3 +123,141 @@ func TestHostModeShrunkBufferFailsInKernel(t *testing.T) {
 		t.Fatalf("read into a shrunk buffer: %v, want EFAULT", err)
 	}
 }
+
+// TestImportNeverFillsHoles: pages the exporter frees after the import
+// (a punched hole) are never allocated again by the importer's accesses,
+// which would charge them to the importer (the daemon's memory cgroup)
+// while the exporter's memfd keeps them: a read(2) into the hole fails
+// with EFAULT, a staged copy into or out of it too, and the memfd holds
+// no more pages than the exporter left it. The pages left, and a page the
+// exporter writes again, work as before.
+func TestImportNeverFillsHoles(t *testing.T) {
+	if ok, why := (&Connector{}).GuardReport(); !ok {
+		t.Fatalf("no guard against filling holes: %s", why)
+	}
+	src, err := os.CreateTemp(t.TempDir(), "src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if _, err := src.Write(bytes.Repeat([]byte{0x5a}, PageSize)); err != nil {
+		t.Fatal(err)
+	}
+	for _, staged := range []bool{false, true} {
+		m, im, daemon := exported(t, Config{Staged: staged}, 4*PageSize)
+		fd := m.(*Memory).fd
+		if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, PageSize, PageSize); err != nil {
+			t.Fatal(err)
+		}
+		blocks := func() int64 {
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				t.Fatal(err)
+			}
+			return st.Blocks * 512
+		}
+		held := blocks()
+		hole := im.Addr() + PageSize
+		if staged {
+			s, err := daemon.NewStream(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			s.CopyToDevice(hole, make([]byte, 100))
+			if err := s.Synchronize(); !errors.Is(err, unix.EFAULT) {
+				t.Errorf("staged copy into the hole: %v, want EFAULT", err)
+			}
+			s.CopyFromDevice(make([]byte, 100), hole)
+			if err := s.Synchronize(); !errors.Is(err, unix.EFAULT) {
+				t.Errorf("staged copy out of the hole: %v, want EFAULT", err)
+			}
+			if err := roundTrip(s, im.Addr(), bytes.Repeat([]byte{7}, 100)); err != nil {
+				t.Errorf("staged copies into the page left: %v", err)
+			}
+		} else {
+			view := im.(*Memory).view
+			if n, err := unix.Pread(int(src.Fd()), view[PageSize:2*PageSize], 0); err != unix.EFAULT {
+				t.Errorf("read(2) into the hole: %d, %v; want EFAULT", n, err)
+			}
+			if n, err := unix.Pwrite(int(src.Fd()), view[PageSize:PageSize+100], 0); err != unix.EFAULT {
+				t.Errorf("write(2) out of the hole: %d, %v; want EFAULT", n, err)
+			}
+			if n, err := unix.Pread(int(src.Fd()), view[:PageSize], 0); err != nil || n != PageSize {
+				t.Errorf("read(2) into the page left: %d, %v", n, err)
+			}
+		}
+		if now := blocks(); now != held {
+			t.Errorf("staged %v: the memfd held %d bytes after the hole, %d after the importer's accesses", staged, held, now)
+		}
+		fill := m.(*Memory).Bytes()[PageSize : 2*PageSize] // the exporter's own pages again
+		for i := range fill {
+			fill[i] = 1
+		}
+		if staged {
+			continue
+		}
+		if n, err := unix.Pread(int(src.Fd()), im.(*Memory).view[PageSize:2*PageSize], 0); err != nil || n != PageSize {
+			t.Errorf("read(2) into the page the exporter wrote again: %d, %v", n, err)
+		}
+	}
+}
+
+// TestReadOnlyImportNeverFillsHoles: memory shared read-only (a read-only
+// descriptor, a write-sealed memfd) is guarded too: reading a hole the
+// exporter made (shrinking and growing its memfd), the source of a write to a file, fails with EFAULT and
+// allocates nothing.
+func TestReadOnlyImportNeverFillsHoles(t *testing.T) {
+	const size = 2 * PageSize
+	src, err := os.CreateTemp(t.TempDir(), "dst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	for _, sealed := range []bool{false, true} {
+		for _, staged := range []bool{false, true} {
+			fd := memfd(t, size, size, unix.MFD_ALLOW_SEALING)
+			share := reopen(t, fd, unix.O_RDONLY)
+			if sealed {
+				share = fd
+				if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := newConn(t, Config{Staged: staged})
+			m, err := c.Import(0, handleOf(t, share, size), size, os.Getpid())
+			if err != nil {
+				t.Fatalf("sealed %v staged %v: %v", sealed, staged, err)
+			}
+			defer m.Close()
+			// A hole by shrinking and growing again (a write seal forbids
+			// punching one, not this).
+			if err := unix.Ftruncate(fd, PageSize); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Ftruncate(fd, size); err != nil {
+				t.Fatal(err)
+			}
+			var st unix.Stat_t
+			unix.Fstat(fd, &st)
+			held := st.Blocks
+			if staged {
+				s, err := c.NewStream(0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				s.CopyFromDevice(make([]byte, 100), m.Addr()+PageSize)
+				if err := s.Synchronize(); !errors.Is(err, unix.EFAULT) {
+					t.Errorf("sealed %v: staged copy out of the hole: %v, want EFAULT", sealed, err)
+				}
+			} else if n, err := unix.Pwrite(int(src.Fd()), m.(*Memory).view[PageSize:PageSize+100], 0); err != unix.EFAULT {
+				t.Errorf("sealed %v: write(2) out of the hole: %d, %v; want EFAULT", sealed, n, err)
+			}
+			unix.Fstat(fd, &st)
+			if st.Blocks != held {
+				t.Errorf("sealed %v staged %v: the memfd held %d blocks after the hole, %d after the importer's read", sealed, staged, held, st.Blocks)
+			}
+		}
+	}
+}
