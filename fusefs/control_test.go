@@ -534,6 +534,29 @@ func TestControlXattrs(t *testing.T) {
 	}
 }
 
+// TestParseLoadNumbers: user.phx.load's numbers are decimal or 0x hex
+// (docs/abi.md), below 2^63; nothing else strconv's base 0 would take.
+func TestParseLoadNumbers(t *testing.T) {
+	tok := strings.Repeat("ab", 16)
+	for v, want := range map[string]int64{
+		"0": 0, "10": 10, "010": 10, "0x10": 16, "0X1f": 31, "0x0010": 16,
+		"9223372036854775807": math.MaxInt64, "0x7fffffffffffffff": math.MaxInt64,
+		"9223372036854775808": -1, "0x8000000000000000": -1, "18446744073709551616": -1,
+		"0b1": -1, "0o7": -1, "1_0": -1, "0x1_0": -1, "0x": -1, "x10": -1, "+1": -1, "-1": -1,
+		"= 1": -1, "1.5": -1, "1e3": -1, "0x-1": -1, "0x+1": -1, "abc": -1,
+	} {
+		r, err := parseLoad([]byte("token=" + tok + ",offset=" + v))
+		switch {
+		case want < 0 && err == nil:
+			t.Errorf("offset=%q: accepted as %d", v, r.offset)
+		case want < 0 && !strings.Contains(err.Error(), unix.EINVAL.Error()):
+			t.Errorf("offset=%q: %v, want EINVAL", v, err)
+		case want >= 0 && (err != nil || r.offset != uint64(want)):
+			t.Errorf("offset=%q: %d, %v; want %d", v, r.offset, err, want)
+		}
+	}
+}
+
 func TestControlClose(t *testing.T) {
 	e := newCtlEnv(t, true, false)
 	f, _ := patternFile(t, 1<<20, unix.O_RDONLY)

@@ -234,9 +234,9 @@ func parseLoad(v []byte) (loadReq, error) {
 			}
 			continue
 		}
-		n, err := strconv.ParseUint(val, 0, 63)
-		if err != nil || n > client.MaxOffset {
-			return r, errs.New(unix.EINVAL, "user.phx.load: %s=%q is not a number below 2^63", k, val)
+		n, ok := loadNumber(val)
+		if !ok {
+			return r, errs.New(unix.EINVAL, "user.phx.load: %s=%q is not a decimal or 0x hex number below 2^63", k, val)
 		}
 		switch k {
 		case "offset":
@@ -253,6 +253,20 @@ func parseLoad(v []byte) (loadReq, error) {
 		return r, errs.New(unix.EINVAL, "user.phx.load: token and offset are required")
 	}
 	return r, nil
+}
+
+// loadNumber parses a user.phx.load number: decimal, or hex after 0x
+// (docs/abi.md), below 2^63. Not strconv's base 0, which reads a leading
+// 0 as octal (offset=010 would be 8) and takes 0b, 0o and underscores.
+func loadNumber(s string) (uint64, bool) {
+	base := 10
+	if h, ok := strings.CutPrefix(s, "0x"); ok {
+		base, s = 16, h
+	} else if h, ok := strings.CutPrefix(s, "0X"); ok {
+		base, s = 16, h
+	}
+	n, err := strconv.ParseUint(s, base, 63)
+	return n, err == nil && n <= client.MaxOffset
 }
 
 // SetXattr implements Control.
