@@ -557,6 +557,21 @@ func TestParseLoadNumbers(t *testing.T) {
 	}
 }
 
+// TestParseLoadValueLength: max_load_value (512) bounds the value as set,
+// a trailing NUL or newline included; those are then ignored.
+func TestParseLoadValueLength(t *testing.T) {
+	v := "token=" + strings.Repeat("ab", 16) + ",offset=0x"
+	v += strings.Repeat("0", client.MaxLoadValue-len(v)-1) + "9"
+	for _, c := range []struct {
+		v  string
+		ok bool
+	}{{v, true}, {v[:len(v)-1] + "\n", true}, {v[:len(v)-1] + "\x00", true}, {v + "\n", false}, {v + "\x00", false}, {"0" + v, false}} {
+		if _, err := parseLoad([]byte(c.v)); (err == nil) != c.ok {
+			t.Errorf("a value of %d bytes ending %q: %v; want accepted %v", len(c.v), c.v[len(c.v)-1:], err, c.ok)
+		}
+	}
+}
+
 func TestControlClose(t *testing.T) {
 	e := newCtlEnv(t, true, false)
 	f, _ := patternFile(t, 1<<20, unix.O_RDONLY)

@@ -211,8 +211,10 @@ type loadReq struct {
 // parseLoad parses "token=<hex>,offset=N[,length=N][,file_offset=N]".
 func parseLoad(v []byte) (loadReq, error) {
 	var r loadReq
+	// max_load_value bounds the value as set; a trailing NUL (a C string
+	// set with its terminator) or newline is then ignored.
 	s := strings.TrimRight(string(v), "\x00\n")
-	if s == "" || len(s) > client.MaxLoadValue {
+	if s == "" || len(v) > client.MaxLoadValue {
 		return r, errs.New(unix.EINVAL, "user.phx.load: empty or oversized value")
 	}
 	seen := map[string]bool{}
