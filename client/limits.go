@@ -69,7 +69,7 @@ var limitTable = [...]Limit{
 	{"max_pieces", MaxPieces, false, "pieces one strided batch moves: its extents' `count`s summed (the whole ioctl fails, nothing moves)", unix.E2BIG},
 	{"max_offset", MaxOffset, false, "every offset and length, and where an extent's last piece ends in the file (that extent, or the READ or WRITE, fails)", unix.EINVAL},
 	{"max_device", MaxDevice, false, "the device index of REGISTER and INFO", unix.ENODEV},
-	{"max_load_value", MaxLoadValue, false, "bytes of a `user.phx.load` value", unix.EINVAL},
+	{"max_load_value", MaxLoadValue, false, "bytes of a `user.phx.load` value as set (a trailing NUL or newline included)", unix.EINVAL},
 	{"max_buffers_per_process", DefaultMaxBuffersPerProcess, true, "live buffers of one process", unix.EMFILE},
 	{"max_buffers", DefaultMaxBuffers, true, "live buffers of the mount, never more than a quarter of the daemon's `RLIMIT_NOFILE` or of `vm.max_map_count` (16,382 by the kernel's default)", unix.ENFILE},
 	{"max_registered_bytes", DefaultMaxRegisteredBytes, true, "bytes the mount's live buffers register", unix.ENOMEM},

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -535,38 +534,40 @@ func TestControlXattrs(t *testing.T) {
 	}
 }
 
-// TestLoadNumbersAreDecimalOrHex: user.phx.load's numbers are decimal or
-// 0x hex (docs/abi.md). A decimal number with leading zeros (a script's
-// printf %08d) used to be read as octal, loading the file at another
-// offset than asked, or refused (08); other prefixes and digit
-// separators are refused.
-func TestLoadNumbersAreDecimalOrHex(t *testing.T) {
+// TestParseLoadNumbers: user.phx.load's numbers are decimal or 0x hex
+// (docs/abi.md), below 2^63; nothing else strconv's base 0 would take.
+func TestParseLoadNumbers(t *testing.T) {
 	tok := strings.Repeat("ab", 16)
-	for _, c := range []struct {
-		v    string
-		want uint64
-		ok   bool
-	}{
-		{"010", 10, true},
-		{"08", 8, true},
-		{"0000", 0, true},
-		{"0x10", 16, true},
-		{"0X1f", 31, true},
-		{"4096", 4096, true},
-		{"0o10", 0, false},
-		{"0b1", 0, false},
-		{"1_000", 0, false},
-		{"0x", 0, false},
-		{"+1", 0, false},
-		{"0x8000000000000000", 0, false},
-		{"9223372036854775808", 0, false},
+	for v, want := range map[string]int64{
+		"0": 0, "10": 10, "010": 10, "08": 8, "0x10": 16, "0X1f": 31, "0x0010": 16,
+		"9223372036854775807": math.MaxInt64, "0x7fffffffffffffff": math.MaxInt64,
+		"9223372036854775808": -1, "0x8000000000000000": -1, "18446744073709551616": -1,
+		"0b1": -1, "0o7": -1, "1_0": -1, "0x1_0": -1, "0x": -1, "x10": -1, "+1": -1, "-1": -1,
+		"= 1": -1, "1.5": -1, "1e3": -1, "0x-1": -1, "0x+1": -1, "abc": -1,
 	} {
-		r, err := parseLoad([]byte("token=" + tok + ",offset=" + c.v + ",length=" + c.v))
+		r, err := parseLoad([]byte("token=" + tok + ",offset=" + v))
 		switch {
-		case c.ok && (err != nil || r.offset != c.want || r.length != c.want):
-			t.Errorf("%q: %d, %d, %v; want %d", c.v, r.offset, r.length, err, c.want)
-		case !c.ok && !errors.Is(err, unix.EINVAL):
-			t.Errorf("%q: %d, %v; want EINVAL", c.v, r.offset, err)
+		case want < 0 && err == nil:
+			t.Errorf("offset=%q: accepted as %d", v, r.offset)
+		case want < 0 && !strings.Contains(err.Error(), unix.EINVAL.Error()):
+			t.Errorf("offset=%q: %v, want EINVAL", v, err)
+		case want >= 0 && (err != nil || r.offset != uint64(want)):
+			t.Errorf("offset=%q: %d, %v; want %d", v, r.offset, err, want)
+		}
+	}
+}
+
+// TestParseLoadValueLength: max_load_value (512) bounds the value as set,
+// a trailing NUL or newline included; those are then ignored.
+func TestParseLoadValueLength(t *testing.T) {
+	v := "token=" + strings.Repeat("ab", 16) + ",offset=0x"
+	v += strings.Repeat("0", client.MaxLoadValue-len(v)-1) + "9"
+	for _, c := range []struct {
+		v  string
+		ok bool
+	}{{v, true}, {v[:len(v)-1] + "\n", true}, {v[:len(v)-1] + "\x00", true}, {v + "\n", false}, {v + "\x00", false}, {"0" + v, false}} {
+		if _, err := parseLoad([]byte(c.v)); (err == nil) != c.ok {
+			t.Errorf("a value of %d bytes ending %q: %v; want accepted %v", len(c.v), c.v[len(c.v)-1:], err, c.ok)
 		}
 	}
 }

@@ -211,8 +211,10 @@ type loadReq struct {
 // parseLoad parses "token=<hex>,offset=N[,length=N][,file_offset=N]".
 func parseLoad(v []byte) (loadReq, error) {
 	var r loadReq
+	// max_load_value bounds the value as set; a trailing NUL (a C string
+	// set with its terminator) or newline is then ignored.
 	s := strings.TrimRight(string(v), "\x00\n")
-	if s == "" || len(s) > client.MaxLoadValue {
+	if s == "" || len(v) > client.MaxLoadValue {
 		return r, errs.New(unix.EINVAL, "user.phx.load: empty or oversized value")
 	}
 	seen := map[string]bool{}
@@ -234,9 +236,9 @@ func parseLoad(v []byte) (loadReq, error) {
 			}
 			continue
 		}
-		n, err := parseLoadNumber(val)
-		if err != nil || n > client.MaxOffset {
-			return r, errs.New(unix.EINVAL, "user.phx.load: %s=%q is not a number below 2^63", k, val)
+		n, ok := loadNumber(val)
+		if !ok {
+			return r, errs.New(unix.EINVAL, "user.phx.load: %s=%q is not a decimal or 0x hex number below 2^63", k, val)
 		}
 		switch k {
 		case "offset":
@@ -255,15 +257,18 @@ func parseLoad(v []byte) (loadReq, error) {
 	return r, nil
 }
 
-// parseLoadNumber parses a user.phx.load number: decimal (leading zeros
-// are still decimal) or hex after 0x; no sign, no other base, no digit
-// separators.
-func parseLoadNumber(v string) (uint64, error) {
+// loadNumber parses a user.phx.load number: decimal, or hex after 0x
+// (docs/abi.md), below 2^63. Not strconv's base 0, which reads a leading
+// 0 as octal (offset=010 would be 8) and takes 0b, 0o and underscores.
+func loadNumber(s string) (uint64, bool) {
 	base := 10
-	if h, ok := strings.CutPrefix(strings.ToLower(v), "0x"); ok {
-		v, base = h, 16
+	if h, ok := strings.CutPrefix(s, "0x"); ok {
+		base, s = 16, h
+	} else if h, ok := strings.CutPrefix(s, "0X"); ok {
+		base, s = 16, h
 	}
-	return strconv.ParseUint(v, base, 63) // an explicit base: no prefix, sign or _
+	n, err := strconv.ParseUint(s, base, 63)
+	return n, err == nil && n <= client.MaxOffset
 }
 
 // SetXattr implements Control.
@@ -333,8 +338,8 @@ func (s *ControlServer) SetXattr(c Caller, t XattrTarget, name string, value []b
 	}
 	s.stats.loads.Add(1)
 	s.stats.bytesRead.Add(uint64(n))
-	limitedLog(&s.logLoad, s.log.WithFields(logrus.Fields{"id": b.id, "pid": c.Tgid, "uid": c.UID, "file": t.Name}), logrus.InfoLevel,
-		"user.phx.load: %d bytes of %s into buffer %d at %d", n, t.Name, b.id, r.offset)
+	s.log.WithFields(logrus.Fields{"id": b.id, "pid": c.Tgid, "uid": c.UID, "file": t.Name}).
+		Infof("user.phx.load: %d bytes of %s into buffer %d at %d", n, t.Name, b.id, r.offset)
 	return 0
 }
 
