@@ -503,7 +503,9 @@ func (x *abiFixture) emuReadOnly(t *testing.T) {
 }
 
 // "Keep the memfd at least as large as the registration": shrunk, the
-// pages gone fail with EFAULT, the rest works; punched holes fill again.
+// pages gone fail with EFAULT, the rest works; a punched hole fails with
+// EFAULT too (the daemon never allocates the exporter's pages again)
+// until the exporter fallocates it, and then loads.
 func (x *abiFixture) emuShrunk(t *testing.T) {
 	fd := openFD(t, x.f, unix.O_RDONLY)
 	m := newEmu(t, "phxemu-shrink", 4*emuPage, 0)
@@ -526,8 +528,14 @@ func (x *abiFixture) emuShrunk(t *testing.T) {
 	if err := unix.Fallocate(m.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, emuPage); err != nil {
 		t.Fatal(err)
 	}
+	if n, e := abiIO(t, fd, false, r.id, 0, emuPage, 100); e != unix.EFAULT {
+		t.Errorf("READ into a punched hole: %d, %s; want EFAULT", n, errName(e))
+	}
+	if err := unix.Fallocate(m.fd, unix.FALLOC_FL_KEEP_SIZE, 0, emuPage); err != nil {
+		t.Fatal(err)
+	}
 	if n, e := abiIO(t, fd, false, r.id, 0, emuPage, 100); e != 0 || n != emuPage || !bytes.Equal(mem[:emuPage], x.data[100:100+emuPage]) {
-		t.Errorf("READ into a punched hole: %d, %s", n, errName(e))
+		t.Errorf("READ into the hole fallocated again: %d, %s", n, errName(e))
 	}
 	x.d.alive(t, "after the shrunk memfd")
 }
