@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/phxmount/phxmount/internal/fscred"
 	"github.com/phxmount/phxmount/internal/procfs"
 )
 
@@ -46,12 +47,10 @@ import (
 // daemon's capabilities on a local file system (likeTheDaemon), needs no
 // job: fn runs where the request is served.
 
-// callerCreds is what the kernel judges a file-system access by.
-type callerCreds struct {
-	fsuid, fsgid uint32
-	groups       []int
-	capEff       [2]uint32 // the caller's effective capabilities in the daemon's user namespace
-}
+// callerCreds is what the kernel judges a file-system access by (fsuid,
+// fsgid, groups; CapEff: the caller's effective capabilities in the
+// daemon's user namespace).
+type callerCreds fscred.Creds
 
 // credsOf reads the caller's supplementary groups and effective capabilities
 // from /proc; FUSE already reported its fsuid and fsgid. A caller whose
@@ -66,7 +65,7 @@ type callerCreds struct {
 // that FUSE reports, and no system call tells another process's groups, so
 // every request reads them afresh (about 6 us; docs/perf-notes.md section 9).
 func credsOf(c Caller) (callerCreds, unix.Errno) {
-	cr := callerCreds{fsuid: c.UID, fsgid: c.GID}
+	cr := callerCreds{FSUID: c.UID, FSGID: c.GID}
 	pid := c.Tid
 	if pid <= 0 {
 		pid = c.Tgid
@@ -84,7 +83,7 @@ func credsOf(c Caller) (callerCreds, unix.Errno) {
 		}
 		return cr, e
 	}
-	cr.groups = groups
+	cr.Groups = groups
 	if capEff == 0 {
 		return cr, 0 // no capability to count: its user namespace does not matter
 	}
@@ -93,7 +92,7 @@ func credsOf(c Caller) (callerCreds, unix.Errno) {
 		return cr, e
 	}
 	if same {
-		cr.capEff = [2]uint32{uint32(capEff), uint32(capEff >> 32)}
+		cr.CapEff = [2]uint32{uint32(capEff), uint32(capEff >> 32)}
 	}
 	return cr, 0
 }
@@ -272,11 +271,11 @@ var fsCaps = [2]uint32{1<<unix.CAP_CHOWN | 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CA
 // only where its own groups hold resgid.)
 func likeTheDaemon(c Caller) (bool, unix.Errno) {
 	d, e := daemonCreds()
-	if e != 0 || int(c.UID) != d.fsuid || int(c.GID) != d.fsgid || c.Tid <= 0 {
+	if e != 0 || int(c.UID) != d.FSUID || int(c.GID) != d.FSGID || c.Tid <= 0 {
 		return false, 0
 	}
 	for i := range fsCaps {
-		if d.caps[i].Effective&fsCaps[i] != fsCaps[i] {
+		if d.Caps[i].Effective&fsCaps[i] != fsCaps[i] {
 			return false, 0
 		}
 	}
@@ -289,7 +288,7 @@ func likeTheDaemon(c Caller) (bool, unix.Errno) {
 		return false, 0
 	}
 	for i := range data {
-		if data[i].Effective&d.caps[i].Permitted != d.caps[i].Effective {
+		if data[i].Effective&d.Caps[i].Permitted != d.Caps[i].Effective {
 			return false, 0
 		}
 	}
@@ -298,7 +297,7 @@ func likeTheDaemon(c Caller) (bool, unix.Errno) {
 
 // daemonCreds are the credentials of the daemon's threads (every thread but
 // one in a job), read once.
-var daemonCreds = sync.OnceValues(threadCreds)
+var daemonCreds = sync.OnceValues(fscred.Current)
 
 // isDaemon says whether a thread that took cr would have exactly the
 // daemon's credentials: same fsuid, fsgid and groups, and the daemon's
@@ -306,11 +305,11 @@ var daemonCreds = sync.OnceValues(threadCreds)
 // may have).
 func (cr callerCreds) isDaemon() bool {
 	d, e := daemonCreds()
-	if e != 0 || int(cr.fsuid) != d.fsuid || int(cr.fsgid) != d.fsgid || !slices.Equal(cr.groups, d.groups) {
+	if e != 0 || int(cr.FSUID) != d.FSUID || int(cr.FSGID) != d.FSGID || !slices.Equal(cr.Groups, d.Groups) {
 		return false
 	}
-	for i := range d.caps {
-		if cr.capEff[i]&d.caps[i].Permitted != d.caps[i].Effective {
+	for i := range d.Caps {
+		if cr.CapEff[i]&d.Caps[i].Permitted != d.Caps[i].Effective {
 			return false
 		}
 	}
@@ -335,11 +334,11 @@ func runLocked(cr callerCreds, fn func() unix.Errno, done chan<- unix.Errno) {
 	}
 	base, e := daemonCreds()
 	if e == 0 {
-		if e = cr.assume(base); e == 0 {
+		if e = fscred.Creds(cr).Assume(base); e == 0 {
 			e = fn()
 		}
 	}
-	if re := base.restore(); re != 0 {
+	if re := base.Restore(); re != 0 {
 		done <- e
 		return // still locked: the runtime ends the thread
 	}
@@ -394,7 +393,7 @@ func (t *credThread) serve() {
 		return
 	}
 	broken := toErrno(unix.Unshare(unix.CLONE_FS))
-	base, e := threadCreds()
+	base, e := fscred.Current()
 	if broken == 0 {
 		broken = e
 	}
@@ -407,7 +406,7 @@ func (t *credThread) serve() {
 		}
 		job.done <- t.run(job, base, baseUmask)
 		if job.cr != nil {
-			if broken = base.restore(); broken != 0 {
+			if broken = base.Restore(); broken != 0 {
 				return
 			}
 		}
@@ -421,99 +420,17 @@ func (t *credThread) serve() {
 
 // run runs one job on the thread, whose credentials are base and umask
 // baseUmask, and gives the umask back (serve gives the credentials back).
-func (t *credThread) run(job credJob, base threadState, baseUmask int) unix.Errno {
+func (t *credThread) run(job credJob, base fscred.State, baseUmask int) unix.Errno {
 	if job.umask >= 0 {
 		unix.Umask(job.umask)
 		defer unix.Umask(baseUmask)
 	}
 	if job.cr != nil {
-		if e := job.cr.assume(base); e != 0 {
+		if e := fscred.Creds(*job.cr).Assume(base); e != 0 {
 			return e
 		}
 	}
 	return job.fn()
-}
-
-// threadState is a thread's credentials as the kernel reports them.
-type threadState struct {
-	fsuid, fsgid int
-	groups       []int
-	caps         [2]unix.CapUserData
-}
-
-// threadCreds reads the calling thread's credentials.
-func threadCreds() (threadState, unix.Errno) {
-	var s threadState
-	s.fsuid, _ = unix.SetfsuidRetUid(-1) // -1 changes nothing and reports the current value
-	s.fsgid, _ = unix.SetfsgidRetGid(-1)
-	g, err := unix.Getgroups()
-	if err != nil {
-		return s, toErrno(err)
-	}
-	s.groups = g
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	if err := unix.Capget(&hdr, &s.caps[0]); err != nil {
-		return s, toErrno(err)
-	}
-	return s, 0
-}
-
-func (s threadState) equal(o threadState) bool {
-	return s.fsuid == o.fsuid && s.fsgid == o.fsgid && slices.Equal(s.groups, o.groups) && s.caps == o.caps
-}
-
-// restore gives the calling thread back the credentials s and checks that
-// it has them: first the effective capabilities (raising them within the
-// permitted set needs none), which setgroups, setfsgid and setfsuid need;
-// then the capabilities again, as a change of fsuid to 0 raises some.
-func (s threadState) restore() unix.Errno {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	caps := s.caps
-	if err := unix.Capset(&hdr, &caps[0]); err != nil {
-		return toErrno(err)
-	}
-	if err := unix.Setgroups(s.groups); err != nil {
-		return toErrno(err)
-	}
-	unix.Setfsgid(s.fsgid)
-	unix.Setfsuid(s.fsuid)
-	caps = s.caps
-	if err := unix.Capset(&hdr, &caps[0]); err != nil {
-		return toErrno(err)
-	}
-	now, e := threadCreds()
-	if e != 0 {
-		return e
-	}
-	if !now.equal(s) {
-		return unix.EPERM
-	}
-	return 0
-}
-
-// assume gives the calling thread, whose credentials are base, the
-// caller's: groups, fsgid, fsuid, then the caller's effective
-// capabilities within base's permitted set (a change of fsuid away from 0
-// drops the file-system ones; capset puts back exactly the caller's).
-func (cr callerCreds) assume(base threadState) unix.Errno {
-	if err := unix.Setgroups(cr.groups); err != nil {
-		return toErrno(err)
-	}
-	// setfsuid and setfsgid report no error; read the value back instead.
-	unix.Setfsgid(int(cr.fsgid))
-	unix.Setfsuid(int(cr.fsuid))
-	if g, _ := unix.SetfsgidRetGid(-1); g != int(cr.fsgid) {
-		return unix.EPERM
-	}
-	if u, _ := unix.SetfsuidRetUid(-1); u != int(cr.fsuid) {
-		return unix.EPERM
-	}
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	data := base.caps
-	for i := range data {
-		data[i].Effective = cr.capEff[i] & data[i].Permitted
-	}
-	return toErrno(unix.Capset(&hdr, &data[0]))
 }
 
 // openAsCaller re-opens the inode fd refers to (on the file system of pol)

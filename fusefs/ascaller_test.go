@@ -16,26 +16,27 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/phxmount/phxmount/internal/fscred"
 	"github.com/phxmount/phxmount/internal/procfs"
 )
 
 // onCredThread runs on a credThread with cr and reports that thread's id
 // and credentials as the kernel saw them inside the job.
-func onCredThread(t *testing.T, cr callerCreds, also func() unix.Errno) (int, threadState) {
+func onCredThread(t *testing.T, cr callerCreds, also func() unix.Errno) (int, fscred.State) {
 	t.Helper()
 	return inJob(t, func(fn func() unix.Errno) unix.Errno { return runOnCredThread(&cr, -1, fn) }, cr, also)
 }
 
 // inJob runs a job with run (runAs or runOnCredThread) and reports the
 // thread's id and credentials as the kernel saw them inside it.
-func inJob(t *testing.T, run func(func() unix.Errno) unix.Errno, cr callerCreds, also func() unix.Errno) (int, threadState) {
+func inJob(t *testing.T, run func(func() unix.Errno) unix.Errno, cr callerCreds, also func() unix.Errno) (int, fscred.State) {
 	t.Helper()
 	var tid int
-	var st threadState
+	var st fscred.State
 	e := run(func() unix.Errno {
 		tid = unix.Gettid()
 		var e unix.Errno
-		if st, e = threadCreds(); e != 0 {
+		if st, e = fscred.Current(); e != 0 {
 			return e
 		}
 		if also != nil {
@@ -44,7 +45,7 @@ func inJob(t *testing.T, run func(func() unix.Errno) unix.Errno, cr callerCreds,
 		return 0
 	})
 	if e != 0 {
-		t.Fatalf("job as %d: %v", cr.fsuid, e)
+		t.Fatalf("job as %d: %v", cr.FSUID, e)
 	}
 	return tid, st
 }
@@ -56,27 +57,27 @@ func TestCredThreadsTakeAndGiveBack(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
 	}
-	daemon, e := threadCreds()
+	daemon, e := fscred.Current()
 	if e != 0 {
 		t.Fatal(e)
 	}
 	setAsideIdleCredThreads(t)
-	user := callerCreds{fsuid: 1000, fsgid: 1001, groups: []int{7, 1001}}
+	user := callerCreds{FSUID: 1000, FSGID: 1001, Groups: []int{7, 1001}}
 	tid1, in := onCredThread(t, user, nil)
-	if in.fsuid != 1000 || in.fsgid != 1001 || !slices.Equal(in.groups, []int{7, 1001}) {
-		t.Errorf("inside the job: fsuid %d fsgid %d groups %v, want 1000 1001 [7 1001]", in.fsuid, in.fsgid, in.groups)
+	if in.FSUID != 1000 || in.FSGID != 1001 || !slices.Equal(in.Groups, []int{7, 1001}) {
+		t.Errorf("inside the job: fsuid %d fsgid %d groups %v, want 1000 1001 [7 1001]", in.FSUID, in.FSGID, in.Groups)
 	}
-	if in.caps[0].Effective != 0 || in.caps[1].Effective != 0 {
-		t.Errorf("inside the job of a caller with no capabilities: effective %#x %#x", in.caps[0].Effective, in.caps[1].Effective)
+	if in.Caps[0].Effective != 0 || in.Caps[1].Effective != 0 {
+		t.Errorf("inside the job of a caller with no capabilities: effective %#x %#x", in.Caps[0].Effective, in.Caps[1].Effective)
 	}
 	waitIdleCredThread(t)
-	root := callerCreds{fsuid: 0, fsgid: 0, groups: daemon.groups,
-		capEff: [2]uint32{daemon.caps[0].Effective, daemon.caps[1].Effective}}
+	root := callerCreds{FSUID: 0, FSGID: 0, Groups: daemon.Groups,
+		CapEff: [2]uint32{daemon.Caps[0].Effective, daemon.Caps[1].Effective}}
 	tid2, back := onCredThread(t, root, nil)
 	if tid2 != tid1 {
 		t.Errorf("the second job ran on thread %d, not on the idle thread %d", tid2, tid1)
 	}
-	if !back.equal(daemon) {
+	if !back.Equal(daemon) {
 		t.Errorf("a job as the daemon after a job as uid 1000 saw %+v, want %+v", back, daemon)
 	}
 }
@@ -90,13 +91,13 @@ func TestThreadEndsWhenItCannotGiveBack(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
 	}
-	daemon, e := threadCreds()
+	daemon, e := fscred.Current()
 	if e != 0 {
 		t.Fatal(e)
 	}
 	const capMknod = 27
-	if daemon.caps[0].Permitted&(1<<capMknod) == 0 {
-		t.Fatalf("the test process lacks CAP_MKNOD (permitted %#x)", daemon.caps[0].Permitted)
+	if daemon.Caps[0].Permitted&(1<<capMknod) == 0 {
+		t.Fatalf("the test process lacks CAP_MKNOD (permitted %#x)", daemon.Caps[0].Permitted)
 	}
 	dropMknod := func() unix.Errno {
 		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
@@ -108,7 +109,7 @@ func TestThreadEndsWhenItCannotGiveBack(t *testing.T) {
 		data[0].Effective &^= 1 << capMknod
 		return toErrno(unix.Capset(&hdr, &data[0]))
 	}
-	user := callerCreds{fsuid: 1000, fsgid: 1000}
+	user := callerCreds{FSUID: 1000, FSGID: 1000}
 	runners := map[string]func(callerCreds, func() unix.Errno) unix.Errno{
 		"where served": runAs,
 		"credThread":   func(cr callerCreds, fn func() unix.Errno) unix.Errno { return runOnCredThread(&cr, -1, fn) },
@@ -120,13 +121,13 @@ func TestThreadEndsWhenItCannotGiveBack(t *testing.T) {
 				t.Fatalf("a job ran on the main thread, which the runtime cannot end")
 			}
 			waitThreadGone(t, tid)
-			self := callerCreds{groups: daemon.groups, capEff: [2]uint32{daemon.caps[0].Effective, daemon.caps[1].Effective}}
+			self := callerCreds{Groups: daemon.Groups, CapEff: [2]uint32{daemon.Caps[0].Effective, daemon.Caps[1].Effective}}
 			tid2, st := inJob(t, func(fn func() unix.Errno) unix.Errno { return run(self, fn) }, self, nil)
 			if tid2 == tid {
 				t.Fatalf("a job ran on the thread that should have ended (%d)", tid)
 			}
-			if st.caps[0].Permitted&(1<<capMknod) == 0 {
-				t.Errorf("the next thread lacks CAP_MKNOD too: permitted %#x", st.caps[0].Permitted)
+			if st.Caps[0].Permitted&(1<<capMknod) == 0 {
+				t.Errorf("the next thread lacks CAP_MKNOD too: permitted %#x", st.Caps[0].Permitted)
 			}
 		})
 	}
@@ -157,15 +158,15 @@ func TestJobsWhereServedGiveBack(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("fusefs: skipped: taking a caller's credentials needs root")
 	}
-	daemon, e := threadCreds()
+	daemon, e := fscred.Current()
 	if e != 0 {
 		t.Fatal(e)
 	}
-	user := callerCreds{fsuid: 1000, fsgid: 1001, groups: []int{7, 1001}}
+	user := callerCreds{FSUID: 1000, FSGID: 1001, Groups: []int{7, 1001}}
 	_, in := inJob(t, func(fn func() unix.Errno) unix.Errno { return runAs(user, fn) }, user, nil)
-	if in.fsuid != 1000 || in.fsgid != 1001 || !slices.Equal(in.groups, []int{7, 1001}) || in.caps[0].Effective != 0 || in.caps[1].Effective != 0 {
+	if in.FSUID != 1000 || in.FSGID != 1001 || !slices.Equal(in.Groups, []int{7, 1001}) || in.Caps[0].Effective != 0 || in.Caps[1].Effective != 0 {
 		t.Errorf("inside the job: fsuid %d fsgid %d groups %v effective %#x %#x, want 1000 1001 [7 1001] 0 0",
-			in.fsuid, in.fsgid, in.groups, in.caps[0].Effective, in.caps[1].Effective)
+			in.FSUID, in.FSGID, in.Groups, in.Caps[0].Effective, in.Caps[1].Effective)
 	}
 	var wg sync.WaitGroup
 	errs := make(chan string, 64)
@@ -174,9 +175,9 @@ func TestJobsWhereServedGiveBack(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 200; i++ {
-				cr := callerCreds{fsuid: uint32(2000 + g), fsgid: uint32(3000 + i%3), groups: []int{4000 + g}}
+				cr := callerCreds{FSUID: uint32(2000 + g), FSGID: uint32(3000 + i%3), Groups: []int{4000 + g}}
 				e := runAs(cr, func() unix.Errno {
-					if u, _ := unix.SetfsuidRetUid(-1); u != int(cr.fsuid) {
+					if u, _ := unix.SetfsuidRetUid(-1); u != int(cr.FSUID) {
 						return unix.EBADE
 					}
 					return 0
@@ -204,9 +205,9 @@ func TestJobsWhereServedGiveBack(t *testing.T) {
 
 // statusCreds is how /proc/<tid>/status shows s: the fsuid, fsgid, groups
 // and effective capabilities.
-func statusCreds(s threadState) string {
-	eff := uint64(s.caps[1].Effective)<<32 | uint64(s.caps[0].Effective)
-	return fmt.Sprintf("fsuid %d fsgid %d groups %v CapEff %016x", s.fsuid, s.fsgid, s.groups, eff)
+func statusCreds(s fscred.State) string {
+	eff := uint64(s.Caps[1].Effective)<<32 | uint64(s.Caps[0].Effective)
+	return fmt.Sprintf("fsuid %d fsgid %d groups %v CapEff %016x", s.FSUID, s.FSGID, s.Groups, eff)
 }
 
 // taskCreds reads a thread's credentials from its status file, as
@@ -243,7 +244,7 @@ func TestCredThreadUmaskIsItsOwn(t *testing.T) {
 	old := unix.Umask(0)
 	unix.Umask(old)
 	dir := t.TempDir()
-	user := callerCreds{fsuid: 0, fsgid: 0}
+	user := callerCreds{FSUID: 0, FSGID: 0}
 	var inside, process int
 	e := runOnCredThread(&user, 0o077, func() unix.Errno {
 		inside = unix.Umask(0o077)

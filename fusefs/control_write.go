@@ -84,7 +84,7 @@ func removePrivs(c Caller, fd int) unix.Errno {
 	if e != 0 {
 		return e
 	}
-	if cr.capEff[0]&(1<<capFsetid) != 0 {
+	if cr.CapEff[0]&(1<<capFsetid) != 0 {
 		return 0
 	}
 	return toErrno(unix.Fchmod(fd, mode&^kill))
