@@ -72,8 +72,12 @@ func (f *FS) newFile(ctx context.Context, n *node, fd int, flags int) (fs.FileHa
 	return h, 0
 }
 
-// PassthroughFd gives go-fuse the descriptor to register with the kernel.
-func (p *ptFile) PassthroughFd() (int, bool) { return p.fd, true }
+// PassthroughFd gives go-fuse the descriptor to register with the kernel,
+// which it does next on this goroutine, as fscred.Writer (writeas.go).
+func (p *ptFile) PassthroughFd() (int, bool) {
+	p.writerForBacking()
+	return p.fd, true
+}
 
 func (h *file) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if h.pt {
@@ -95,9 +99,14 @@ func (h *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 	if h.pt {
 		h.fsys.passthroughLost("WRITE", h.of.Name)
 	}
-	m, err := unix.Pwrite(h.fd, data, off)
-	if err != nil {
-		return 0, toErrno(err)
+	var m int
+	e := h.asWriter(ctx, func() unix.Errno {
+		var err error
+		m, err = unix.Pwrite(h.fd, data, off)
+		return toErrno(err)
+	})
+	if e != 0 {
+		return 0, e
 	}
 	return uint32(m), 0
 }
@@ -150,7 +159,7 @@ func (h *file) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, sy
 }
 
 func (h *file) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
-	return toErrno(unix.Fallocate(h.fd, mode, int64(off), int64(size)))
+	return h.asWriter(ctx, func() unix.Errno { return toErrno(unix.Fallocate(h.fd, mode, int64(off), int64(size))) })
 }
 
 // dirHandle is an open directory.

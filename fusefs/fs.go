@@ -419,6 +419,14 @@ type rawFS struct {
 	fsys *FS
 }
 
+// Tmpfile, like Open and Create, may register a passthrough file's
+// backing descriptor as fscred.Writer (writeas.go): the thread gets the
+// daemon's credentials back before the reply.
+func (r *rawFS) Tmpfile(cancel <-chan struct{}, in *fuse.CreateIn, out *fuse.CreateOut) fuse.Status {
+	defer givePassthroughWriterBack()
+	return r.RawFileSystem.Tmpfile(cancel, in, out)
+}
+
 func (r *rawFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
 	defer r.fsys.requests.done(opFlush, time.Now())
 	r.fsys.flushOwners.Store(cancel, in.LockOwner)

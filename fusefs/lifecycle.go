@@ -246,6 +246,7 @@ func (r *rawFS) Mknod(c <-chan struct{}, in *fuse.MknodIn, name string, out *fus
 
 func (r *rawFS) Create(c <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
 	defer r.fsys.requests.done(opCreate, time.Now())
+	defer givePassthroughWriterBack() // writeas.go
 	return r.settled(c, r.RawFileSystem.Create(c, in, name, out))
 }
 

@@ -167,9 +167,14 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 		length = 1 << 30
 	}
 	ri, ro := int64(offIn), int64(offOut)
-	m, err := unix.CopyFileRange(in.fd, &ri, o.fd, &ro, int(length), int(flags))
-	if err != nil {
-		return 0, toErrno(err)
+	var m int
+	e := o.asWriter(ctx, func() unix.Errno {
+		var err error
+		m, err = unix.CopyFileRange(in.fd, &ri, o.fd, &ro, int(length), int(flags))
+		return toErrno(err)
+	})
+	if e != 0 {
+		return 0, e
 	}
 	return uint32(m), 0
 }

@@ -75,6 +75,7 @@ func (r *rawFS) GetAttr(c <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut
 
 func (r *rawFS) Open(c <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	defer r.fsys.requests.done(opOpen, time.Now())
+	defer givePassthroughWriterBack() // writeas.go
 	return r.RawFileSystem.Open(c, in, out)
 }
 

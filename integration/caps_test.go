@@ -83,9 +83,12 @@ func TestDaemonServesWithoutUnneededCapabilities(t *testing.T) {
 }
 
 // TestReservedBlocksApplyThroughTheMount: on an ext4 file system with
-// reserved blocks (for a uid other than root's), uid 1000's writes
-// through the mount stop at ENOSPC where its native writes do, in both
-// passthrough modes: the daemon's writes use no reserved block.
+// reserved blocks, uid 1000's writes through the mount stop at ENOSPC
+// where its native writes do, in both passthrough modes: the daemon's
+// writes use no reserved block. Two owners of the reserve: root, as
+// mkfs.ext4 leaves it (ext4 gives the reserve to a writer whose fsuid is
+// its owner's: the daemon's writes must not be uid 0's), and uid 4242
+// (root would get them by CAP_SYS_RESOURCE alone).
 func TestReservedBlocksApplyThroughTheMount(t *testing.T) {
 	requireMountEnv(t)
 	for _, tool := range []string{"mkfs.ext4", "tune2fs"} {
@@ -93,6 +96,12 @@ func TestReservedBlocksApplyThroughTheMount(t *testing.T) {
 			t.Skipf("skipped: %s not installed (Debian package e2fsprogs)", tool)
 		}
 	}
+	for _, owner := range []string{"root", "4242"} {
+		t.Run("reserved-for-"+owner, func(t *testing.T) { reservedBlocksApply(t, owner) })
+	}
+}
+
+func reservedBlocksApply(t *testing.T, owner string) {
 	dir := t.TempDir()
 	os.Chmod(filepath.Dir(dir), 0755)
 	os.Chmod(dir, 0755)
@@ -100,7 +109,9 @@ func TestReservedBlocksApplyThroughTheMount(t *testing.T) {
 	must(t, os.Mkdir(fsdir, 0755))
 	runCmd(t, "truncate", "-s", "48M", img)
 	runCmd(t, "mkfs.ext4", "-q", "-m", "25", img)
-	runCmd(t, "tune2fs", "-u", "4242", "-g", "4242", img) // reserved for 4242: root gets them by CAP_SYS_RESOURCE alone
+	if owner != "root" {
+		runCmd(t, "tune2fs", "-u", owner, "-g", owner, img)
+	}
 	if out, err := exec.Command("mount", "-o", "loop", img, fsdir).CombinedOutput(); err != nil {
 		t.Skipf("skipped: cannot loop-mount an ext4 image here: %v %s", err, out)
 	}
@@ -111,9 +122,13 @@ func TestReservedBlocksApplyThroughTheMount(t *testing.T) {
 	var st unix.Statfs_t
 	must(t, unix.Statfs(fsdir, &st))
 	reserved := int64(st.Bfree-st.Bavail) * st.Bsize
-	fill := func(path string) (string, int64) {
+	fill := func(path string, how ...string) (string, int64) {
 		t.Helper()
-		got := nsOp(t, &syscall.SysProcAttr{Credential: user1000}, "fill", path)
+		op := "fill"
+		if len(how) > 0 {
+			op = how[0]
+		}
+		got := nsOp(t, &syscall.SysProcAttr{Credential: user1000}, op, path)
 		var e string
 		var n int64
 		if _, err := fmt.Sscanf(got, "%s %d", &e, &n); err != nil {
@@ -134,6 +149,15 @@ func TestReservedBlocksApplyThroughTheMount(t *testing.T) {
 			t.Logf("native: %s after %d bytes; through the mount: %s after %d bytes; reserved %d bytes", nativeErr, native, e, n, reserved)
 			if e != "ENOSPC" || n > native+reserved/2 {
 				t.Errorf("through the mount: %s after %d bytes, native ENOSPC after %d (the reserve is %d bytes): the daemon wrote into the reserved blocks", e, n, native, reserved)
+			}
+			if pt != "off" {
+				return
+			}
+			// The WRITE ioctls: the daemon's I/O workers write the bytes.
+			e, n = fill(filepath.Join(d.Mnt, "ioctl"), "fill-ioctl")
+			t.Logf("by WRITE ioctls: %s after %d bytes", e, n)
+			if e != "ENOSPC" || n > native+reserved/2 {
+				t.Errorf("by WRITE ioctls: %s after %d bytes, native ENOSPC after %d (the reserve is %d bytes): the daemon wrote into the reserved blocks", e, n, native, reserved)
 			}
 		})
 	}

@@ -21,6 +21,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phxmount/phxmount/client"
+	"github.com/phxmount/phxmount/connector/emu"
 )
 
 // nsOp runs one namespace operation in a child process of the attributes
@@ -104,6 +107,8 @@ func runNsOp(op, path string, args []string) string {
 		err = unix.Link(args[0], path)
 	case "fill": // write a new file until the file system refuses: "ERRNO BYTES"
 		return fillFile(path)
+	case "fill-ioctl": // the same with WRITE ioctls from an emulated-device buffer
+		return fillByIoctl(path)
 	default:
 		return "BADOP " + op
 	}
@@ -129,6 +134,48 @@ func fillFile(path string) string {
 		}
 		if err != nil {
 			return fmt.Sprintf("%s %d", errnoName(errors.Unwrap(err)), n)
+		}
+	}
+}
+
+// fillByIoctl is fillFile through the mount's WRITE ioctls: a new file,
+// written 1 MiB at a time from a registered emulated-device buffer until a
+// write fails, synced every 4 MiB.
+func fillByIoctl(path string) string {
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0644)
+	if err != nil {
+		return errnoName(err) + " 0"
+	}
+	f := client.NewFile(fd, path)
+	defer unix.Close(fd)
+	conn, err := emu.New(emu.Config{})
+	if err != nil {
+		return "EMU 0"
+	}
+	m, err := conn.Alloc(0, 1<<20)
+	if err != nil {
+		return "ALLOC 0"
+	}
+	h, _ := m.Export()
+	buf, err := f.Register(client.VendorEmu, 0, h, m.Size())
+	if err != nil {
+		return "REGISTER-" + errnoName(err) + " 0"
+	}
+	var n int64
+	for {
+		got, err := f.Write(buf, 0, 1<<20, n)
+		n += got
+		if err == nil && got < 1<<20 {
+			err = unix.ENOSPC // a short write: the file system is full
+		}
+		if err == nil && n%(4<<20) == 0 {
+			err = unix.Fsync(fd)
+		}
+		if err != nil {
+			if e := unix.Fsync(fd); e != nil && !errors.Is(err, unix.ENOSPC) {
+				err = e
+			}
+			return fmt.Sprintf("%s %d", errnoName(err), n)
 		}
 	}
 }

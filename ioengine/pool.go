@@ -16,6 +16,11 @@ type PoolConfig struct {
 	Kind       string
 	Workers    int
 	QueueDepth int
+	// Writer: where the workers' thread is root for file systems (fsuid
+	// 0), their writes of file data run as fscred.Writer, not as root, so
+	// that they take no block a file system reserves for root (a daemon
+	// writing for its callers); reads are untouched.
+	Writer bool
 }
 
 // MaxWorkers bounds PoolConfig.Workers: each worker holds an OS thread.
@@ -104,6 +109,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	type started struct {
 		eng     engine
 		ringErr error
+		err     error // the writer identity could not be set up
 	}
 	ready := make(chan started, n)
 	for i := range p.workers {
@@ -117,11 +123,16 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 			runtime.LockOSThread()
 			e, ringErr, _ := newEngine(wkind, qd) // auto cannot fail
 			w.eng = e
-			ready <- started{e, ringErr}
+			var err error
+			if cfg.Writer {
+				err = writeAsWriter(e)
+			}
+			ready <- started{e, ringErr, err}
 			w.loop()
 		}()
 	}
 	onSync := 0
+	var werr error
 	for range n {
 		s := <-ready
 		if s.eng.Name() == KindSync {
@@ -130,6 +141,13 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		if s.ringErr != nil && p.ringErr == nil {
 			p.ringErr = s.ringErr
 		}
+		if s.err != nil && werr == nil {
+			werr = s.err
+		}
+	}
+	if werr != nil {
+		p.Close()
+		return nil, werr
 	}
 
 	switch {

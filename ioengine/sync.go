@@ -2,11 +2,16 @@ package ioengine
 
 import (
 	"golang.org/x/sys/unix"
+
+	"github.com/phxmount/phxmount/internal/fscred"
 )
 
 // syncEngine is the always-available fallback: one pread/pwrite at a time.
 type syncEngine struct {
 	chunk int64
+	// writer: the credentials writes run with (nil: the thread's own;
+	// writer.go). The engine's goroutine is locked to its thread.
+	writer *fscred.Creds
 }
 
 func newSync() *syncEngine { return &syncEngine{chunk: chunkSize} }
@@ -20,9 +25,17 @@ func (e *syncEngine) Run(ops []Op) error { return e.runStrided(ops, 0, 1) }
 func (e *syncEngine) runStrided(ops []Op, start, stride int) error {
 	for i := start; i < len(ops); i += stride {
 		op := &ops[i]
-		if checkOp(op) {
-			op.Result = e.transfer(op)
+		if !checkOp(op) {
+			continue
 		}
+		if op.Write && e.writer != nil {
+			ran := false
+			if eno := fscred.As(*e.writer, func() { ran, op.Result = true, e.transfer(op) }); eno != 0 && !ran {
+				op.Result = -int64(eno)
+			}
+			continue
+		}
+		op.Result = e.transfer(op)
 	}
 	return nil
 }

@@ -29,6 +29,9 @@ type uringEngine struct {
 	// broken is set when ops may still be in flight after a failure: the
 	// ring can no longer be trusted with new work.
 	broken error
+	// personality is the registered credentials writes run with (0: the
+	// submitting thread's; writer.go).
+	personality uint16
 }
 
 type uringSlot struct {
@@ -150,6 +153,10 @@ func (e *uringEngine) prep(ops []Op, s uint32) error {
 	// Prepare* leaves these alone and zeroes the user data, so set them after.
 	sqe.Flags = 0
 	sqe.OpcodeFlags = 0
+	sqe.Personality = 0
+	if op.Write {
+		sqe.Personality = e.personality
+	}
 	sqe.SetData64(uint64(s))
 	return nil
 }

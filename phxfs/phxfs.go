@@ -64,6 +64,10 @@ type Config struct {
 	// than its fair part of the pool, down to a slot's worth a worker
 	// (stagedWorkers; PHX_STAGED_SHARE=load too; Lib.SetStagedByLoad).
 	StagedByLoad bool
+	// Writer: a root process's writes of file data run as fscred.Writer,
+	// not as root (ioengine.PoolConfig.Writer): a daemon writing for its
+	// callers takes no block a file system reserves for root.
+	Writer bool
 	// ODirect is the staged transport's read policy (policy.go); ODirectAuto
 	// lets PHX_DIRECT_IO choose.
 	ODirect ODirect
@@ -167,7 +171,7 @@ func New(cfg Config) (*Lib, error) {
 	default:
 		return nil, errs.New(unix.EINVAL, "phxfs: unknown transport %q", cfg.Transport)
 	}
-	pool, err := ioengine.NewPool(ioengine.PoolConfig{Kind: cfg.Engine, Workers: cfg.Workers, QueueDepth: cfg.QueueDepth})
+	pool, err := ioengine.NewPool(ioengine.PoolConfig{Kind: cfg.Engine, Workers: cfg.Workers, QueueDepth: cfg.QueueDepth, Writer: cfg.Writer})
 	if err != nil {
 		return nil, errs.Wrapf(err, "phxfs: start worker pool")
 	}

@@ -15,8 +15,9 @@ import (
 // above all: with it, the daemon's writes for a caller (the WRITE ioctls,
 // classic-path WRITEs, and passthrough writes, which run with the daemon's
 // credentials of the open) would pass disk quotas and the reserved blocks
-// the caller's own write(2) meets. The others are administration the
-// daemon never does.
+// the caller's own write(2) meets. (ext4 also lends root's reserve by
+// fsuid: the daemon writes for callers with another, fusefs/writeas.go.)
+// The others are administration the daemon never does.
 //
 // Capabilities are per thread in Linux, and a Go process has many threads
 // and makes more at any time: the daemon drops the capabilities from the

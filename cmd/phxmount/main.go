@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -20,6 +21,12 @@ import (
 	"github.com/phxmount/phxmount/internal/procfs"
 	"github.com/phxmount/phxmount/phxfs"
 )
+
+// The main goroutine keeps the main thread, so no FUSE request is ever
+// served there: a request that changes its thread's credentials
+// (fusefs/writeas.go, fusefs/ascaller.go) does so on a thread the runtime
+// can end should they not come back, which it cannot do with the main one.
+func init() { runtime.LockOSThread() }
 
 func main() {
 	if filepath.Base(os.Args[0]) == mounthelper.HelperName {

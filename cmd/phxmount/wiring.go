@@ -50,7 +50,9 @@ func newControl(c *config, log *logrus.Entry, observe func(string, time.Duration
 	if engine == "auto" {
 		engine = ""
 	}
-	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: c.workers})
+	// Writer: the WRITE ioctls' file writes are made for callers, and take
+	// no block a file system reserves for root (fusefs/writeas.go).
+	lib, err := phxfs.New(phxfs.Config{Connector: conn, Engine: engine, Workers: c.workers, Writer: true})
 	if err != nil {
 		conn.Close()
 		return nil, err

@@ -1,0 +1,99 @@
+package fusefs
+
+import (
+	"context"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/phxmount/phxmount/internal/fscred"
+)
+
+// What a write costs the file system is judged by who writes, not by who
+// opened: ext2/3/4 (and f2fs) lend the blocks they reserve, root's by
+// default, to a writer whose fsuid owns the reserve. The daemon, root,
+// would lend them to every caller. So every write of file data the daemon
+// makes for a caller runs with an fsuid that is not root's unless the
+// caller's is:
+//
+//   - a classic-path WRITE, fallocate or copy_file_range: with the
+//     caller's fsuid and fsgid (asWriter), no groups, the daemon's
+//     capabilities (the open judged the permissions; the set-user-ID bits
+//     a write clears stay the kernel's FUSE client's to clear);
+//   - a passthrough file: the kernel writes with the credentials its
+//     backing file was registered with, shared by every open of the inode,
+//     so the registration runs as fscred.Writer (passthroughWriter);
+//   - a WRITE ioctl: the I/O workers write as fscred.Writer
+//     (phxfs.Config.Writer).
+//
+// On a network file system the server judges a write by the credentials
+// of the open, so nothing changes there.
+
+// asWriter runs fn, a write of file data through h for the caller of the
+// request ctx serves, with the caller's fsuid and fsgid where the daemon
+// is root and the caller is not (see above); as the daemon otherwise.
+func (h *file) asWriter(ctx context.Context, fn func() unix.Errno) unix.Errno {
+	c, ok := requestCaller(ctx)
+	if !ok || c.UID == 0 || (h.n.pol != nil && h.n.pol.network) {
+		return fn()
+	}
+	d, e := daemonCreds()
+	if e != 0 || d.FSUID != 0 {
+		return fn()
+	}
+	return runAs(callerCreds{FSUID: c.UID, FSGID: c.GID, Groups: []int{}, CapEff: d.Effective()}, fn)
+}
+
+// ptWriters are the threads that took fscred.Writer to register a
+// passthrough file's backing descriptor, by thread id, with the
+// credentials to give back (writerForBacking, givePassthroughWriterBack).
+var ptWriters sync.Map
+
+// writerForBacking is called by go-fuse (PassthroughFd) on the goroutine
+// that registers p's backing descriptor with the kernel right after it:
+// it locks that goroutine to its thread and gives the thread
+// fscred.Writer, which the kernel keeps as the credentials of every read
+// and write through the backing file. rawFS's Open, Create and Tmpfile,
+// which the registration returns through, give them back
+// (givePassthroughWriterBack). The process's main thread, which the
+// runtime can never end, registers as the daemon (phxmount keeps its main
+// goroutine there).
+func (p *ptFile) writerForBacking() {
+	if p.n.pol != nil && p.n.pol.network {
+		return
+	}
+	if d, e := daemonCreds(); e != 0 || d.FSUID != 0 {
+		return
+	}
+	runtime.LockOSThread()
+	tid := unix.Gettid()
+	if tid == unix.Getpid() {
+		runtime.UnlockOSThread()
+		return
+	}
+	base, e := fscred.Current()
+	if e == 0 {
+		e = fscred.Writer(base).Assume(base)
+	}
+	if e != 0 {
+		if base.Restore() == 0 {
+			runtime.UnlockOSThread()
+		}
+		return
+	}
+	ptWriters.Store(tid, base)
+}
+
+// givePassthroughWriterBack gives the calling thread back the credentials
+// writerForBacking took from it, if it took any; a thread that cannot
+// have them back stays locked to its goroutine.
+func givePassthroughWriterBack() {
+	v, ok := ptWriters.LoadAndDelete(unix.Gettid())
+	if !ok {
+		return
+	}
+	if v.(fscred.State).Restore() == 0 {
+		runtime.UnlockOSThread()
+	}
+}
