@@ -9,9 +9,15 @@ import (
 // syncEngine is the always-available fallback: one pread/pwrite at a time.
 type syncEngine struct {
 	chunk int64
-	// writer: the credentials writes run with (nil: the thread's own;
+	// writer: writes run with the fsuid and fsgid of writer.Creds on a
+	// thread whose credentials are writer.base (nil: the thread's own;
 	// writer.go). The engine's goroutine is locked to its thread.
-	writer *fscred.Creds
+	writer *syncWriter
+}
+
+type syncWriter struct {
+	base fscred.State
+	ids  fscred.Creds
 }
 
 func newSync() *syncEngine { return &syncEngine{chunk: chunkSize} }
@@ -29,10 +35,10 @@ func (e *syncEngine) runStrided(ops []Op, start, stride int) error {
 			continue
 		}
 		if op.Write && e.writer != nil {
-			ran := false
-			if eno := fscred.As(*e.writer, func() { ran, op.Result = true, e.transfer(op) }); eno != 0 && !ran {
-				op.Result = -int64(eno)
-			}
+			w := e.writer
+			// A thread that cannot be given its ids back keeps the
+			// writer's, which only narrows what its later writes may take.
+			fscred.WithIDs(w.base, w.ids.FSUID, w.ids.FSGID, func() { op.Result = e.transfer(op) })
 			continue
 		}
 		op.Result = e.transfer(op)

@@ -31,7 +31,7 @@ func writeAsWriter(e engine) error {
 		}
 		e.personality = uint16(id)
 	case *syncEngine:
-		e.writer = &w
+		e.writer = &syncWriter{base: base, ids: w}
 	}
 	return nil
 }

@@ -63,7 +63,7 @@ func TestPoolWriterWrites(t *testing.T) {
 						t.Errorf("worker %d: no writer personality on its ring", w.id)
 					}
 				case *syncEngine:
-					if e.writer == nil || e.writer.FSUID == 0 {
+					if e.writer == nil || e.writer.ids.FSUID == 0 {
 						t.Errorf("worker %d: the sync engine writes as root", w.id)
 					}
 				}
