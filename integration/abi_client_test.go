@@ -23,7 +23,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -474,24 +473,7 @@ type abiChildProc struct {
 // with extra descriptors numbered from 3.
 func startABIChild(t testing.TB, cred *syscall.Credential, extra ...*os.File) *abiChildProc {
 	t.Helper()
-	bin, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cred != nil {
-		// Another user must be able to run the binary.
-		dir := t.TempDir()
-		os.Chmod(dir, 0755)
-		os.Chmod(filepath.Dir(dir), 0755)
-		b, err := os.ReadFile(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bin = filepath.Join(dir, "abichild.test")
-		if err := os.WriteFile(bin, b, 0755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bin := testBinary(t, cred != nil, "abichild.test")
 	cmd := exec.Command(bin, "-test.run=^TestABIHelperChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "PHX_CHILD=abi")
 	cmd.Dir = "/"

@@ -759,29 +759,36 @@ func startChildTest(t testing.TB, test string, cred *syscall.Credential, mode st
 	return startChildProc(t, test, attr, mode, args...)
 }
 
-// startChildProc is startChildTest with the child's process attributes
-// (credentials, namespaces; nil: as this process).
-func startChildProc(t testing.TB, test string, attr *syscall.SysProcAttr, mode string, args ...string) *child {
+// testBinary is this test binary's path; forOthers: a copy of it named
+// name in a world-readable directory, which another user can run.
+func testBinary(t testing.TB, forOthers bool, name string) string {
 	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if attr != nil {
-		// Another user must be able to run the binary: copy it somewhere
-		// world-readable.
-		dir := t.TempDir()
-		os.Chmod(dir, 0755)
-		os.Chmod(filepath.Dir(dir), 0755)
-		b, err := os.ReadFile(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bin = filepath.Join(dir, "child.test")
-		if err := os.WriteFile(bin, b, 0755); err != nil {
-			t.Fatal(err)
-		}
+	if !forOthers {
+		return bin
 	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0755)
+	os.Chmod(filepath.Dir(dir), 0755)
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(dir, name)
+	if err := os.WriteFile(bin, b, 0755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// startChildProc is startChildTest with the child's process attributes
+// (credentials, namespaces; nil: as this process).
+func startChildProc(t testing.TB, test string, attr *syscall.SysProcAttr, mode string, args ...string) *child {
+	t.Helper()
+	bin := testBinary(t, attr != nil, "child.test")
 	cmd := exec.Command(bin, "-test.run=^"+test+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "PHX_CHILD="+mode, "PHX_CHILD_ARGS="+strings.Join(args, "\x1f"))
 	cmd.Dir = "/"
