@@ -70,25 +70,27 @@ func (h *file) asWriter(ctx context.Context, fn func() unix.Errno) unix.Errno {
 	return fe
 }
 
-// ptWriters are the threads that took fscred.Writer to register a
-// passthrough file's backing descriptor, by thread id, with the
-// credentials to give back (writerForBacking, givePassthroughWriterBack).
+// ptWriters are the threads that took fscred.Writer's ids to register a
+// passthrough file's backing descriptor, by thread id
+// (writerForBacking, givePassthroughWriterBack).
 var ptWriters sync.Map
 
 // writerForBacking is called by go-fuse (PassthroughFd) on the goroutine
 // that registers p's backing descriptor with the kernel right after it:
 // it locks that goroutine to its thread and gives the thread
-// fscred.Writer, which the kernel keeps as the credentials of every read
-// and write through the backing file. rawFS's Open, Create and Tmpfile,
-// which the registration returns through, give them back
-// (givePassthroughWriterBack). The process's main thread, which the
-// runtime can never end, registers as the daemon (phxmount keeps its main
-// goroutine there).
+// fscred.Writer's fsuid and fsgid, with the daemon's capabilities (the
+// kernel opens the backing file with these credentials at every open of
+// the inode, and reads and writes through it with them). rawFS's Open,
+// Create and Tmpfile, which the registration returns through, give the
+// daemon's ids back (givePassthroughWriterBack). The process's main
+// thread, which the runtime can never end, registers as the daemon
+// (phxmount keeps its main goroutine there).
 func (p *ptFile) writerForBacking() {
 	if p.n.pol != nil && p.n.pol.network {
 		return
 	}
-	if d, e := daemonCreds(); e != 0 || d.FSUID != 0 {
+	d, e := daemonCreds()
+	if e != 0 || d.FSUID != 0 || d.FSGID != 0 {
 		return
 	}
 	runtime.LockOSThread()
@@ -97,28 +99,22 @@ func (p *ptFile) writerForBacking() {
 		runtime.UnlockOSThread()
 		return
 	}
-	base, e := fscred.Current()
-	if e == 0 {
-		e = fscred.Writer(base).Assume(base)
-	}
-	if e != 0 {
-		if base.Restore() == 0 {
-			runtime.UnlockOSThread()
-		}
-		return
-	}
-	ptWriters.Store(tid, base)
+	w := fscred.Writer(d)
+	fscred.TakeIDs(d, w.FSUID, w.FSGID, true)
+	ptWriters.Store(tid, w)
 }
 
-// givePassthroughWriterBack gives the calling thread back the credentials
-// writerForBacking took from it, if it took any; a thread that cannot
-// have them back stays locked to its goroutine.
+// givePassthroughWriterBack gives the calling thread back the daemon's ids
+// if writerForBacking took them; a thread that cannot have them back stays
+// locked to its goroutine.
 func givePassthroughWriterBack() {
 	v, ok := ptWriters.LoadAndDelete(unix.Gettid())
 	if !ok {
 		return
 	}
-	if v.(fscred.State).Restore() == 0 {
+	w := v.(fscred.Creds)
+	d, _ := daemonCreds()
+	if _, back := fscred.GiveIDsBack(d, w.FSUID, w.FSGID); back {
 		runtime.UnlockOSThread()
 	}
 }

@@ -173,17 +173,38 @@ func As(c Creds, fn func()) unix.Errno {
 // WithIDs runs fn on the calling thread, whose credentials are base with
 // fsuid and fsgid 0, with fsuid uid and fsgid gid alone changed: all a
 // write of file data is judged by (Writer says why), in five system calls
-// where As makes nineteen (here each costs about a microsecond and a
-// half; As about 30 us). The kernel drops the file-system capabilities
-// while the fsuid is not 0 and raises them again from the permitted set
-// when it is 0 again. took says that fn ran with uid and gid; back, that
-// the thread has base's fsuid, fsgid and capabilities again (the caller
-// keeps its goroutine locked to the thread for good when not).
+// and a capget where As makes nineteen (here each costs about a
+// microsecond and a half; As about 30 us). The kernel drops the
+// file-system capabilities while the fsuid is not 0 and raises them again
+// from the permitted set when it is 0 again. took says that fn ran with
+// uid and gid; back, that the thread has base's fsuid and capabilities
+// again (the caller keeps its goroutine locked to the thread for good
+// when not).
 func WithIDs(base State, uid, gid uint32, fn func()) (took, back bool) {
+	TakeIDs(base, uid, gid, false)
+	fn()
+	return GiveIDsBack(base, uid, gid)
+}
+
+// TakeIDs gives the calling thread, whose credentials are base (fsuid and
+// fsgid 0), fsuid uid and fsgid gid; keepCaps puts back base's
+// capabilities, which the kernel drops with the fsuid (a third system
+// call). GiveIDsBack undoes it and says whether it held.
+func TakeIDs(base State, uid, gid uint32, keepCaps bool) {
 	unix.Setfsgid(int(gid))
 	unix.Setfsuid(int(uid))
-	fn()
-	// Each call reports the value it replaces: what fn ran with.
+	if keepCaps {
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		caps := base.Caps
+		unix.Capset(&hdr, &caps[0])
+	}
+}
+
+// GiveIDsBack gives the calling thread base's fsuid, fsgid and
+// capabilities back after TakeIDs(base, uid, gid): took says that the
+// thread had uid and gid, back that it has base's again.
+func GiveIDsBack(base State, uid, gid uint32) (took, back bool) {
+	// Each call reports the value it replaces: what the thread had.
 	u, _ := unix.SetfsuidRetUid(base.FSUID)
 	g, _ := unix.SetfsgidRetGid(base.FSGID)
 	took = u == int(uid) && g == int(gid)
