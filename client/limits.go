@@ -39,14 +39,22 @@ const MaxDevice = 1 << 16
 // it): four keys and their numbers fit in well under it.
 const MaxLoadValue = 512
 
-// The registration limits' defaults; a mount changes them with -o
-// max_buffers_per_process=N, max_buffers=N and max_registered_bytes=N.
+// The registration limits' defaults; a mount changes each with -o NAME=N
+// (limitTable names them).
 const (
 	DefaultMaxBuffersPerProcess = 4096
-	DefaultMaxBuffers           = 65536
+	// DefaultMaxBuffersPerUser is half of what the daemon holds under the
+	// kernel's default vm.max_map_count (a quarter of 65,530): one user,
+	// however many processes it runs, leaves the other half to the others.
+	DefaultMaxBuffersPerUser = 8192
+	DefaultMaxBuffers        = 65536
 	// DefaultMaxRegisteredBytes is an eighth of the daemon's 128 TiB of
 	// address space, where imports are mapped.
 	DefaultMaxRegisteredBytes = 16 << 40
+	// DefaultMaxRegisteredBytesPerUser is a quarter of the mount's: the
+	// same memory registered again counts again, so without it one user
+	// holding 1 GiB could take the mount's bytes in 16,384 REGISTERs.
+	DefaultMaxRegisteredBytesPerUser = 4 << 40
 )
 
 // Limit is one bound on what a request may make the daemon do: its name
@@ -71,7 +79,9 @@ var limitTable = [...]Limit{
 	{"max_device", MaxDevice, false, "the device index of REGISTER and INFO", unix.ENODEV},
 	{"max_load_value", MaxLoadValue, false, "bytes of a `user.phx.load` value as set (a trailing NUL or newline included)", unix.EINVAL},
 	{"max_buffers_per_process", DefaultMaxBuffersPerProcess, true, "live buffers of one process", unix.EMFILE},
+	{"max_buffers_per_user", DefaultMaxBuffersPerUser, true, "live buffers of one user (the caller's uid), in all its processes; root's count only towards the mount's limits", unix.EDQUOT},
 	{"max_buffers", DefaultMaxBuffers, true, "live buffers of the mount, never more than a quarter of the daemon's `RLIMIT_NOFILE` or of `vm.max_map_count` (16,382 by the kernel's default)", unix.ENFILE},
+	{"max_registered_bytes_per_user", DefaultMaxRegisteredBytesPerUser, true, "bytes one user's live buffers register (root's: see `max_buffers_per_user`)", unix.EDQUOT},
 	{"max_registered_bytes", DefaultMaxRegisteredBytes, true, "bytes the mount's live buffers register", unix.ENOMEM},
 }
 

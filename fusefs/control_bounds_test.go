@@ -234,11 +234,12 @@ func TestEveryLimitHasItsErrno(t *testing.T) {
 		"max_device":     {func() unix.Errno { return device(client.MaxDevice) }, func() unix.Errno { return device(client.MaxDevice + 1) }, unix.ENODEV, unix.ENODEV},
 		"max_load_value": {func() unix.Errno { return load(client.MaxLoadValue) }, func() unix.Errno { return load(client.MaxLoadValue + 1) }, unix.EKEYREJECTED, unix.EINVAL},
 	}
-	// The registration limits are mount options: TestMountLimits and
-	// TestConcurrentRegistersKeepTheProcessLimit run at and past them; here,
-	// that the control's defaults are the table's.
+	// The registration limits are mount options: TestMountLimits,
+	// TestUserLimits and TestConcurrentRegistersKeepTheProcessLimit run at
+	// and past them; here, that the control's defaults are the table's.
 	options := map[string]int64{"max_buffers_per_process": int64(e.s.cfg.MaxBuffersPerProcess),
-		"max_buffers": int64(e.s.cfg.MaxBuffers), "max_registered_bytes": e.s.cfg.MaxRegisteredBytes}
+		"max_buffers_per_user": int64(e.s.cfg.MaxBuffersPerUser), "max_buffers": int64(e.s.cfg.MaxBuffers),
+		"max_registered_bytes_per_user": e.s.cfg.MaxRegisteredBytesPerUser, "max_registered_bytes": e.s.cfg.MaxRegisteredBytes}
 	for _, l := range client.Limits() {
 		if v, ok := options[l.Name]; l.Option {
 			if !ok || uint64(v) != l.Value {

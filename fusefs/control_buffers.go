@@ -61,8 +61,9 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 	if err := s.openDevice(dev); err != nil {
 		return client.RegisterResp{}, errs.Errno(err)
 	}
-	if e := s.reserve(c.Tgid, size); e != 0 {
-		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: %v (limits: %d buffers per process, %d buffers and %d bytes per mount)", e, s.cfg.MaxBuffersPerProcess, s.cfg.MaxBuffers, s.cfg.MaxRegisteredBytes)
+	if e := s.reserve(c, size); e != 0 {
+		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: %v (limits: %d buffers per process; %d buffers and %d bytes per user; %d buffers and %d bytes per mount)",
+			e, s.cfg.MaxBuffersPerProcess, s.cfg.MaxBuffersPerUser, s.cfg.MaxRegisteredBytesPerUser, s.cfg.MaxBuffers, s.cfg.MaxRegisteredBytes)
 		return client.RegisterResp{}, e
 	}
 	b, e := s.importBuffer(c, f, dev, size, req.Handle, log)
@@ -72,6 +73,7 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 	if e != 0 {
 		s.mu.Lock()
 		s.unreserve(c.Tgid, size)
+		s.userGives(c.UID, size)
 		s.mu.Unlock()
 		return client.RegisterResp{}, e
 	}
@@ -100,29 +102,58 @@ func (s *ControlServer) checkRegister(c Caller, req client.RegisterReq, log *log
 
 // reserve counts a registration in progress against the limits, so that
 // concurrent REGISTERs cannot pass them together: EMFILE past the
-// process's buffers, ENFILE past the mount's (max_buffers, or what the
-// daemon has room for: daemonRoom), ENOMEM past its bytes.
-func (s *ControlServer) reserve(tgid int, size int64) unix.Errno {
+// process's buffers, EDQUOT past its user's buffers or bytes, ENFILE past
+// the mount's buffers (max_buffers, or what the daemon has room for:
+// daemonRoom), ENOMEM past its bytes. The user's count holds from here
+// until the buffer is released (or the registration fails: userGives).
+func (s *ControlServer) reserve(c Caller, size int64) unix.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	live := s.pending[tgid]
-	if p := s.procs[tgid]; p != nil {
+	live := s.pending[c.Tgid]
+	if p := s.procs[c.Tgid]; p != nil {
 		live += len(p.bufs)
 	}
+	u := s.users[c.UID]
 	switch {
 	case s.shutdown:
 		return unix.ESHUTDOWN
 	case live >= s.cfg.MaxBuffersPerProcess:
 		return unix.EMFILE
+	case c.UID != 0 && (u.bufs >= s.cfg.MaxBuffersPerUser || size > s.cfg.MaxRegisteredBytesPerUser-u.bytes):
+		return unix.EDQUOT
 	case len(s.bufs)+s.pendingCount >= min(s.cfg.MaxBuffers, daemonRoom()):
 		return unix.ENFILE
 	case size > s.cfg.MaxRegisteredBytes-s.liveBytes-s.pendingBytes:
 		return unix.ENOMEM
 	}
-	s.pending[tgid]++
+	s.pending[c.Tgid]++
 	s.pendingCount++
 	s.pendingBytes += size
+	if c.UID != 0 {
+		s.users[c.UID] = userUse{bufs: u.bufs + 1, bytes: u.bytes + size}
+	}
 	return 0
+}
+
+// userUse is what one user holds: its live buffers and those being
+// registered, and their bytes.
+type userUse struct {
+	bufs  int
+	bytes int64
+}
+
+// userGives takes a buffer of size bytes off uid's count (released, or
+// its registration failed); the caller holds s.mu.
+func (s *ControlServer) userGives(uid uint32, size int64) {
+	u, ok := s.users[uid]
+	if !ok {
+		return // root's are not counted
+	}
+	if u.bufs <= 1 {
+		delete(s.users, uid)
+		return
+	}
+	s.users[uid] = userUse{bufs: u.bufs - 1, bytes: u.bytes - size}
 }
 
 // daemonRoom is how many buffers the daemon can hold and still serve:
@@ -249,6 +280,7 @@ func (s *ControlServer) release(b *buffer, why releaseReason) error {
 		return errAlreadyReleasing
 	}
 	s.liveBytes -= b.reg.Size()
+	s.userGives(b.uid, b.reg.Size())
 	delete(s.bufs, b.id)
 	delete(s.tokens, b.token)
 	if fb := s.byFile[b.fileID]; fb != nil {

@@ -128,6 +128,53 @@ func TestMountLimits(t *testing.T) {
 	}
 }
 
+// TestUserLimits: a uid other than root holds at most MaxBuffersPerUser
+// buffers and MaxRegisteredBytesPerUser bytes (EDQUOT), whatever its
+// processes; root's and another user's buffers are not counted against
+// it; a refused REGISTER and a release give the room back.
+func TestUserLimits(t *testing.T) {
+	e, _ := newLimitedCtl(t, ControlConfig{MaxBuffersPerUser: 2, MaxRegisteredBytesPerUser: 256 << 10}, false)
+	f, _ := patternFile(t, 4096, unix.O_RDONLY)
+	user := e.me
+	user.UID = 4242
+	other, root := user, user
+	other.UID, root.UID = 4243, 0
+	a, errno := e.register(t, user, f, e.alloc(t, 64<<10))
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := e.register(t, user, f, e.alloc(t, 256<<10)); errno != unix.EDQUOT {
+		t.Errorf("past the user's bytes: %v, want EDQUOT", errno)
+	}
+	if _, errno := e.register(t, user, f, e.alloc(t, 128<<10)); errno != 0 {
+		t.Errorf("a second buffer within the user's bytes: %v", errno)
+	}
+	// 192 KiB of 256 live: 64 KiB more is within the bytes, not the count.
+	if _, errno := e.register(t, user, f, e.alloc(t, 64<<10)); errno != unix.EDQUOT {
+		t.Errorf("past the user's buffers: %v, want EDQUOT", errno)
+	}
+	for i := range 3 {
+		if _, errno := e.register(t, root, f, e.alloc(t, 256<<10)); errno != 0 {
+			t.Errorf("root's buffer %d beside a full user: %v", i+1, errno)
+		}
+	}
+	if _, errno := e.register(t, other, f, e.alloc(t, 256<<10)); errno != 0 {
+		t.Errorf("another user's buffer beside a full user: %v", errno)
+	}
+	if errno := e.s.deregister(user, a.ID); errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := e.register(t, user, f, e.alloc(t, 64<<10)); errno != 0 {
+		t.Errorf("after a release: %v", errno)
+	}
+	e.s.mu.Lock()
+	got := e.s.users
+	e.s.mu.Unlock()
+	if len(got) != 2 || got[4242] != (userUse{2, 192 << 10}) || got[4243] != (userUse{1, 256 << 10}) {
+		t.Errorf("per-user use %+v, want 4242: 2 buffers of 192 KiB, 4243: 1 of 256 KiB, root uncounted", got)
+	}
+}
+
 // TestMountLimitsFitTheDaemon: whatever max_buffers says, the mount's
 // buffers stop (ENFILE) where the daemon's room does: a quarter of its
 // descriptors and of vm.max_map_count (every registration maps memory;

@@ -33,6 +33,13 @@ type ControlConfig struct {
 	// MaxBuffersPerProcess bounds the live buffers of one process (default
 	// client.DefaultMaxBuffersPerProcess; EMFILE past it).
 	MaxBuffersPerProcess int
+	// MaxBuffersPerUser and MaxRegisteredBytesPerUser bound the live
+	// buffers of one uid other than root, in all its processes, and the
+	// bytes they register (defaults client.DefaultMaxBuffersPerUser and
+	// client.DefaultMaxRegisteredBytesPerUser; EDQUOT past them): no user
+	// takes the whole mount's room from the others.
+	MaxBuffersPerUser         int
+	MaxRegisteredBytesPerUser int64
 	// MaxBuffers bounds the live buffers of the mount (default
 	// client.DefaultMaxBuffers; ENFILE past it).
 	MaxBuffers int
@@ -74,6 +81,9 @@ type ControlServer struct {
 	pendingCount int
 	pendingBytes int64
 	liveBytes    int64
+	// What each uid but root holds, its registrations in progress
+	// included: the per-user limits' count.
+	users map[uint32]userUse
 
 	devMu   sync.Mutex
 	devOpen map[int]bool
@@ -102,6 +112,8 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 		return nil, errs.New(unix.EINVAL, "control: no phxfs library")
 	}
 	defaults.Set(&cfg.MaxBuffersPerProcess, client.DefaultMaxBuffersPerProcess)
+	defaults.Set(&cfg.MaxBuffersPerUser, client.DefaultMaxBuffersPerUser)
+	defaults.Set(&cfg.MaxRegisteredBytesPerUser, client.DefaultMaxRegisteredBytesPerUser)
 	defaults.Set(&cfg.MaxBuffers, client.DefaultMaxBuffers)
 	defaults.Set(&cfg.MaxRegisteredBytes, client.DefaultMaxRegisteredBytes)
 	log := cfg.Log
@@ -119,6 +131,7 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 		byFile:  map[uint64]map[*buffer]struct{}{},
 		procs:   map[int]*proc{},
 		pending: map[int]int{},
+		users:   map[uint32]userUse{},
 		devOpen: map[int]bool{},
 	}
 	if cfg.Passthrough != nil {

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -771,6 +772,63 @@ func TestABILimits(t *testing.T) {
 	}
 	if live := liveAndReleased(t, d.Mnt)[0]; live != 3 {
 		t.Errorf("buffers_live = %d, want 3: a refused REGISTER left a buffer", live)
+	}
+}
+
+// TestABIUserLimits: max_buffers_per_user and max_registered_bytes_per_user
+// (EDQUOT) bound one uid in all its processes together, so that no user
+// takes the whole mount's room; root's buffers are not counted against
+// them, another user's room is its own, and a release gives the room back.
+func TestABIUserLimits(t *testing.T) {
+	_, _, path := startEmuFile(t, 1<<20, "-o", fmt.Sprintf("allow_other,max_buffers_per_user=2,max_registered_bytes_per_user=%d", 3*emuPage))
+	var procs [2]*abiChildProc
+	var fds [2]string
+	for i := range procs {
+		procs[i] = startABIChild(t, asUser(nobody))
+		fds[i] = procs[i].do(t, "open %s %d", path, unix.O_RDONLY)
+	}
+	first := strings.Fields(procs[0].do(t, "reg %s %d", fds[0], emuPage))
+	if len(first) != 2 {
+		t.Fatalf("uid 65534's first buffer: %v", first)
+	}
+	if got := strings.Fields(procs[1].do(t, "reg %s %d", fds[1], emuPage)); len(got) != 2 {
+		t.Fatalf("uid 65534's second buffer, in another process (the user's bound): %v", got)
+	}
+	if got := procs[1].do(t, "reg %s %d", fds[1], emuPage); got != "EDQUOT" {
+		t.Errorf("uid 65534's third buffer: %s, want EDQUOT", got)
+	}
+	// Root's buffers count towards the mount's limits only.
+	fd := openFD(t, path, unix.O_RDONLY)
+	for i := range 3 {
+		m := newEmu(t, "phxemu-root", 2*emuPage, 0)
+		if _, e := abiRegister(t, fd, vendorEmu, 0, uint64(m.size), m.handle(0)); e != 0 {
+			t.Errorf("root's buffer %d beside uid 65534's full room: %s", i+1, errName(e))
+		}
+	}
+	// The user's bytes: one buffer of 64 KiB live, 192 KiB more is past
+	// its 192 KiB; after a release, 128 KiB is within.
+	if got := procs[0].do(t, "dereg %s %s", fds[0], first[0]); got != "OK" {
+		t.Fatalf("DEREGISTER of uid 65534's first buffer: %s", got)
+	}
+	if got := procs[0].do(t, "reg %s %d", fds[0], 3*emuPage); got != "EDQUOT" {
+		t.Errorf("uid 65534 registering past its bytes: %s, want EDQUOT", got)
+	}
+	if got := strings.Fields(procs[0].do(t, "reg %s %d", fds[0], 2*emuPage)); len(got) != 2 {
+		t.Errorf("uid 65534 registering up to its bytes after a release: %v", got)
+	}
+	// A process's exit gives its user's room back too.
+	procs[1].in.Close()
+	procs[1].cmd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := strings.Fields(procs[0].do(t, "reg %s %d", fds[0], emuPage))
+		if len(got) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("uid 65534's room after its other process exited: %v", got)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -39,8 +39,8 @@ type config struct {
 
 	// The control's limits on registrations (0: the defaults).
 	limits struct {
-		perProcess, buffers int
-		bytes               int64
+		perProcess, perUser, buffers int
+		userBytes, bytes             int64
 	}
 }
 
@@ -77,7 +77,9 @@ mount that serves requests (exit 1 when it is not by the timeout, default
                           max_background=N, fsname=NAME, dev, nodev, suid,
                           nosuid, exec, noexec, atime, noatime, debug;
                         registration limits: max_buffers_per_process=N
-                          (%d), max_buffers=N (%d, the mount),
+                          (%d), max_buffers_per_user=N (%d, one uid but
+                          root), max_buffers=N (%d, the mount),
+                          max_registered_bytes_per_user=N[KMGT] (%dT),
                           max_registered_bytes=N[KMGT] (%dT, the mount)
   --passthrough MODE    auto (default), on (fail if unavailable), off
   --vendor V            auto (default), nvidia, emu, pcibar
@@ -117,7 +119,8 @@ func usageText() string {
 		names = append(names, n)
 	}
 	// The registration limits' defaults are client's (one table).
-	u := fmt.Sprintf(usage, client.DefaultMaxBuffersPerProcess, client.DefaultMaxBuffers, client.DefaultMaxRegisteredBytes>>40)
+	u := fmt.Sprintf(usage, client.DefaultMaxBuffersPerProcess, client.DefaultMaxBuffersPerUser, client.DefaultMaxBuffers,
+		client.DefaultMaxRegisteredBytesPerUser>>40, client.DefaultMaxRegisteredBytes>>40)
 	return u + "  " + strings.Join(names, ", ") + "\n"
 }
 
@@ -296,7 +299,12 @@ var mountTable = map[string]mountOpt{
 	"max_readahead":           {true, numOpt(func(c *config) *int { return &c.fs.MaxReadAhead }, 1<<62)},
 	"max_background":          {true, numOpt(func(c *config) *int { return &c.fs.MaxBackground }, 65535)},
 	"max_buffers_per_process": {true, numOpt(func(c *config) *int { return &c.limits.perProcess }, 1<<31)},
+	"max_buffers_per_user":    {true, numOpt(func(c *config) *int { return &c.limits.perUser }, 1<<31)},
 	"max_buffers":             {true, numOpt(func(c *config) *int { return &c.limits.buffers }, 1<<31)},
+	"max_registered_bytes_per_user": {true, func(c *config, opt, v string) (err error) {
+		c.limits.userBytes, err = byteSize(opt, v)
+		return err
+	}},
 	"max_registered_bytes": {true, func(c *config, opt, v string) (err error) {
 		c.limits.bytes, err = byteSize(opt, v)
 		return err

@@ -56,14 +56,15 @@ func TestEmuFlags(t *testing.T) {
 // TestLimitOptions: the registration limits come from -o, with binary
 // suffixes for bytes; bad values are usage errors.
 func TestLimitOptions(t *testing.T) {
-	c, err := parseArgs([]string{"-o", "max_buffers_per_process=7,max_buffers=9,max_registered_bytes=3G", "b", "m"})
+	c, err := parseArgs([]string{"-o", "max_buffers_per_process=7,max_buffers_per_user=8,max_buffers=9,max_registered_bytes_per_user=2M,max_registered_bytes=3G", "b", "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.limits.perProcess != 7 || c.limits.buffers != 9 || c.limits.bytes != 3<<30 {
+	if c.limits.perProcess != 7 || c.limits.perUser != 8 || c.limits.buffers != 9 || c.limits.userBytes != 2<<20 || c.limits.bytes != 3<<30 {
 		t.Errorf("limits %+v", c.limits)
 	}
-	for _, bad := range []string{"max_buffers=x", "max_registered_bytes=0", "max_registered_bytes=2Q", "max_registered_bytes=9999999T", "max_buffers"} {
+	for _, bad := range []string{"max_buffers=x", "max_registered_bytes=0", "max_registered_bytes=2Q", "max_registered_bytes=9999999T", "max_buffers",
+		"max_buffers_per_user=-1", "max_registered_bytes_per_user=0"} {
 		if _, err := parseArgs([]string{"-o", bad, "b", "m"}); err == nil {
 			t.Errorf("-o %s accepted", bad)
 		}

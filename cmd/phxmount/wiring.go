@@ -58,7 +58,8 @@ func newControl(c *config, log *logrus.Entry, observe func(string, time.Duration
 		return nil, err
 	}
 	s, err := fusefs.NewControl(fusefs.ControlConfig{Lib: lib, ReadOnly: c.fs.ReadOnly, Log: log, ObserveIoctl: observe,
-		MaxBuffersPerProcess: c.limits.perProcess, MaxBuffers: c.limits.buffers, MaxRegisteredBytes: c.limits.bytes})
+		MaxBuffersPerProcess: c.limits.perProcess, MaxBuffersPerUser: c.limits.perUser, MaxBuffers: c.limits.buffers,
+		MaxRegisteredBytesPerUser: c.limits.userBytes, MaxRegisteredBytes: c.limits.bytes})
 	if err != nil {
 		lib.Close()
 		conn.Close()
