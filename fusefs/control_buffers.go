@@ -61,6 +61,7 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 	if err := s.openDevice(dev); err != nil {
 		return client.RegisterResp{}, errs.Errno(err)
 	}
+	s.reapIfExited(c.Tgid)
 	if e := s.reserve(c, size); e != 0 {
 		limitedLog(&s.logRefused, log, logrus.WarnLevel, "register refused: %v (limits: %d buffers per process; %d buffers and %d bytes per user; %d buffers and %d bytes per mount)",
 			e, s.cfg.MaxBuffersPerProcess, s.cfg.MaxBuffersPerUser, s.cfg.MaxRegisteredBytesPerUser, s.cfg.MaxBuffers, s.cfg.MaxRegisteredBytes)
@@ -82,6 +83,20 @@ func (s *ControlServer) register(c Caller, f *OpenFile, req client.RegisterReq) 
 	limitedLog(&s.logRegistered, log.WithFields(logrus.Fields{"id": b.id, "transport": string(t)}), logrus.InfoLevel,
 		"registered %d-byte %s buffer %d: transport %s", size, s.conn.Vendor(), b.id, t)
 	return client.RegisterResp{ID: b.id, Token: b.token, Transport: client.TransportByName(string(t))}, 0
+}
+
+// reapIfExited releases, before a REGISTER by process tgid, the buffers
+// of an earlier process of that number that exited before the reaper
+// took its event: the new process must neither have the dead one's
+// buffers counted as its own nor lose its own with them when the event
+// comes (ownerExited then finds another pidfd and leaves them).
+func (s *ControlServer) reapIfExited(tgid int) {
+	s.mu.Lock()
+	p := s.procs[tgid]
+	s.mu.Unlock()
+	if p != nil && exited(p.pidfd) {
+		s.ownerExited(tgid, p.pidfd)
+	}
 }
 
 // checkRegister refuses a REGISTER whose fields cannot be served.

@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/phxmount/phxmount/client"
 	"github.com/phxmount/phxmount/connector"
 	"github.com/phxmount/phxmount/connector/emu"
 	"github.com/phxmount/phxmount/phxfs"
@@ -215,6 +216,46 @@ func TestMountLimitsFitTheDaemon(t *testing.T) {
 	}
 	if _, errno := e.register(t, e.me, f, e.alloc(t, 64<<10)); errno != 0 {
 		t.Errorf("after a release: %v", errno)
+	}
+}
+
+// TestReusedPidKeepsItsBuffers: a process registering under the number of
+// one that died before the reaper took its event gets a room of its own,
+// and the dead one's event, when it comes, releases only the dead one's
+// buffers (it used to release the new process's too).
+func TestReusedPidKeepsItsBuffers(t *testing.T) {
+	e, _ := newLimitedCtl(t, ControlConfig{MaxBuffersPerProcess: 1}, false)
+	f, _ := patternFile(t, 4096, unix.O_RDONLY)
+	old, errno := e.register(t, e.me, f, e.alloc(t, 64<<10))
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	// The process that registered old is gone: its pidfd (a dead child's
+	// here) says it exited, and its number is this process's now.
+	child := exec.Command("true")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	dead, err := unix.PidfdOpen(child.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dead)
+	child.Wait()
+	e.s.mu.Lock()
+	e.s.procs[e.me.Tgid].pidfd = dead
+	e.s.mu.Unlock()
+
+	mine, errno := e.register(t, e.me, f, e.alloc(t, 64<<10))
+	if errno != 0 {
+		t.Fatalf("a REGISTER under a dead process's number (its limit 1, the dead one's buffer counted): %v", errno)
+	}
+	e.s.ownerExited(e.me.Tgid, dead) // the dead one's event, late
+	if _, errno := e.read(e.me, f, client.IOReq{ID: mine.ID, Length: 4096}); errno != 0 {
+		t.Errorf("READ into the new process's buffer after the dead one's event: %v", errno)
+	}
+	if _, errno := e.read(e.me, f, client.IOReq{ID: old.ID, Length: 4096}); errno != unix.ENOENT {
+		t.Errorf("READ into the dead process's buffer: %v, want ENOENT", errno)
 	}
 }
 
