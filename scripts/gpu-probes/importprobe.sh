@@ -9,6 +9,8 @@
 # then one `python3 -X importtime` of (1) per side, its 25 slowest
 # modules (cumulative), and the modules only the hooked side imported.
 # No mount is needed: the hook imports the same whatever the files are.
+# It pip-installs ./python (the hook's .pth), as smallprof.sh does: run it
+# on the GPU machine, not where the tests run (the .pth would stay).
 #
 #   bash scripts/gpu-probes/importprobe.sh    on the GPU machine (~40 s);
 #                                             $OUT gets importprobe.txt
