@@ -13,7 +13,10 @@
 // ever joined: long paths, renames under open files and concurrent changes
 // to the backing tree behave as on the backing directory. The daemon raises
 // RLIMIT_NOFILE to fs.nr_open at mount because every inode the kernel
-// caches costs one descriptor.
+// caches costs one descriptor, and keeps its nodes under half of it: past
+// that, the kernel is asked to forget those looked up longest ago
+// (prune.go), so a walk of more files than the daemon has descriptors
+// works.
 //
 // # Identity
 //

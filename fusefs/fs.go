@@ -37,6 +37,13 @@ type FS struct {
 	nodes    map[inodeID]*node
 	byID     map[uint64]*node // by FUSE node id
 	handouts map[<-chan struct{}][]handout
+	// tick orders the lookups (node.used), for the pruner (prune.go);
+	// guarded by nodesMu. pruneAt is the node count past which it runs,
+	// pruneWake wakes it, prunes counts its runs.
+	tick      uint64
+	pruneAt   atomic.Int64
+	pruneWake chan struct{}
+	prunes    atomic.Int64
 
 	// Caching (cache.go): a policy per backing file system, the fanotify
 	// watcher (nil unless cache=auto), the watched inodes by file handle
@@ -109,8 +116,11 @@ func Mount(backing, mountpoint string, o Options) (*FS, error) {
 	}
 	f.watch.start()
 	f.mounts = startMountMonitor(f)
+	unmounted := make(chan struct{})
+	f.startPruner(unmounted)
 	go func() {
 		server.Wait()
+		close(unmounted)
 		f.watch.stop()
 		f.mounts.stop()
 	}()

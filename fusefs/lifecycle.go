@@ -90,7 +90,10 @@ func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.Ent
 		f.nodes[id] = ch
 		f.indexHandle(ch)
 		n.NewInode(ctx, ch, fs.StableAttr{Mode: st.Mode & unix.S_IFMT, Ino: out.Attr.Ino, Gen: st.Dev})
+		f.countNode()
 	}
+	f.tick++
+	ch.used = f.tick
 	f.handOut(ctx, ch, out)
 	return ch.EmbeddedInode()
 }

@@ -21,6 +21,9 @@ import (
 func (n *node) lookupFd(name string, st *unix.Stat_t) (int, unix.Errno) {
 	fd, err := unix.Openat(n.fd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
+		if err == unix.EMFILE {
+			n.fsys.wantPrune() // the limit fell below the nodes (prlimit): prune now
+		}
 		return -1, toErrno(err)
 	}
 	if n.pol.forceSync {

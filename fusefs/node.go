@@ -37,6 +37,7 @@ type node struct {
 	lookups        int64
 	nodeid         uint64
 	forgetDeferred bool
+	used           uint64 // FS.tick at its last lookup (the pruner's age)
 
 	mu sync.Mutex
 	// lockFds holds one backing descriptor per POSIX lock owner: its OFD

@@ -218,6 +218,67 @@ func TestHostileRegistrationHoard(t *testing.T) {
 	d.alive(t, "at the end")
 }
 
+// TestWalkPastTheDaemonsDescriptors: every name the kernel keeps costs the
+// daemon a descriptor, and a walk of a dataset larger than the daemon's
+// RLIMIT_NOFILE (a million files, against fs.nr_open's 1,048,576) used to
+// make every later LOOKUP, by any user, fail with EMFILE. With the limit
+// lowered to 1,024, a walk of 3,000 files, twice, now gets every stat;
+// the daemon stays within its descriptors (the pruner has the kernel
+// forget the nodes looked up longest ago), a file kept open meanwhile
+// still reads, and the files read back byte for byte.
+func TestWalkPastTheDaemonsDescriptors(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu"))
+	const files, limit = 3000, 1024
+	for i := range files {
+		if err := os.WriteFile(filepath.Join(d.Backing, fmt.Sprintf("f%d", i)), []byte(fmt.Sprint(i)), 0644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept, err := os.Open(filepath.Join(d.Mnt, "f0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kept.Close()
+	pid := d.Cmd.Process.Pid
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatalf("prlimit the daemon: %v", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the pruner reads the limit every second
+	failed := 0
+	var first error
+	for round := range 2 {
+		for i := range files {
+			if _, err := os.Stat(filepath.Join(d.Mnt, fmt.Sprintf("f%d", i))); err != nil {
+				failed++
+				if first == nil {
+					first = fmt.Errorf("round %d, f%d: %w", round, i, err)
+				}
+			}
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d stats through the mount failed; the first: %v", failed, 2*files, first)
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fds) >= limit {
+		t.Errorf("the daemon holds %d descriptors, its limit %d", len(fds), limit)
+	}
+	for _, i := range []int{0, 1, 1499, 2999} {
+		got, err := os.ReadFile(filepath.Join(d.Mnt, fmt.Sprintf("f%d", i)))
+		if err != nil || string(got) != fmt.Sprint(i) {
+			t.Errorf("f%d after the walk: %q, %v", i, got, err)
+		}
+	}
+	buf := make([]byte, 8)
+	if n, err := kept.ReadAt(buf, 0); string(buf[:n]) != "0" {
+		t.Errorf("the file kept open through the walk: %q, %v", buf[:n], err)
+	}
+	d.alive(t, "after the walk")
+}
+
 // TestHostileFreedPages: uid 65534 registers 1 MiB of its memory, then
 // frees it (punches a hole in its memfd, which it keeps) and asks for
 // READs into it and WRITEs out of it. The daemon's accesses used to

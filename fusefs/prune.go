@@ -1,0 +1,123 @@
+package fusefs
+
+import (
+	"cmp"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+)
+
+// Every node holds a descriptor (doc.go), and the kernel keeps the inodes
+// of a walk in its cache as long as memory allows: a walk of a dataset of
+// a million files would take the daemon to RLIMIT_NOFILE (fs.nr_open,
+// 1,048,576 by default), and from there every LOOKUP, by any user, failed
+// with EMFILE. So the overlay keeps its nodes under half of its
+// descriptors: past that, the pruner asks the kernel to forget the nodes
+// looked up longest ago (FUSE_NOTIFY_PRUNE, Linux 6.17; before it, an
+// invalidation of each one's name), down to three eighths. The kernel
+// drops those it does not use (a file open, a working directory, a mount
+// point stay) and sends their FORGETs, which close the descriptors. A
+// pruned name costs the next access a LOOKUP, as after memory pressure.
+
+// pruneEvery is how often the pruner checks the limit without being asked:
+// RLIMIT_NOFILE may change while the daemon runs (prlimit).
+const pruneEvery = time.Second
+
+// pruneBatch is how many node ids one notification carries.
+const pruneBatch = 512
+
+// nodeRoom is how many nodes the overlay keeps before it prunes: half of
+// the daemon's RLIMIT_NOFILE (the rest is for opened files, registered
+// buffers, the watcher and the runtime). A variable: tests stand in for it.
+var nodeRoom = func() int {
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil || rl.Cur > 1<<40 {
+		return 1 << 30
+	}
+	return max(int(rl.Cur/2), 64)
+}
+
+// startPruner runs the pruner until the FS is unmounted (done closes).
+func (f *FS) startPruner(done <-chan struct{}) {
+	f.pruneAt.Store(int64(nodeRoom()))
+	f.pruneWake = make(chan struct{}, 1)
+	go func() {
+		t := time.NewTicker(pruneEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-f.pruneWake:
+			case <-t.C:
+			}
+			room := nodeRoom()
+			f.pruneAt.Store(int64(room))
+			f.prune(room, room*3/4)
+		}
+	}()
+}
+
+// wantPrune wakes the pruner (without waiting for it: a request handler
+// must never wait for a notification, which may wait for the directory
+// lock that request's caller holds).
+func (f *FS) wantPrune() {
+	select {
+	case f.pruneWake <- struct{}{}:
+	default:
+	}
+}
+
+// countNode notes a new node; the caller holds nodesMu.
+func (f *FS) countNode() {
+	if f.pruneWake != nil && int64(len(f.nodes)) > f.pruneAt.Load() {
+		f.wantPrune()
+	}
+}
+
+// prune asks the kernel to forget the nodes looked up longest ago, when
+// there are more than room, until target are left.
+func (f *FS) prune(room, target int) {
+	f.nodesMu.Lock()
+	if len(f.nodes) <= room {
+		f.nodesMu.Unlock()
+		return
+	}
+	type aged struct {
+		used uint64
+		n    *node
+	}
+	cands := make([]aged, 0, len(f.nodes))
+	for _, n := range f.nodes {
+		if n != f.root && n.lookups > 0 && n.nodeid != 0 {
+			cands = append(cands, aged{n.used, n})
+		}
+	}
+	had := len(f.nodes)
+	f.nodesMu.Unlock()
+	slices.SortFunc(cands, func(a, b aged) int { return cmp.Compare(a.used, b.used) })
+	cands = cands[:min(had-target, len(cands))]
+	f.prunes.Add(1)
+	asked, how := len(cands), "FUSE_NOTIFY_PRUNE"
+	inodes := make([]*fs.Inode, 0, pruneBatch)
+	for len(cands) > 0 {
+		k := min(pruneBatch, len(cands))
+		inodes = inodes[:0]
+		for _, c := range cands[:k] {
+			inodes = append(inodes, c.n.EmbeddedInode())
+		}
+		if f.root.NotifyPrune(inodes) == syscall.ENOSYS {
+			how = "by name: this kernel has no FUSE_NOTIFY_PRUNE"
+			for _, in := range inodes {
+				if name, parent := in.Parent(); parent != nil {
+					parent.NotifyEntry(name)
+				}
+			}
+		}
+		cands = cands[k:]
+	}
+	f.log.Debugf("%d nodes, room for %d: asked the kernel to forget the %d looked up longest ago (%s)", had, room, asked, how)
+}
