@@ -16,7 +16,8 @@
 // caches costs one descriptor, and keeps its nodes under half of it: past
 // that, the kernel is asked to forget those looked up longest ago
 // (prune.go), so a walk of more files than the daemon has descriptors
-// works.
+// works. An open file holds a descriptor too, so one user (root
+// excepted) holds at most a quarter of them open (handles_user.go).
 //
 // # Identity
 //

@@ -23,6 +23,7 @@ type file struct {
 	// means the kernel did not take it.
 	pt       bool
 	released atomic.Bool
+	holder   handleHolder // whose open it counts as (handles_user.go)
 	// writer: the process whose passthrough writes through this file
 	// reach fanotify as its own (0: none counted).
 	writer int32
@@ -54,8 +55,8 @@ func asFile(f fs.FileHandle) *file {
 }
 
 // newFile wraps a freshly opened backing descriptor.
-func (f *FS) newFile(ctx context.Context, n *node, fd int, flags int) (fs.FileHandle, uint32) {
-	h := &file{fsys: f, n: n, fd: fd, flags: flags}
+func (f *FS) newFile(ctx context.Context, n *node, fd int, flags int, holder handleHolder) (fs.FileHandle, uint32) {
+	h := &file{fsys: f, n: n, fd: fd, flags: flags, holder: holder}
 	h.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags, Name: n.relPath(), Changed: n.invalidate, Cache: n.cacheInfo}
 	if f.ctl != nil {
 		h.of.Owner = callerOf(ctx)
@@ -147,7 +148,9 @@ func (h *file) Release(ctx context.Context) syscall.Errno {
 	if h.flags&unix.O_ACCMODE != unix.O_RDONLY && !h.pt {
 		h.n.restamp(h.fd)
 	}
-	return toErrno(unix.Close(h.fd))
+	err := unix.Close(h.fd)
+	h.fsys.giveHandle(h.holder)
+	return toErrno(err)
 }
 
 func (h *file) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
@@ -169,6 +172,7 @@ type dirHandle struct {
 	fd       int
 	of       OpenFile
 	released atomic.Bool
+	holder   handleHolder
 }
 
 var (
@@ -178,9 +182,9 @@ var (
 	_ fs.FileReleasedirer = (*dirHandle)(nil)
 )
 
-func (f *FS) newDir(ctx context.Context, n *node, fd int, flags int) *dirHandle {
+func (f *FS) newDir(ctx context.Context, n *node, fd int, flags int, holder handleHolder) *dirHandle {
 	ds, _ := fs.NewLoopbackDirStreamFd(fd)
-	d := &dirHandle{fsys: f, ds: ds, fd: fd}
+	d := &dirHandle{fsys: f, ds: ds, fd: fd, holder: holder}
 	d.of = OpenFile{ID: f.nextFileID.Add(1), Fd: fd, Flags: flags | unix.O_DIRECTORY, Name: n.relPath(), Cache: n.cacheInfo}
 	if f.ctl != nil {
 		d.of.Owner = callerOf(ctx)
@@ -208,6 +212,7 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 		ctl.Released(&d.of)
 	}
 	d.ds.Close() // closes fd
+	d.fsys.giveHandle(d.holder)
 }
 
 // invalidate drops the kernel's cached pages of [off, off+size) and its

@@ -44,6 +44,9 @@ type FS struct {
 	pruneAt   atomic.Int64
 	pruneWake chan struct{}
 	prunes    atomic.Int64
+	// userHandles counts each user's open files and directories
+	// (handles_user.go).
+	userHandles userHandles
 
 	// Caching (cache.go): a policy per backing file system, the fanotify
 	// watcher (nil unless cache=auto), the watched inodes by file handle

@@ -36,13 +36,16 @@ import (
 // as the caller), then the daemon opens the program as itself.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	fl := int(flags)&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOCTTY|unix.O_NOFOLLOW) | unix.O_CLOEXEC
+	holder, e := n.fsys.takeHandle(ctx)
+	if e != 0 {
+		return nil, 0, e
+	}
 	fd := -1
 	open := func() unix.Errno {
 		var err error
 		fd, err = unix.Open(procSelfFd(n.fd), fl, 0)
 		return toErrno(err)
 	}
-	var e unix.Errno
 	if int(flags)&fmodeExec != 0 {
 		e = n.asRequester(ctx, func() unix.Errno {
 			return toErrno(unix.Faccessat2(n.fd, "", unix.X_OK, unix.AT_EACCESS|unix.AT_EMPTY_PATH))
@@ -54,9 +57,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		e = n.asRequester(ctx, open)
 	}
 	if e != 0 {
+		n.fsys.giveHandle(holder)
 		return nil, 0, e
 	}
-	fh, ff := n.fsys.newFile(ctx, n, fd, int(flags))
+	fh, ff := n.fsys.newFile(ctx, n, fd, int(flags), holder)
 	if h, ok := fh.(*file); ok && !h.pt {
 		ff |= n.keepData(fd)
 	}
@@ -76,26 +80,40 @@ const fmodeExec = 0x20
 // may write, and the kernel is answered with that existing file. Nothing
 // is chowned.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	fd, e := n.createAsCaller(ctx, name, int(flags), mode)
+	holder, e := n.fsys.takeHandle(ctx)
 	if e != 0 {
 		return nil, nil, 0, e
+	}
+	ch, fd, e := n.createdNode(ctx, name, flags, mode, out)
+	if e != 0 {
+		n.fsys.giveHandle(holder)
+		return nil, nil, 0, e
+	}
+	fh, ff := n.fsys.newFile(ctx, ch.Operations().(*node), fd, int(flags), holder)
+	return ch, fh, ff, 0
+}
+
+// createdNode creates name as the caller and returns its node and the
+// descriptor of the file opened.
+func (n *node) createdNode(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, int, unix.Errno) {
+	fd, e := n.createAsCaller(ctx, name, int(flags), mode)
+	if e != 0 {
+		return nil, -1, e
 	}
 	// The node's O_PATH descriptor comes from the file just opened, not
 	// from the name, which may already name something else.
 	pfd, err := unix.Open(procSelfFd(fd), unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Close(fd)
-		return nil, nil, 0, toErrno(err)
+		return nil, -1, toErrno(err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		unix.Close(pfd)
-		return nil, nil, 0, toErrno(err)
+		return nil, -1, toErrno(err)
 	}
-	ch := n.child(ctx, pfd, &st, out)
-	fh, ff := n.fsys.newFile(ctx, ch.Operations().(*node), fd, int(flags))
-	return ch, fh, ff, 0
+	return n.child(ctx, pfd, &st, out), fd, 0
 }
 
 // createAsCaller opens name with O_CREAT as the caller and returns the
@@ -146,16 +164,21 @@ func clearNonblock(fd int) unix.Errno {
 
 // OpendirHandle opens the directory as the caller, as Open opens a file.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	holder, e := n.fsys.takeHandle(ctx)
+	if e != 0 {
+		return nil, 0, e
+	}
 	fd := -1
-	e := n.asRequester(ctx, func() unix.Errno {
+	e = n.asRequester(ctx, func() unix.Errno {
 		var err error
 		fd, err = unix.Openat(n.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		return toErrno(err)
 	})
 	if e != 0 {
+		n.fsys.giveHandle(holder)
 		return nil, 0, e
 	}
-	return n.fsys.newDir(ctx, n, fd, int(flags)), n.dirFlags(), 0
+	return n.fsys.newDir(ctx, n, fd, int(flags), holder), n.dirFlags(), 0
 }
 
 func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode, fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {

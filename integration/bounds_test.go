@@ -279,6 +279,48 @@ func TestWalkPastTheDaemonsDescriptors(t *testing.T) {
 	d.alive(t, "after the walk")
 }
 
+// TestHostileOpensLeaveTheDaemonItsDescriptors: every file open through
+// the mount holds a descriptor of the daemon's, whose table all users
+// share. A user who held more files open than the daemon had descriptors
+// made every open, LOOKUP and REGISTER fail for everyone. Now a uid but
+// root holds at most a quarter of the daemon's RLIMIT_NOFILE open (EMFILE
+// past it, as its own table would say); root and the other users still
+// open files meanwhile, and the user's room comes back when it closes them.
+func TestHostileOpensLeaveTheDaemonItsDescriptors(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
+	const files, limit = 400, 1024
+	for i := range files {
+		if err := os.WriteFile(filepath.Join(d.Backing, fmt.Sprintf("f%d", i)), []byte(fmt.Sprint(i)), 0644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Prlimit(d.Cmd.Process.Pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatalf("prlimit the daemon: %v", err)
+	}
+	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "opens", d.Mnt)
+	var n int
+	var why string
+	if _, err := fmt.Sscanf(c.expect(t, "OPENS"), "%d %s", &n, &why); err != nil {
+		t.Fatal(err)
+	}
+	if why != "EMFILE" || n != limit/4 {
+		t.Errorf("uid 65534 held %d files open, then %s; want EMFILE at %d, a quarter of the daemon's %d descriptors", n, why, limit/4, limit)
+	}
+	for _, i := range []int{0, files - 1} {
+		got, err := os.ReadFile(filepath.Join(d.Mnt, fmt.Sprintf("f%d", i)))
+		if err != nil || string(got) != fmt.Sprint(i) {
+			t.Errorf("root reads f%d while uid 65534 holds its room: %q, %v", i, got, err)
+		}
+	}
+	d.alive(t, "while uid 65534 holds its room")
+	c.in.Close()
+	c.cmd.Wait()
+	again := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "opens", d.Mnt)
+	if _, err := fmt.Sscanf(again.expect(t, "OPENS"), "%d %s", &n, &why); err != nil || n != limit/4 {
+		t.Errorf("uid 65534 after its first process exited: %d open, then %s (want %d)", n, why, limit/4)
+	}
+}
+
 // TestHostileFreedPages: uid 65534 registers 1 MiB of its memory, then
 // frees it (punches a hole in its memfd, which it keeps) and asks for
 // READs into it and WRITEs out of it. The daemon's accesses used to
@@ -308,12 +350,16 @@ func TestHostileFreedPages(t *testing.T) {
 // skips when run normally.
 func TestBoundsHelperChild(t *testing.T) {
 	mode := os.Getenv("PHX_CHILD")
-	if mode != "strided" && mode != "sparse" && mode != "hoard" && mode != "holes" {
+	if mode != "strided" && mode != "sparse" && mode != "hoard" && mode != "holes" && mode != "opens" {
 		t.Skip("helper process for the bounds tests (runs only when re-executed)")
 	}
 	args := strings.Split(os.Getenv("PHX_CHILD_ARGS"), "\x1f")
 	say := func(format string, a ...any) { fmt.Printf(format+"\n", a...) }
 	defer os.Exit(0)
+	if mode == "opens" {
+		hostileOpens(args[0], say)
+		return
+	}
 	f, err := client.OpenFile(args[0], unix.O_RDWR)
 	if err != nil {
 		say("OPEN %v", err)
@@ -415,6 +461,25 @@ func hostileHoard(f *client.File, say func(string, ...any)) {
 		}
 	}
 	say("HOARD %d %s", n, errnoName(err))
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// hostileOpens opens the files f0, f1, ... of dir and keeps them open,
+// until an open fails or its own limit is near; it says how many it holds
+// and why it stopped, then holds them until its stdin closes.
+func hostileOpens(dir string, say func(string, ...any)) {
+	var rl unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+	n, why := 0, "its own limit"
+	for ; uint64(n) < rl.Cur-32; n++ {
+		fd, err := unix.Open(filepath.Join(dir, fmt.Sprintf("f%d", n)), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			why = errnoName(err)
+			break
+		}
+		_ = fd // held until exit
+	}
+	say("OPENS %d %s", n, why)
 	io.Copy(io.Discard, os.Stdin)
 }
 
