@@ -26,6 +26,12 @@ import (
 // RLIMIT_NOFILE may change while the daemon runs (prlimit).
 const pruneEvery = time.Second
 
+// pruneGap is the least time between two runs: the kernel's FORGETs come
+// after a run, and a run sorts every node, so a kernel that cannot drop
+// what it is asked to (files held open) must not make the pruner run at
+// every new node.
+const pruneGap = 50 * time.Millisecond
+
 // pruneBatch is how many node ids one notification carries.
 const pruneBatch = 512
 
@@ -39,6 +45,10 @@ var nodeRoom = func() int {
 	}
 	return max(int(rl.Cur/2), 64)
 }
+
+// notifyPrune asks the kernel to forget nodes (FUSE_NOTIFY_PRUNE; ENOSYS
+// where the kernel has none). A variable: tests take the fall-back.
+var notifyPrune = func(root *fs.Inode, nodes []*fs.Inode) syscall.Errno { return root.NotifyPrune(nodes) }
 
 // startPruner runs the pruner until the FS is unmounted (done closes).
 func (f *FS) startPruner(done <-chan struct{}) {
@@ -56,7 +66,13 @@ func (f *FS) startPruner(done <-chan struct{}) {
 			}
 			room := nodeRoom()
 			f.pruneAt.Store(int64(room))
-			f.prune(room, room*3/4)
+			if f.prune(room, room*3/4) {
+				select {
+				case <-done:
+					return
+				case <-time.After(pruneGap):
+				}
+			}
 		}
 	}()
 }
@@ -79,12 +95,13 @@ func (f *FS) countNode() {
 }
 
 // prune asks the kernel to forget the nodes looked up longest ago, when
-// there are more than room, until target are left.
-func (f *FS) prune(room, target int) {
+// there are more than room, until target are left; it reports whether it
+// asked.
+func (f *FS) prune(room, target int) bool {
 	f.nodesMu.Lock()
 	if len(f.nodes) <= room {
 		f.nodesMu.Unlock()
-		return
+		return false
 	}
 	type aged struct {
 		used uint64
@@ -109,7 +126,7 @@ func (f *FS) prune(room, target int) {
 		for _, c := range cands[:k] {
 			inodes = append(inodes, c.n.EmbeddedInode())
 		}
-		if f.root.NotifyPrune(inodes) == syscall.ENOSYS {
+		if notifyPrune(f.root.EmbeddedInode(), inodes) == syscall.ENOSYS {
 			how = "by name: this kernel has no FUSE_NOTIFY_PRUNE"
 			for _, in := range inodes {
 				if name, parent := in.Parent(); parent != nil {
@@ -120,4 +137,5 @@ func (f *FS) prune(room, target int) {
 		cands = cands[k:]
 	}
 	f.log.Debugf("%d nodes, room for %d: asked the kernel to forget the %d looked up longest ago (%s)", had, room, asked, how)
+	return true
 }
