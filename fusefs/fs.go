@@ -44,6 +44,7 @@ type FS struct {
 	pruneAt   atomic.Int64
 	pruneWake chan struct{}
 	prunes    atomic.Int64
+	dropped   atomic.Int64 // nodes dropped from the tables (the pruner's progress)
 	// userHandles counts each user's open files and directories
 	// (handles_user.go).
 	userHandles userHandles

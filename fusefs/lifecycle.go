@@ -182,6 +182,7 @@ func (f *FS) dropNode(n *node) bool {
 		return false
 	}
 	delete(f.nodes, n.id)
+	f.dropped.Add(1)
 	if f.byID[n.nodeid] == n {
 		delete(f.byID, n.nodeid)
 	}

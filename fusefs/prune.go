@@ -26,10 +26,12 @@ import (
 // RLIMIT_NOFILE may change while the daemon runs (prlimit).
 const pruneEvery = time.Second
 
-// pruneGap is the least time between two runs: the kernel's FORGETs come
-// after a run, and a run sorts every node, so a kernel that cannot drop
-// what it is asked to (files held open) must not make the pruner run at
-// every new node.
+// pruneGap is how long the pruner waits after a run that the kernel did
+// not follow (no node forgotten since, checked every pruneGap/10): a
+// run sorts every node, so a kernel that cannot drop what it is asked to
+// (files held open) must not make the pruner run at every new node. After
+// a run the kernel followed, the next may come at once: a fast walk adds
+// nodes faster than one run a gap would take them.
 const pruneGap = 50 * time.Millisecond
 
 // pruneBatch is how many node ids one notification carries.
@@ -66,12 +68,9 @@ func (f *FS) startPruner(done <-chan struct{}) {
 			}
 			room := nodeRoom()
 			f.pruneAt.Store(int64(room))
-			if f.prune(room, room*3/4) {
-				select {
-				case <-done:
-					return
-				case <-time.After(pruneGap):
-				}
+			seen := f.dropped.Load()
+			if f.prune(room, room*3/4) > 0 {
+				f.pruneWait(done, seen)
 			}
 		}
 	}()
@@ -94,14 +93,31 @@ func (f *FS) countNode() {
 	}
 }
 
+// pruneWait returns once the kernel followed the last run (a node was
+// forgotten since: dropped moved past seen), or after pruneGap.
+func (f *FS) pruneWait(done <-chan struct{}, seen int64) {
+	deadline := time.After(pruneGap)
+	tick := time.NewTicker(pruneGap / 10)
+	defer tick.Stop()
+	for f.dropped.Load() == seen {
+		select {
+		case <-done:
+			return
+		case <-deadline:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
 // prune asks the kernel to forget the nodes looked up longest ago, when
-// there are more than room, until target are left; it reports whether it
-// asked.
-func (f *FS) prune(room, target int) bool {
+// there are more than room, until target are left; it returns how many
+// nodes it found (0: it asked nothing).
+func (f *FS) prune(room, target int) int {
 	f.nodesMu.Lock()
 	if len(f.nodes) <= room {
 		f.nodesMu.Unlock()
-		return false
+		return 0
 	}
 	type aged struct {
 		used uint64
@@ -137,5 +153,5 @@ func (f *FS) prune(room, target int) bool {
 		cands = cands[k:]
 	}
 	f.log.Debugf("%d nodes, room for %d: asked the kernel to forget the %d looked up longest ago (%s)", had, room, asked, how)
-	return true
+	return had
 }
