@@ -43,8 +43,10 @@ type FS struct {
 	tick      uint64
 	pruneAt   atomic.Int64
 	pruneWake chan struct{}
-	prunes    atomic.Int64
-	dropped   atomic.Int64 // nodes dropped from the tables (the pruner's progress)
+	// prunerDone closes when the pruner ends, after the unmount.
+	prunerDone chan struct{}
+	prunes     atomic.Int64
+	dropped    atomic.Int64 // nodes dropped from the tables (the pruner's progress)
 	// userHandles counts each user's open files and directories
 	// (handles_user.go).
 	userHandles userHandles
@@ -258,8 +260,13 @@ func (f *FS) Server() *fuse.Server { return f.server }
 // Backing is the absolute path of the backing directory.
 func (f *FS) Backing() string { return f.backing }
 
-// Wait blocks until the file system is unmounted.
-func (f *FS) Wait() { f.server.Wait() }
+// Wait blocks until the file system is unmounted and its pruner ended.
+func (f *FS) Wait() {
+	f.server.Wait()
+	if f.prunerDone != nil {
+		<-f.prunerDone
+	}
+}
 
 // Unmount unmounts the overlay (retrying while it is busy, then lazily).
 // The control is told first that shutdown began (ShutdownNotifier).

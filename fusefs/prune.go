@@ -52,11 +52,14 @@ var nodeRoom = func() int {
 // where the kernel has none). A variable: tests take the fall-back.
 var notifyPrune = func(root *fs.Inode, nodes []*fs.Inode) syscall.Errno { return root.NotifyPrune(nodes) }
 
-// startPruner runs the pruner until the FS is unmounted (done closes).
+// startPruner runs the pruner until the FS is unmounted (done closes);
+// Wait waits for it to end.
 func (f *FS) startPruner(done <-chan struct{}) {
 	f.pruneAt.Store(int64(nodeRoom()))
 	f.pruneWake = make(chan struct{}, 1)
+	f.prunerDone = make(chan struct{})
 	go func() {
+		defer close(f.prunerDone)
 		t := time.NewTicker(pruneEvery)
 		defer t.Stop()
 		for {
