@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"errors"
-	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -182,11 +181,7 @@ func (s *ControlServer) userGives(uid uint32, size int64) {
 // and the runtime's. Read at each REGISTER: either may change while the
 // daemon runs. A variable: tests stand in for it.
 var daemonRoom = func() int {
-	room := math.MaxInt
-	var rl unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < math.MaxInt/2 {
-		room = int(rl.Cur / 4)
-	}
+	room := shareOfNoFile(4, 0)
 	if b, err := os.ReadFile("/proc/sys/vm/max_map_count"); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
 			room = min(room, n/4)

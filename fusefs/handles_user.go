@@ -13,8 +13,7 @@ import (
 // mount, the daemon's, and then every open, LOOKUP and REGISTER, by any
 // user, failed with EMFILE. So each uid but root holds at most a quarter
 // of the daemon's RLIMIT_NOFILE in open handles (EMFILE past it, as its
-// own table would say); nodes take up to half (prune.go), registered
-// buffers a quarter (control_buffers.go).
+// own table would say; fdbudget.go shares the rest out).
 
 // userHandles counts the open handles of each uid but root.
 type userHandles struct {
@@ -25,13 +24,7 @@ type userHandles struct {
 // handleRoom is how many handles one user may hold open: a quarter of the
 // daemon's RLIMIT_NOFILE, read at each open (prlimit may change it). A
 // variable: tests stand in for it.
-var handleRoom = func() int {
-	var rl unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil || rl.Cur > 1<<40 {
-		return 1 << 30
-	}
-	return max(int(rl.Cur/4), 16)
-}
+var handleRoom = func() int { return shareOfNoFile(4, 16) }
 
 // handleHolder is who a handle counts for: held is false for root's (and
 // for a request that is not the kernel's), which are not counted.

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
-	"golang.org/x/sys/unix"
 )
 
 // Every node holds a descriptor (doc.go), and the kernel keeps the inodes
@@ -40,13 +39,7 @@ const pruneBatch = 512
 // nodeRoom is how many nodes the overlay keeps before it prunes: half of
 // the daemon's RLIMIT_NOFILE (the rest is for opened files, registered
 // buffers, the watcher and the runtime). A variable: tests stand in for it.
-var nodeRoom = func() int {
-	var rl unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil || rl.Cur > 1<<40 {
-		return 1 << 30
-	}
-	return max(int(rl.Cur/2), 64)
-}
+var nodeRoom = func() int { return shareOfNoFile(2, 64) }
 
 // notifyPrune asks the kernel to forget nodes (FUSE_NOTIFY_PRUNE; ENOSYS
 // where the kernel has none). A variable: tests take the fall-back.

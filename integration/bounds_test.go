@@ -195,9 +195,7 @@ func TestHostileRegistrationHoard(t *testing.T) {
 		t.Fatal(err)
 	}
 	limit := uint64(len(fds) + 256)
-	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatalf("prlimit the daemon: %v", err)
-	}
+	limitDescriptors(t, pid, limit)
 
 	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "hoard", path)
 	var n int
@@ -218,6 +216,25 @@ func TestHostileRegistrationHoard(t *testing.T) {
 	d.alive(t, "at the end")
 }
 
+// numberedFiles writes the files f0 ... f(n-1) in dir, each holding its
+// number in decimal.
+func numberedFiles(t testing.TB, dir string, n int) {
+	t.Helper()
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d", i)), []byte(fmt.Sprint(i)), 0644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// limitDescriptors sets process pid's RLIMIT_NOFILE to limit.
+func limitDescriptors(t testing.TB, pid int, limit uint64) {
+	t.Helper()
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
+		t.Fatalf("prlimit the daemon: %v", err)
+	}
+}
+
 // TestWalkPastTheDaemonsDescriptors: every name the kernel keeps costs the
 // daemon a descriptor, and a walk of a dataset larger than the daemon's
 // RLIMIT_NOFILE (a million files, against fs.nr_open's 1,048,576) used to
@@ -229,20 +246,14 @@ func TestHostileRegistrationHoard(t *testing.T) {
 func TestWalkPastTheDaemonsDescriptors(t *testing.T) {
 	d := startDaemon(t, withArgs("--vendor", "emu"))
 	const files, limit = 3000, 1024
-	for i := range files {
-		if err := os.WriteFile(filepath.Join(d.Backing, fmt.Sprintf("f%d", i)), []byte(fmt.Sprint(i)), 0644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	numberedFiles(t, d.Backing, files)
 	kept, err := os.Open(filepath.Join(d.Mnt, "f0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer kept.Close()
 	pid := d.Cmd.Process.Pid
-	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatalf("prlimit the daemon: %v", err)
-	}
+	limitDescriptors(t, pid, limit)
 	time.Sleep(1500 * time.Millisecond) // the pruner reads the limit every second
 	failed := 0
 	var first error
@@ -289,14 +300,8 @@ func TestWalkPastTheDaemonsDescriptors(t *testing.T) {
 func TestHostileOpensLeaveTheDaemonItsDescriptors(t *testing.T) {
 	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
 	const files, limit = 400, 1024
-	for i := range files {
-		if err := os.WriteFile(filepath.Join(d.Backing, fmt.Sprintf("f%d", i)), []byte(fmt.Sprint(i)), 0644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := unix.Prlimit(d.Cmd.Process.Pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
-		t.Fatalf("prlimit the daemon: %v", err)
-	}
+	numberedFiles(t, d.Backing, files)
+	limitDescriptors(t, d.Cmd.Process.Pid, limit)
 	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "opens", d.Mnt)
 	var n int
 	var why string
