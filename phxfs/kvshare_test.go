@@ -56,6 +56,24 @@ func TestKVSharesByLoad(t *testing.T) {
 	if got := l.stagedWorkers(blocks(409, 16<<10), 16); got != 7 {
 		t.Errorf("spread: 409 x 16 KiB beside 15 others get %d workers, want 7", got)
 	}
+	// A slot-sized share counts pieces in proportion: 256 a worker, so a
+	// 16 KiB batch takes 2 workers by bytes and by pieces alike.
+	slot, _ := newLib(t, setup{"sync", Staged}, 1, func(c *Config) {
+		c.Workers, c.BounceSize, c.StagedShare = 16, 4*mib, 4*mib
+	})
+	for _, c := range []struct {
+		what string
+		xs   []xfer
+		want int
+	}{
+		{"409 x 16 KiB, 4 MiB shares", blocks(409, 16<<10), 2},
+		{"409 x 64 KiB, 4 MiB shares", blocks(409, 64<<10), 7},
+		{"4,096 x 64 B, 4 MiB shares", blocks(4096, 64), 16},
+	} {
+		if got := slot.stagedWorkers(c.xs, 1); got != c.want {
+			t.Errorf("%s: %d workers, want %d", c.what, got, c.want)
+		}
+	}
 }
 
 // TestStagedShareEnv: PHX_STAGED_SHARE=load sets Config.StagedByLoad;

@@ -46,7 +46,8 @@ func (l *Lib) SetStagedByLoad(on bool) bool { return l.byLoad.Swap(on) }
 // StagedByLoad reports whether staged batches are split by load.
 func (l *Lib) StagedByLoad() bool { return l.byLoad.Load() }
 
-// minStagedOps is the least number of pieces a worker is given: a read
+// minStagedOps is the least number of pieces a worker is given per MiB of
+// Config.StagedShare (64 at the default share, 256 at a slot's 4 MiB): a read
 // costs a few microseconds whatever its size, so many small ones (a column
 // slice is one per row) spread over workers by count as well as by bytes.
 const minStagedOps = 64
@@ -56,7 +57,7 @@ const minStagedOps = 64
 // included).
 //
 // A plan spreads: each worker gets at least Config.StagedShare bytes or
-// minStagedOps pieces, so that one batch's reads run in parallel. Split
+// the share's pieces (sharePieces), so that one batch's reads run in parallel. Split
 // by load (Config.StagedByLoad), a plan beside others (a KV-cache client
 // keeps several BATCH ioctls in flight; the mount serves several threads)
 // takes no more than its fair part of the pool, workers/plans, but never
@@ -84,11 +85,21 @@ func (l *Lib) stagedWorkers(xs []xfer, plans int) int {
 	}
 	share, slot := l.cfg.StagedShare, l.cfg.BounceSize
 	workers := l.pool.Workers()
-	spread := max(int((bytes+share-1)/share), int((pieces+minStagedOps-1)/minStagedOps))
+	ops := sharePieces(share)
+	spread := max(int((bytes+share-1)/share), int((pieces+ops-1)/ops))
 	fair := (workers + max(plans, 1) - 1) / max(plans, 1)
 	full := int((bytes + slot - 1) / slot)
 	n := max(min(spread, fair), full)
 	return max(min(n, len(xs), workers), 1)
+}
+
+// sharePieces is the least number of pieces a worker is given with a
+// share of this many bytes: minStagedOps a MiB, never fewer than
+// minStagedOps. Scaled with the share so that a larger share means fewer
+// workers for small blocks as it does for large ones: a 16 KiB batch of
+// 409 blocks is 7 shares by its pieces at 1 MiB and 2 at 4 MiB.
+func sharePieces(share int64) int64 {
+	return max(minStagedOps*share>>20, minStagedOps)
 }
 
 // runStriped runs a plan that has staged transfers on its share of the
