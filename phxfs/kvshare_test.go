@@ -76,20 +76,27 @@ func TestKVSharesByLoad(t *testing.T) {
 	}
 }
 
-// TestStagedShareEnv: PHX_STAGED_SHARE=load sets Config.StagedByLoad;
-// spread, auto and unset leave it off; a bad value fails New and
+// TestStagedShareEnv: PHX_STAGED_SHARE=load sets Config.StagedByLoad,
+// slot makes a worker's least share a bounce buffer (where the config
+// sets none); spread, auto and unset leave both; a bad value fails New and
 // CheckEnv.
 func TestStagedShareEnv(t *testing.T) {
 	for _, c := range []struct {
 		v      string
+		share  int64 // Config.StagedShare given
 		byLoad bool
+		want   int64 // the share New keeps
 		bad    bool
-	}{{"", false, false}, {"auto", false, false}, {"spread", false, false}, {"load", true, false}, {"fair", false, true}} {
+	}{
+		{"", 0, false, 1 * mib, false}, {"auto", 0, false, 1 * mib, false}, {"spread", 0, false, 1 * mib, false},
+		{"load", 0, true, 1 * mib, false}, {"slot", 0, false, 2 * mib, false}, {"slot", 64 << 10, false, 64 << 10, false},
+		{"fair", 0, false, 0, true},
+	} {
 		t.Setenv(EnvStagedShare, c.v)
 		if err := CheckEnv(); (err != nil) != c.bad {
 			t.Errorf("%s=%q: CheckEnv %v", EnvStagedShare, c.v, err)
 		}
-		l, err := New(Config{Connector: emuStaged(t, 1), Engine: "sync", Workers: 2})
+		l, err := New(Config{Connector: emuStaged(t, 1), Engine: "sync", Workers: 2, BounceSize: 2 * mib, StagedShare: c.share})
 		if c.bad {
 			if err == nil {
 				l.Close()
@@ -102,6 +109,9 @@ func TestStagedShareEnv(t *testing.T) {
 		}
 		if l.StagedByLoad() != c.byLoad {
 			t.Errorf("%s=%q: by load %v, want %v", EnvStagedShare, c.v, l.StagedByLoad(), c.byLoad)
+		}
+		if l.cfg.StagedShare != c.want {
+			t.Errorf("%s=%q, Config.StagedShare %d: share %d, want %d", EnvStagedShare, c.v, c.share, l.cfg.StagedShare, c.want)
 		}
 		l.Close()
 	}

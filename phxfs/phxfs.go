@@ -53,8 +53,8 @@ type Config struct {
 	// worker, 2 to 32; a worker fills half of them in one engine run while
 	// the other half's copies run (0: PHX_STAGED_BUFFERS, else 2).
 	StagedBuffers int
-	// StagedShare is the least a worker is given of a staged batch (default
-	// 1 MiB): a small batch (a few KV-cache blocks, one tensor) runs on a
+	// StagedShare is the least a worker is given of a staged batch (0:
+	// the bounce size with PHX_STAGED_SHARE=slot, else 1 MiB): a small batch (a few KV-cache blocks, one tensor) runs on a
 	// few workers, which keeps the copy engine's driver calls few and lets
 	// concurrent batches from other client threads run beside it.
 	// StagedByLoad may give a batch more than this a worker.
@@ -135,6 +135,9 @@ func New(cfg Config) (*Lib, error) {
 	defaults.Set(&cfg.QueueDepth, 1024)
 	defaults.Set(&cfg.MaxQueuedBatches, 16)
 	defaults.Set(&cfg.BounceSize, 4<<20)
+	if err := stagedShareFrom(&cfg); err != nil {
+		return nil, err
+	}
 	defaults.Set(&cfg.StagedShare, 1<<20)
 	if cfg.BounceSize%4096 != 0 {
 		return nil, errs.New(unix.EINVAL, "phxfs: bounce size %d is not a multiple of 4096", cfg.BounceSize)
@@ -155,9 +158,6 @@ func New(cfg Config) (*Lib, error) {
 		cfg.SplitSize = 8 << 20
 	}
 	if cfg.GatherMax, err = gatherMaxFrom(cfg.GatherMax); err != nil {
-		return nil, err
-	}
-	if cfg.StagedByLoad, err = stagedByLoadFrom(cfg.StagedByLoad); err != nil {
 		return nil, err
 	}
 	if cfg.WritebackMin, err = writebackMinFrom(cfg.WritebackMin); err != nil {

@@ -200,7 +200,7 @@ func CheckEnv() error {
 	if _, err := gatherMaxFrom(0); err != nil {
 		return err
 	}
-	if _, err := stagedByLoadFrom(false); err != nil {
+	if err := stagedShareFrom(&Config{}); err != nil {
 		return err
 	}
 	if _, err := writebackMinFrom(0); err != nil {

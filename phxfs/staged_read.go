@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/internal/defaults"
 	"github.com/phxmount/phxmount/internal/errs"
 	"github.com/phxmount/phxmount/ioengine"
 )
@@ -19,23 +20,25 @@ var bg = context.Background()
 
 // EnvStagedShare names the variable that chooses how a staged batch is
 // split among workers: spread (or auto, or unset: every batch as if it ran
-// alone) or load (weighing the plans beside it: Config.StagedByLoad).
+// alone, Config.StagedShare a worker), slot (the same with a bounce
+// buffer's worth a worker: fewer driver calls a small batch) or load
+// (weighing the plans beside it: Config.StagedByLoad).
 const EnvStagedShare = "PHX_STAGED_SHARE"
 
-// stagedByLoadFrom resolves Config.StagedByLoad: true, or the
-// environment's choice.
-func stagedByLoadFrom(byLoad bool) (bool, error) {
-	if byLoad {
-		return true, nil
-	}
+// stagedShareFrom applies the environment's rule to what cfg leaves
+// unset: slot sets a zero StagedShare to the bounce size, load sets
+// StagedByLoad. Called after BounceSize has its default.
+func stagedShareFrom(cfg *Config) error {
 	switch v := os.Getenv(EnvStagedShare); v {
 	case "", "auto", "spread":
-		return false, nil
+	case "slot":
+		defaults.Set(&cfg.StagedShare, cfg.BounceSize)
 	case "load":
-		return true, nil
+		cfg.StagedByLoad = true
 	default:
-		return false, errs.New(unix.EINVAL, "phxfs: %s=%q: want spread or load", EnvStagedShare, v)
+		return errs.New(unix.EINVAL, "phxfs: %s=%q: want spread, slot or load", EnvStagedShare, v)
 	}
+	return nil
 }
 
 // SetStagedByLoad sets whether staged batches are split by load

@@ -3,7 +3,8 @@
 # 64 KiB blocks still bound by the daemon's per-batch cost, and does
 # splitting a batch among workers by load (PHX_STAGED_SHARE=load, phxfs
 # Config.StagedByLoad: 2 scatters a 16 KiB batch among sixteen plans
-# instead of 7) pay on the GPU? It runs, on the same hot 4 GiB file:
+# instead of 7) or a bounce buffer's worth a worker (PHX_STAGED_SHARE=slot:
+# 2 alone) pay on the GPU? It runs, on the same hot 4 GiB file:
 #   1. kv_blocks.cu (../shared/reference) at 16 and 64 KiB, built here;
 #   2. phxbench-gpu kv (the library in-process) per block size, 1 and 4
 #      threads x 1 and 4 batches in flight, both rules, with a CPU profile;
@@ -119,10 +120,10 @@ for bk in 16 64; do
 done
 pack
 
-say "--- 3. through the mount: gpu_kv.py reads, a daemon per rule ($(el))"
+say "--- 3. through the mount: gpu_kv.py reads, a daemon per rule: spread, slot (a bounce buffer's worth a worker), load ($(el))"
 python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 || say "pip install ./python failed (pip.log)"
-for rule in spread load; do
-	[ $(($(date +%s) - T0)) -lt 230 ] || { say "rule $rule: not run (out of time)"; continue; }
+for rule in spread slot load; do
+	[ $(($(date +%s) - T0)) -lt "${KV_STEP3_BY_S:-260}" ] || { say "rule $rule: not run (out of time)"; continue; }
 	PHX_STAGED_SHARE=$rule PHXMOUNT_CPUPROFILE=$R/daemon-$rule.prof "$C/phxmount" --vendor nvidia "$W/backing" "$W/mnt" >"$R/daemon-$rule.log" 2>&1 &
 	D=$!
 	if "$C/phxmount" wait --timeout 10 "$W/mnt" >>"$R/daemon-$rule.log" 2>&1; then
