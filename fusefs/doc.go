@@ -94,5 +94,10 @@
 // descriptor per (inode, lock owner), which gives them POSIX semantics
 // (a process's locks are shared by its descriptors and released when it
 // closes any of them) and makes them visible to processes that lock the
-// backing file directly.
+// backing file directly. Those descriptors count with their user's open
+// files (ENOLCK past the user's share). A lock that waits (F_SETLKW,
+// flock without LOCK_NB) does not block one of the daemon's threads: it
+// is tried again, without blocking, with pauses that grow to 10 ms (more
+// with thousands of waiters), and a signal to the waiting caller ends it
+// with EINTR, as natively (locks.go).
 package fusefs

@@ -13,7 +13,8 @@ import (
 // mount, the daemon's, and then every open, LOOKUP and REGISTER, by any
 // user, failed with EMFILE. So each uid but root holds at most a quarter
 // of the daemon's RLIMIT_NOFILE in open handles (EMFILE past it, as its
-// own table would say; fdbudget.go shares the rest out).
+// own table would say; fdbudget.go shares the rest out). Its lock owners'
+// descriptors (locks.go) count here too.
 
 // userHandles counts the open handles of each uid but root.
 type userHandles struct {

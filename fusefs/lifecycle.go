@@ -194,8 +194,8 @@ func (f *FS) dropNode(n *node) bool {
 // its O_PATH descriptor.
 func (n *node) closeFds() {
 	n.mu.Lock()
-	for _, fd := range n.lockFds {
-		unix.Close(fd)
+	for _, d := range n.lockFds {
+		n.closeLockFd(d)
 	}
 	n.lockFds = nil
 	n.mu.Unlock()

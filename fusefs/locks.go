@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -11,29 +12,73 @@ import (
 
 // Locks: flock on the open file's descriptor, POSIX record locks as OFD
 // locks on one backing descriptor per lock owner.
+//
+// Two things a user could take from everyone through locks are bounded:
+//
+//   - Threads. A request that blocks in a system call holds one of the
+//     daemon's threads until it returns, and the Go runtime dies past
+//     10,000 of them: 10,050 F_SETLKW waiters on one locked file, from
+//     one process, made the daemon exit with "program exceeds 10000-thread
+//     limit" and left the mount disconnected. So a lock that waits
+//     (F_SETLKW, flock without LOCK_NB) is tried without blocking, again
+//     and again (waitLock), its goroutine asleep in between, and the wait
+//     ends with EINTR when the kernel interrupts the request (the caller
+//     got a signal) or the mount goes away, as F_SETLKW does natively.
+//     What it gives up is the kernel's queue: a waiter learns of a
+//     release within lockPollMax, and a holder that locks again at once
+//     can take the lock first.
+//   - Descriptors. Each lock owner (a process, for POSIX locks; an open
+//     file, for OFD locks) holds a backing descriptor for as long as it
+//     holds locks there, and processes forked from one open share its
+//     handle: a uid but root counts them with its open handles
+//     (handles_user.go), and past its share a lock that needs a new one
+//     gets ENOLCK, as a full lock table does natively.
+
+// lockPollMin and lockPollMax bound the pause between a waiting lock's
+// tries: it doubles from the first to the second, so a lock released
+// soon is taken soon, and a long wait costs a hundred tries a second.
+// With many waiters the longest pause grows by lockPollEach a waiter, so
+// that all of them together try about 10,000 times a second (10,000
+// waiters: once a second each): a crowd of waiters cannot busy the daemon.
+const (
+	lockPollMin  = 50 * time.Microsecond
+	lockPollMax  = 10 * time.Millisecond
+	lockPollEach = 100 * time.Microsecond
+)
+
+// lockDesc is a lock owner's backing descriptor and who it counts for.
+type lockDesc struct {
+	fd     int
+	holder handleHolder
+}
 
 // lockFd returns the owner's lock descriptor on this inode (opening it
-// when create is set), or -1.
-func (n *node) lockFd(owner uint64, create bool, h *file) (int, unix.Errno) {
+// when create is set, counted for ctx's caller), or -1.
+func (n *node) lockFd(ctx context.Context, owner uint64, create bool, h *file) (int, unix.Errno) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if fd, ok := n.lockFds[owner]; ok {
-		return fd, 0
+	if d, ok := n.lockFds[owner]; ok {
+		return d.fd, 0
 	}
 	if !create {
 		return -1, 0
+	}
+	holder, e := n.fsys.takeHandle(ctx)
+	if e != 0 {
+		return -1, unix.ENOLCK
 	}
 	fd, err := unix.Open(procSelfFd(n.fd), unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		fd, err = unix.Open(procSelfFd(n.fd), h.flags&unix.O_ACCMODE|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	}
 	if err != nil {
+		n.fsys.giveHandle(holder)
 		return -1, toErrno(err)
 	}
 	if n.lockFds == nil {
-		n.lockFds = make(map[uint64]int)
+		n.lockFds = make(map[uint64]lockDesc)
 	}
-	n.lockFds[owner] = fd
+	n.lockFds[owner] = lockDesc{fd: fd, holder: holder}
 	return fd, 0
 }
 
@@ -42,9 +87,45 @@ func (n *node) lockFd(owner uint64, create bool, h *file) (int, unix.Errno) {
 func (n *node) dropOwner(owner uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if fd, ok := n.lockFds[owner]; ok {
-		unix.Close(fd)
+	if d, ok := n.lockFds[owner]; ok {
+		n.closeLockFd(d)
 		delete(n.lockFds, owner)
+	}
+}
+
+// closeLockFd closes a lock descriptor and gives back its count; n.mu is
+// held.
+func (n *node) closeLockFd(d lockDesc) {
+	unix.Close(d.fd)
+	n.fsys.giveHandle(d.holder)
+}
+
+// waitLock takes a lock as a blocking call would, without blocking a
+// thread: try (a non-blocking F_OFD_SETLK or flock) again until it no
+// longer finds the lock taken, sleeping between tries; EINTR when ctx
+// ends first (the request interrupted, the mount closing).
+func (f *FS) waitLock(ctx context.Context, try func() error) syscall.Errno {
+	err := try()
+	if err != unix.EAGAIN && err != unix.EACCES && err != unix.EINTR {
+		return toErrno(err)
+	}
+	f.lockWaiters.Add(1)
+	defer f.lockWaiters.Add(-1)
+	pause := lockPollMin
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return unix.EINTR
+		case <-t.C:
+		}
+		err := try()
+		if err != unix.EAGAIN && err != unix.EACCES && err != unix.EINTR {
+			return toErrno(err)
+		}
+		pause = min(2*pause, max(lockPollMax, time.Duration(f.lockWaiters.Load())*lockPollEach))
+		t.Reset(pause)
 	}
 }
 
@@ -53,7 +134,7 @@ func (n *node) Getlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fus
 	if h == nil {
 		return unix.EBADF
 	}
-	fd, e := n.lockFd(owner, false, h)
+	fd, e := n.lockFd(ctx, owner, false, h)
 	if e != 0 {
 		return e
 	}
@@ -70,14 +151,14 @@ func (n *node) Getlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fus
 }
 
 func (n *node) Setlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return n.setlk(f, owner, lk, flags, false)
+	return n.setlk(ctx, f, owner, lk, flags, false)
 }
 
 func (n *node) Setlkw(ctx context.Context, f fs.FileHandle, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return n.setlk(f, owner, lk, flags, true)
+	return n.setlk(ctx, f, owner, lk, flags, true)
 }
 
-func (n *node) setlk(f fs.FileHandle, owner uint64, lk *fuse.FileLock, flags uint32, wait bool) syscall.Errno {
+func (n *node) setlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fuse.FileLock, flags uint32, wait bool) syscall.Errno {
 	h := asFile(f)
 	if h == nil {
 		return unix.EBADF
@@ -94,12 +175,13 @@ func (n *node) setlk(f fs.FileHandle, owner uint64, lk *fuse.FileLock, flags uin
 		default:
 			return unix.EINVAL
 		}
-		if !wait {
-			op |= unix.LOCK_NB
+		try := func() error { return unix.Flock(h.fd, op|unix.LOCK_NB) }
+		if !wait || op == unix.LOCK_UN {
+			return toErrno(try())
 		}
-		return toErrno(unix.Flock(h.fd, op))
+		return n.fsys.waitLock(ctx, try)
 	}
-	fd, e := n.lockFd(owner, lk.Typ != unix.F_UNLCK, h)
+	fd, e := n.lockFd(ctx, owner, lk.Typ != unix.F_UNLCK, h)
 	if e != 0 {
 		return e
 	}
@@ -109,15 +191,13 @@ func (n *node) setlk(f fs.FileHandle, owner uint64, lk *fuse.FileLock, flags uin
 	var flk syscall.Flock_t
 	lk.ToFlockT(&flk)
 	flk.Pid = 0
-	cmd := unix.F_OFD_SETLK
-	if wait {
-		cmd = unix.F_OFD_SETLKW
-	}
-	for {
-		err := syscall.FcntlFlock(uintptr(fd), cmd, &flk)
-		if err == unix.EINTR {
-			continue
+	try := func() error { return syscall.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &flk) }
+	if !wait || lk.Typ == unix.F_UNLCK {
+		for {
+			if err := try(); err != unix.EINTR {
+				return toErrno(err)
+			}
 		}
-		return toErrno(err)
 	}
+	return n.fsys.waitLock(ctx, try)
 }

@@ -41,8 +41,8 @@ type node struct {
 
 	mu sync.Mutex
 	// lockFds holds one backing descriptor per POSIX lock owner: its OFD
-	// locks are that owner's record locks on this inode.
-	lockFds map[uint64]int
+	// locks are that owner's record locks on this inode (locks.go).
+	lockFds map[uint64]lockDesc
 	// writers counts, per process, the passthrough files open for writing
 	// on this inode (their writes reach fanotify with that process's pid).
 	writers map[int32]int

@@ -1,0 +1,216 @@
+package integration
+
+// Locks that wait, taken through the mount by many owners at once: the
+// daemon must neither spend a thread on each (the Go runtime dies past
+// 10,000) nor keep waiting for a caller the kernel has interrupted.
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// procCount is the daemon's threads (/proc/pid/status) and its open
+// descriptors.
+func procCount(t testing.TB, pid int) (threads, fds int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("the daemon's status: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			fmt.Sscan(v, &threads)
+		}
+	}
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatalf("the daemon's descriptors: %v", err)
+	}
+	return threads, len(ents)
+}
+
+// lockWhole takes (typ F_WRLCK) or drops (F_UNLCK) an OFD lock of the
+// whole file, waiting when cmd is F_OFD_SETLKW.
+func lockWhole(fd int, cmd int, typ int16) error {
+	lk := unix.Flock_t{Type: typ}
+	return unix.FcntlFlock(uintptr(fd), cmd, &lk)
+}
+
+// TestLockWaitersLeaveTheDaemonItsThreads: 400 owners wait for a lock held
+// through the mount, half with F_OFD_SETLKW, half with flock(LOCK_EX).
+// Each waiting request used to hold one of the daemon's threads in a
+// blocking fcntl or flock (313 threads for 300 waiters; 10,050 waiters
+// made the runtime exit with "program exceeds 10000-thread limit").
+// Now the daemon keeps its threads while they wait, none is granted the
+// held lock, and once it is released every waiter gets it in turn.
+func TestLockWaitersLeaveTheDaemonItsThreads(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu"))
+	pid := d.Cmd.Process.Pid
+	path := filepath.Join(d.Mnt, "lock")
+	if err := os.WriteFile(path, []byte("locked"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(holder)
+	if err := lockWhole(holder, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(holder, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 400
+	fds := make([]int, waiters)
+	for i := range fds {
+		if fds[i], err = unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fds[i])
+	}
+	baseThreads, baseFds := procCount(t, pid)
+	var granted atomic.Int32
+	done := make(chan error, waiters)
+	for i, fd := range fds {
+		go func() {
+			var err error
+			if i%2 == 0 {
+				if err = lockWhole(fd, unix.F_OFD_SETLKW, unix.F_WRLCK); err == nil {
+					granted.Add(1)
+					err = lockWhole(fd, unix.F_OFD_SETLK, unix.F_UNLCK)
+				}
+			} else if err = unix.Flock(fd, unix.LOCK_EX); err == nil {
+				granted.Add(1)
+				err = unix.Flock(fd, unix.LOCK_UN)
+			}
+			done <- err
+		}()
+	}
+	// Every OFD waiter's request has reached the daemon when it holds a
+	// lock descriptor for each.
+	want := baseFds + waiters/2
+	deadline := time.Now().Add(30 * time.Second)
+	_, held := procCount(t, pid)
+	for held < want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		_, held = procCount(t, pid)
+	}
+	if held < want {
+		t.Fatalf("the daemon holds %d descriptors, want %d (a lock owner's for each of %d waiters)", held, want, waiters/2)
+	}
+	time.Sleep(200 * time.Millisecond) // the flock waiters' requests, which hold no new descriptor
+	threads, _ := procCount(t, pid)
+	if n := granted.Load(); n != 0 {
+		t.Errorf("%d waiters were granted a lock that is held", n)
+	}
+	if threads > baseThreads+64 {
+		t.Errorf("the daemon runs %d threads with %d lock waiters, %d before: a thread a waiter", threads, waiters, baseThreads)
+	}
+	d.alive(t, "with the waiters")
+
+	if err := lockWhole(holder, unix.F_OFD_SETLK, unix.F_UNLCK); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(holder, unix.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(60 * time.Second)
+	for i := range waiters {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("a waiter: %v", err)
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d waiters got the lock within 60 s of its release", i, waiters)
+		}
+	}
+	if n := granted.Load(); n != waiters {
+		t.Errorf("%d of %d waiters got the lock", n, waiters)
+	}
+	d.alive(t, "at the end")
+}
+
+// TestInterruptedLockWaitEnds: a process waiting in F_OFD_SETLKW through
+// the mount gets a signal. Natively the call ends with EINTR; through the
+// mount the kernel sends the daemon an INTERRUPT and waits for its reply.
+// The daemon used to stay blocked in its own fcntl, so the caller hung
+// until the lock was released, and then the lock went to an owner that
+// had stopped asking. Now the wait ends with EINTR, and once the holder
+// lets go, the lock is free for the next caller.
+func TestInterruptedLockWaitEnds(t *testing.T) {
+	needTool(t, "python3")
+	d := startDaemon(t, withArgs("--vendor", "emu"))
+	path := filepath.Join(d.Mnt, "lock")
+	if err := os.WriteFile(path, []byte("locked"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(holder)
+	if err := lockWhole(holder, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("python3", "-c", `
+import fcntl, os, signal, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+class Alarm(Exception):
+    pass
+def ring(*_):
+    raise Alarm()
+signal.signal(signal.SIGALRM, ring)
+signal.alarm(1)
+try:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+    print("granted", flush=True)
+except Alarm:
+    print("interrupted", flush=True)
+sys.stdin.read()  # keeps its descriptor, and so its lock owner, open
+`, path)
+	stdin, _ := child.StdinPipe()
+	stdout, _ := child.StdoutPipe()
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); child.Process.Kill(); child.Wait() }()
+	said := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		said <- strings.TrimSpace(line)
+	}()
+	select {
+	case got := <-said:
+		if got != "interrupted" {
+			t.Fatalf("the waiting child said %q, want interrupted", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a lock wait through the mount was not interrupted by SIGALRM within 10 s")
+	}
+	if err := lockWhole(holder, unix.F_OFD_SETLK, unix.F_UNLCK); err != nil {
+		t.Fatal(err)
+	}
+	// Were the interrupted wait still trying, it would hold the lock within
+	// one pause of the release (10 ms at most).
+	time.Sleep(200 * time.Millisecond)
+	next, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(next)
+	if err := lockWhole(next, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
+		t.Errorf("the lock after its holder let go, with the interrupted waiter still open: %v (the interrupted wait took it)", err)
+	}
+	d.alive(t, "at the end")
+}
