@@ -5,7 +5,8 @@ package integration
 // mount it may write, what used to take the daemon down or cost it
 // memory without bound (oversized strided batches on made-up buffer ids
 // and on its own buffer, REGISTERs of huge sparse memfds), and the largest
-// batch that is allowed. Every answer must be the errno docs/abi.md
+// batch that is allowed, while hostileWaiters lock owners wait for a lock
+// it holds (each used to hold a daemon thread). Every answer must be the errno docs/abi.md
 // promises; the daemon must live through it (runStress checks).
 
 import (
@@ -92,6 +93,7 @@ func stressHostileChild(args []string) {
 	if err != nil {
 		return
 	}
+	release := hostileLockWaiters(args[0], &h)
 	const madeUp = 0xBAD0BAD0
 	for i := 0; time.Now().Before(until); i++ {
 		h.want("strided write, count 2^32, made-up id", stridedIoctl(f, true, []client.IOReq{{ID: madeUp, Count: 1 << 32}}), "E2BIG")
@@ -105,6 +107,55 @@ func stressHostileChild(args []string) {
 		}
 	}
 	f.Deregister(own)
+	release()
+}
+
+// hostileWaiters is how many lock owners of the hostile client wait at
+// once.
+const hostileWaiters = 256
+
+// hostileLockWaiters takes a lock of the whole file and has
+// hostileWaiters owners (an open each) wait for it with F_OFD_SETLKW; the
+// function it returns lets go and tallies whether every waiter got the
+// lock within 10 s.
+func hostileLockWaiters(path string, h *hostileTally) func() {
+	holder, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err == nil {
+		err = unix.FcntlFlock(uintptr(holder), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK})
+	}
+	h.want("a lock of the whole file", errnoName(err), "OK")
+	if err != nil {
+		return func() {}
+	}
+	done := make(chan error, hostileWaiters)
+	for range hostileWaiters {
+		go func() {
+			fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err == nil {
+				err = unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLKW, &unix.Flock_t{Type: unix.F_RDLCK})
+				unix.Close(fd)
+			}
+			done <- err
+		}()
+	}
+	return func() {
+		err := unix.FcntlFlock(uintptr(holder), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
+		h.want("the holder's unlock", errnoName(err), "OK")
+		granted, timeout := 0, time.After(10*time.Second)
+	wait:
+		for range hostileWaiters {
+			select {
+			case err := <-done:
+				if err == nil {
+					granted++
+				}
+			case <-timeout:
+				break wait
+			}
+		}
+		h.want("lock waiters granted after the release", strconv.Itoa(granted), strconv.Itoa(hostileWaiters))
+		unix.Close(holder)
+	}
 }
 
 // hostileSpread is 255 extents whose counts sum to MaxPieces + 1.
