@@ -47,8 +47,9 @@ type FS struct {
 	prunerDone chan struct{}
 	prunes     atomic.Int64
 	dropped    atomic.Int64 // nodes dropped from the tables (the pruner's progress)
-	// lockWaiters counts the locks waiting now (locks.go: FS.waitLock).
-	lockWaiters atomic.Int64
+	// waiters counts the requests waiting now for a lock or a lease
+	// (wait.go: FS.waitWhile).
+	waiters atomic.Int64
 	// userHandles counts each user's open files and directories
 	// (handles_user.go).
 	userHandles userHandles

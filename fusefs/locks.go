@@ -3,7 +3,6 @@ package fusefs
 import (
 	"context"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -13,38 +12,13 @@ import (
 // Locks: flock on the open file's descriptor, POSIX record locks as OFD
 // locks on one backing descriptor per lock owner.
 //
-// Two things a user could take from everyone through locks are bounded:
-//
-//   - Threads. A request that blocks in a system call holds one of the
-//     daemon's threads until it returns, and the Go runtime dies past
-//     10,000 of them: 10,050 F_SETLKW waiters on one locked file, from
-//     one process, made the daemon exit with "program exceeds 10000-thread
-//     limit" and left the mount disconnected. So a lock that waits
-//     (F_SETLKW, flock without LOCK_NB) is tried without blocking, again
-//     and again (waitLock), its goroutine asleep in between, and the wait
-//     ends with EINTR when the kernel interrupts the request (the caller
-//     got a signal) or the mount goes away, as F_SETLKW does natively.
-//     What it gives up is the kernel's queue: a waiter learns of a
-//     release within lockPollMax, and a holder that locks again at once
-//     can take the lock first.
-//   - Descriptors. Each lock owner (a process, for POSIX locks; an open
-//     file, for OFD locks) holds a backing descriptor for as long as it
-//     holds locks there, and processes forked from one open share its
-//     handle: a uid but root counts them with its open handles
-//     (handles_user.go), and past its share a lock that needs a new one
-//     gets ENOLCK, as a full lock table does natively.
-
-// lockPollMin and lockPollMax bound the pause between a waiting lock's
-// tries: it doubles from the first to the second, so a lock released
-// soon is taken soon, and a long wait costs a hundred tries a second.
-// With many waiters the longest pause grows by lockPollEach a waiter, so
-// that all of them together try about 10,000 times a second (10,000
-// waiters: once a second each): a crowd of waiters cannot busy the daemon.
-const (
-	lockPollMin  = 50 * time.Microsecond
-	lockPollMax  = 10 * time.Millisecond
-	lockPollEach = 100 * time.Microsecond
-)
+// A lock that waits (F_SETLKW, flock without LOCK_NB) holds no thread
+// while it waits (wait.go). Each lock owner (a process, for POSIX locks;
+// an open file, for OFD locks) holds a backing descriptor for as long as
+// it holds locks there, and processes forked from one open share its
+// handle: a uid but root counts them with its open handles
+// (handles_user.go), and past its share a lock that needs a new one gets
+// ENOLCK, as a full lock table does natively.
 
 // lockDesc is a lock owner's backing descriptor and who it counts for.
 type lockDesc struct {
@@ -100,34 +74,9 @@ func (n *node) closeLockFd(d lockDesc) {
 	n.fsys.giveHandle(d.holder)
 }
 
-// waitLock takes a lock as a blocking call would, without blocking a
-// thread: try (a non-blocking F_OFD_SETLK or flock) again until it no
-// longer finds the lock taken, sleeping between tries; EINTR when ctx
-// ends first (the request interrupted, the mount closing).
-func (f *FS) waitLock(ctx context.Context, try func() error) syscall.Errno {
-	err := try()
-	if err != unix.EAGAIN && err != unix.EACCES && err != unix.EINTR {
-		return toErrno(err)
-	}
-	f.lockWaiters.Add(1)
-	defer f.lockWaiters.Add(-1)
-	pause := lockPollMin
-	t := time.NewTimer(pause)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return unix.EINTR
-		case <-t.C:
-		}
-		err := try()
-		if err != unix.EAGAIN && err != unix.EACCES && err != unix.EINTR {
-			return toErrno(err)
-		}
-		pause = min(2*pause, max(lockPollMax, time.Duration(f.lockWaiters.Load())*lockPollEach))
-		t.Reset(pause)
-	}
-}
+// lockBusy: a non-blocking lock found the lock taken (fcntl: EAGAIN or
+// EACCES; flock: EWOULDBLOCK) or was interrupted.
+func lockBusy(e unix.Errno) bool { return e == unix.EAGAIN || e == unix.EACCES || e == unix.EINTR }
 
 func (n *node) Getlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
 	h := asFile(f)
@@ -175,11 +124,11 @@ func (n *node) setlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fus
 		default:
 			return unix.EINVAL
 		}
-		try := func() error { return unix.Flock(h.fd, op|unix.LOCK_NB) }
+		try := func() unix.Errno { return toErrno(unix.Flock(h.fd, op|unix.LOCK_NB)) }
 		if !wait || op == unix.LOCK_UN {
-			return toErrno(try())
+			return try()
 		}
-		return n.fsys.waitLock(ctx, try)
+		return n.fsys.waitWhile(ctx, lockBusy, try)
 	}
 	fd, e := n.lockFd(ctx, owner, lk.Typ != unix.F_UNLCK, h)
 	if e != 0 {
@@ -191,13 +140,13 @@ func (n *node) setlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fus
 	var flk syscall.Flock_t
 	lk.ToFlockT(&flk)
 	flk.Pid = 0
-	try := func() error { return syscall.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &flk) }
+	try := func() unix.Errno { return toErrno(syscall.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &flk)) }
 	if !wait || lk.Typ == unix.F_UNLCK {
 		for {
-			if err := try(); err != unix.EINTR {
-				return toErrno(err)
+			if e := try(); e != unix.EINTR {
+				return e
 			}
 		}
 	}
-	return n.fsys.waitLock(ctx, try)
+	return n.fsys.waitWhile(ctx, lockBusy, try)
 }

@@ -17,18 +17,18 @@ import (
 func TestWaitLock(t *testing.T) {
 	f := &FS{}
 	tries := 0
-	busyThenFree := func() error {
+	busyThenFree := func() unix.Errno {
 		if tries++; tries < 4 {
 			return unix.EAGAIN
 		}
-		return nil
+		return 0
 	}
-	if e := f.waitLock(context.Background(), busyThenFree); e != 0 || tries != 4 {
+	if e := f.waitWhile(context.Background(), lockBusy, busyThenFree); e != 0 || tries != 4 {
 		t.Errorf("a lock free at the 4th try: %v after %d tries", e, tries)
 	}
 	tries = 0
-	bad := func() error { tries++; return unix.EBADF }
-	if e := f.waitLock(context.Background(), bad); e != unix.EBADF || tries != 1 {
+	bad := func() unix.Errno { tries++; return unix.EBADF }
+	if e := f.waitWhile(context.Background(), lockBusy, bad); e != unix.EBADF || tries != 1 {
 		t.Errorf("a try that fails with EBADF: %v after %d tries, want EBADF after 1", e, tries)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -37,13 +37,13 @@ func TestWaitLock(t *testing.T) {
 		cancel()
 	}()
 	t0 := time.Now()
-	if e := f.waitLock(ctx, func() error { return unix.EACCES }); e != unix.EINTR {
+	if e := f.waitWhile(ctx, lockBusy, func() unix.Errno { return unix.EACCES }); e != unix.EINTR {
 		t.Errorf("an interrupted wait: %v, want EINTR", e)
 	}
 	if waited := time.Since(t0); waited > 5*time.Second {
 		t.Errorf("an interrupted wait ended %v after the interrupt", waited)
 	}
-	if n := f.lockWaiters.Load(); n != 0 {
+	if n := f.waiters.Load(); n != 0 {
 		t.Errorf("%d lock waiters counted after every wait ended", n)
 	}
 }

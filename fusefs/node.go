@@ -195,7 +195,16 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		}
 		valid &^= fuse.FATTR_MODE
 	}
-	if e := n.asRequester(ctx, func() unix.Errno { return n.setattr(h, valid, in) }); e != 0 {
+	e := n.asRequester(ctx, func() unix.Errno { return n.setattr(h, valid, in) })
+	if e == unix.EWOULDBLOCK && valid&fuse.FATTR_SIZE != 0 {
+		// A lease on the file (truncateByName): the mode and owner are
+		// set; the size, and the times after it, wait for the lease.
+		rest := valid &^ (fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID)
+		e = n.fsys.waitWhile(ctx, leaseBusy, func() unix.Errno {
+			return n.asRequester(ctx, func() unix.Errno { return n.setattr(h, rest, in) })
+		})
+	}
+	if e != 0 {
 		return e
 	}
 	return n.Getattr(ctx, f, out)
@@ -258,16 +267,39 @@ func (n *node) chmod(h *file, mode uint32) unix.Errno {
 }
 
 // truncate sets the node's size: through the open file where it is open
-// for writing, else by its /proc path, which asks for write permission.
+// for writing, else by name (truncateByName).
 func (n *node) truncate(h *file, size int64) unix.Errno {
 	err := unix.EBADF
 	if h != nil && h.flags&unix.O_ACCMODE != unix.O_RDONLY {
 		err = toErrno(unix.Ftruncate(h.fd, size))
 	}
 	if err == unix.EBADF || err == unix.EINVAL {
-		return toErrno(unix.Truncate(procSelfFd(n.fd), size))
+		return n.truncateByName(size)
 	}
 	return err
+}
+
+// truncateByName sets the size of a file that is not open for writing
+// here, asking for write permission as truncate(2) does. A regular file
+// is opened for writing with O_NONBLOCK and truncated through that:
+// truncate(2) would wait in the kernel while a lease on the file is
+// broken, holding the thread (wait.go); this answers EWOULDBLOCK instead,
+// and Setattr tries again. Anything else goes to truncate(2), which
+// answers it at once.
+func (n *node) truncateByName(size int64) unix.Errno {
+	var st unix.Stat_t
+	if e := n.stat(&st); e != 0 {
+		return e
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return toErrno(unix.Truncate(procSelfFd(n.fd), size))
+	}
+	fd, err := unix.Open(procSelfFd(n.fd), unix.O_WRONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unix.Close(fd)
+	return toErrno(unix.Ftruncate(fd, size))
 }
 
 // utimes sets the times valid names (now, or as given).

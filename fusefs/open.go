@@ -40,21 +40,27 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if e != 0 {
 		return nil, 0, e
 	}
-	fd := -1
-	open := func() unix.Errno {
-		var err error
-		fd, err = unix.Open(procSelfFd(n.fd), fl, 0)
-		return toErrno(err)
+	open := func(fl int) (int, unix.Errno) {
+		fd, err := unix.Open(procSelfFd(n.fd), fl, 0)
+		return fd, toErrno(err)
 	}
+	asCaller := func(fl int) (fd int, e unix.Errno) {
+		e = n.asRequester(ctx, func() unix.Errno {
+			fd, e = open(fl)
+			return e
+		})
+		return fd, e
+	}
+	var fd int
 	if int(flags)&fmodeExec != 0 {
 		e = n.asRequester(ctx, func() unix.Errno {
 			return toErrno(unix.Faccessat2(n.fd, "", unix.X_OK, unix.AT_EACCESS|unix.AT_EMPTY_PATH))
 		})
 		if e == 0 {
-			e = open()
+			fd, e = n.fsys.openWaiting(ctx, fl, open)
 		}
 	} else {
-		e = n.asRequester(ctx, open)
+		fd, e = n.fsys.openWaiting(ctx, fl, asCaller)
 	}
 	if e != 0 {
 		n.fsys.giveHandle(holder)
@@ -120,18 +126,27 @@ func (n *node) createdNode(ctx context.Context, name string, flags uint32, mode 
 // descriptor of a regular file. O_NOFOLLOW: a symlink planted in the
 // backing directory must not redirect the create (ELOOP). O_NONBLOCK: a
 // FIFO or device planted there must not block the daemon (a FIFO writer
-// with no reader gets ENXIO); the kernel takes nothing but a regular file
+// with no reader gets ENXIO), nor a lease on an existing file (wait.go);
+// the kernel takes nothing but a regular file
 // as created, so anything else is closed again and answered EEXIST, on
 // which the kernel drops its stale negative entry and the next open finds
 // the name (a directory is EISDIR, from the open itself).
 func (n *node) createAsCaller(ctx context.Context, name string, flags int, mode uint32) (int, unix.Errno) {
 	fl := flags&^unix.O_NOCTTY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
 	fd := -1
-	e := n.asCreator(ctx, mode, func(mode uint32) unix.Errno {
-		var err error
-		fd, err = unix.Openat(n.fd, name, fl, mode)
-		return toErrno(err)
-	})
+	try := func() unix.Errno {
+		return n.asCreator(ctx, mode, func(mode uint32) unix.Errno {
+			var err error
+			fd, err = unix.Openat(n.fd, name, fl, mode)
+			return toErrno(err)
+		})
+	}
+	var e unix.Errno
+	if flags&unix.O_NONBLOCK != 0 {
+		e = try()
+	} else {
+		e = n.fsys.waitWhile(ctx, leaseBusy, try) // an existing name, leased (wait.go)
+	}
 	if e != 0 {
 		return -1, e
 	}

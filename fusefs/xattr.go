@@ -44,7 +44,9 @@ func (n *node) target(ctx context.Context, c Caller) XattrTarget {
 			if flags&unix.O_ACCMODE != unix.O_RDONLY && n.fsys.opts.ReadOnly {
 				return -1, unix.EROFS
 			}
-			return openAsCaller(c, n.pol, n.fd, flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_TRUNC))
+			return n.fsys.openWaiting(ctx, flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_TRUNC), func(fl int) (int, unix.Errno) {
+				return openAsCaller(c, n.pol, n.fd, fl)
+			})
 		},
 	}
 }

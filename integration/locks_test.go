@@ -214,3 +214,87 @@ sys.stdin.read()  # keeps its descriptor, and so its lock owner, open
 	}
 	d.alive(t, "at the end")
 }
+
+// TestLeasedFileLeavesTheDaemonItsThreads: a process holds a lease on a
+// file of the backing directory (F_SETLEASE, which a user may take on its
+// own files), and 200 opens for writing and a truncate reach it through
+// the mount. The kernel makes each wait while the lease is broken (up to
+// /proc/sys/fs/lease-break-time, 45 s by default), and each used to hold
+// one of the daemon's threads for that long (213 threads for 200 opens).
+// Now the daemon keeps its threads, an open with O_NONBLOCK gets
+// EWOULDBLOCK at once as natively, and once the holder lets go every open
+// and the truncate are done.
+func TestLeasedFileLeavesTheDaemonItsThreads(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu"))
+	pid := d.Cmd.Process.Pid
+	name := "leased"
+	if err := os.WriteFile(filepath.Join(d.Backing, name), []byte("leased bytes"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(d.Mnt, name)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := unix.Open(filepath.Join(d.Backing, name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(lease)
+	// The break notice (SIGIO) is ignored by a Go program that does not
+	// ask for it.
+	if _, err := unix.FcntlInt(uintptr(lease), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
+		t.Skipf("skipped: no lease on the backing file system here (%v)", err)
+	}
+	baseThreads, _ := procCount(t, pid)
+	const opens = 200
+	var finished atomic.Int32
+	done := make(chan error, opens+1)
+	for range opens {
+		go func() {
+			fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(fd)
+			}
+			finished.Add(1)
+			done <- err
+		}()
+	}
+	go func() {
+		err := os.Truncate(path, 6)
+		finished.Add(1)
+		done <- err
+	}()
+	time.Sleep(time.Second)
+	if fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err != unix.EWOULDBLOCK {
+		if err == nil {
+			unix.Close(fd)
+		}
+		t.Errorf("an open with O_NONBLOCK of the leased file: %v, want EWOULDBLOCK", err)
+	}
+	threads, _ := procCount(t, pid)
+	if n := finished.Load(); n != 0 {
+		t.Errorf("%d opens or truncates of the leased file were done while the lease was held", n)
+	}
+	if threads > baseThreads+64 {
+		t.Errorf("the daemon runs %d threads with %d opens waiting for a lease, %d before: a thread an open", threads, opens+1, baseThreads)
+	}
+	d.alive(t, "with the opens waiting")
+	if _, err := unix.FcntlInt(uintptr(lease), unix.F_SETLEASE, unix.F_UNLCK); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(30 * time.Second)
+	for i := range opens + 1 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("an open or the truncate after the lease was let go: %v", err)
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d opens and truncates done within 30 s of the lease's end", i, opens+1)
+		}
+	}
+	if got, err := os.ReadFile(path); err != nil || string(got) != "leased" {
+		t.Errorf("the file after the truncate to 6 bytes: %q, %v", got, err)
+	}
+	d.alive(t, "at the end")
+}
