@@ -45,6 +45,26 @@ func lockWhole(fd int, cmd int, typ int16) error {
 	return unix.FcntlFlock(uintptr(fd), cmd, &lk)
 }
 
+// lockedFile makes a file of the mount and returns its path and a
+// descriptor that holds an OFD write lock of the whole file (closed at the
+// test's end).
+func lockedFile(t *testing.T, d *daemon) (string, int) {
+	t.Helper()
+	path := filepath.Join(d.Mnt, "lock")
+	if err := os.WriteFile(path, []byte("locked"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(holder) })
+	if err := lockWhole(holder, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
+		t.Fatal(err)
+	}
+	return path, holder
+}
+
 // TestLockWaitersLeaveTheDaemonItsThreads: 400 owners wait for a lock held
 // through the mount, half with F_OFD_SETLKW, half with flock(LOCK_EX).
 // Each waiting request used to hold one of the daemon's threads in a
@@ -55,24 +75,14 @@ func lockWhole(fd int, cmd int, typ int16) error {
 func TestLockWaitersLeaveTheDaemonItsThreads(t *testing.T) {
 	d := startDaemon(t, withArgs("--vendor", "emu"))
 	pid := d.Cmd.Process.Pid
-	path := filepath.Join(d.Mnt, "lock")
-	if err := os.WriteFile(path, []byte("locked"), 0644); err != nil {
-		t.Fatal(err)
-	}
-	holder, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(holder)
-	if err := lockWhole(holder, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
-		t.Fatal(err)
-	}
+	path, holder := lockedFile(t, d)
 	if err := unix.Flock(holder, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		t.Fatal(err)
 	}
 	const waiters = 400
 	fds := make([]int, waiters)
 	for i := range fds {
+		var err error
 		if fds[i], err = unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -151,18 +161,7 @@ func TestLockWaitersLeaveTheDaemonItsThreads(t *testing.T) {
 func TestInterruptedLockWaitEnds(t *testing.T) {
 	needTool(t, "python3")
 	d := startDaemon(t, withArgs("--vendor", "emu"))
-	path := filepath.Join(d.Mnt, "lock")
-	if err := os.WriteFile(path, []byte("locked"), 0644); err != nil {
-		t.Fatal(err)
-	}
-	holder, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(holder)
-	if err := lockWhole(holder, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
-		t.Fatal(err)
-	}
+	path, holder := lockedFile(t, d)
 	child := exec.Command("python3", "-c", `
 import fcntl, os, signal, struct, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
