@@ -17,7 +17,8 @@
 // that, the kernel is asked to forget those looked up longest ago
 // (prune.go), so a walk of more files than the daemon has descriptors
 // works. An open file holds a descriptor too, so one user (root
-// excepted) holds at most a quarter of them open (handles_user.go).
+// excepted) holds at most an eighth of them open, and all users but root
+// together a quarter (handles_user.go).
 //
 // # Identity
 //

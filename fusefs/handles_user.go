@@ -11,21 +11,30 @@ import (
 // descriptors, and the daemon's table is every user's: natively, a user
 // who opens a million files fills its own processes' tables; through the
 // mount, the daemon's, and then every open, LOOKUP and REGISTER, by any
-// user, failed with EMFILE. So each uid but root holds at most a quarter
+// user, failed with EMFILE. So each uid but root holds at most an eighth
 // of the daemon's RLIMIT_NOFILE in open handles (EMFILE past it, as its
-// own table would say; fdbudget.go shares the rest out). Its lock owners'
-// descriptors (locks.go) count here too.
+// own table would say), and all of them together at most a quarter
+// (ENFILE past it, as a full system-wide table would say): four users at
+// their limit no longer fill the table, and root and the daemon keep the
+// rest (fdbudget.go shares it out). A user's lock owners' descriptors
+// (locks.go) count here too.
 
-// userHandles counts the open handles of each uid but root.
+// userHandles counts the open handles of each uid but root, and of all of
+// them.
 type userHandles struct {
-	mu sync.Mutex
-	n  map[uint32]int
+	mu  sync.Mutex
+	n   map[uint32]int
+	all int
 }
 
-// handleRoom is how many handles one user may hold open: a quarter of the
-// daemon's RLIMIT_NOFILE, read at each open (prlimit may change it). A
-// variable: tests stand in for it.
-var handleRoom = func() int { return shareOfNoFile(4, 16) }
+// handleRoom is how many handles one user may hold open, and
+// handleRoomAll how many all users but root may: an eighth and a quarter
+// of the daemon's RLIMIT_NOFILE, read at each open (prlimit may change
+// it). Variables: tests stand in for them.
+var (
+	handleRoom    = func() int { return shareOfNoFile(8, 16) }
+	handleRoomAll = func() int { return shareOfNoFile(4, 32) }
+)
 
 // handleHolder is who a handle counts for: held is false for root's (and
 // for a request that is not the kernel's), which are not counted.
@@ -35,8 +44,9 @@ type handleHolder struct {
 }
 
 // takeHandle counts an open by ctx's caller, or refuses it with EMFILE
-// when that user already holds handleRoom handles. The caller gives it
-// back (giveHandle) when the open fails or the handle is released.
+// when that user already holds handleRoom handles, ENFILE when all users
+// but root hold handleRoomAll. The caller gives it back (giveHandle) when
+// the open fails or the handle is released.
 func (f *FS) takeHandle(ctx context.Context) (handleHolder, unix.Errno) {
 	fc, ok := fuseCaller(ctx)
 	if !ok || fc.Uid == 0 {
@@ -48,10 +58,14 @@ func (f *FS) takeHandle(ctx context.Context) (handleHolder, unix.Errno) {
 	if u.n[fc.Uid] >= handleRoom() {
 		return handleHolder{}, unix.EMFILE
 	}
+	if u.all >= handleRoomAll() {
+		return handleHolder{}, unix.ENFILE
+	}
 	if u.n == nil {
 		u.n = map[uint32]int{}
 	}
 	u.n[fc.Uid]++
+	u.all++
 	return handleHolder{uid: fc.Uid, held: true}, 0
 }
 
@@ -63,6 +77,7 @@ func (f *FS) giveHandle(h handleHolder) {
 	u := &f.userHandles
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.all--
 	if u.n[h.uid]--; u.n[h.uid] <= 0 {
 		delete(u.n, h.uid)
 	}

@@ -293,37 +293,48 @@ func TestWalkPastTheDaemonsDescriptors(t *testing.T) {
 // TestHostileOpensLeaveTheDaemonItsDescriptors: every file open through
 // the mount holds a descriptor of the daemon's, whose table all users
 // share. A user who held more files open than the daemon had descriptors
-// made every open, LOOKUP and REGISTER fail for everyone. Now a uid but
-// root holds at most a quarter of the daemon's RLIMIT_NOFILE open (EMFILE
-// past it, as its own table would say); root and the other users still
-// open files meanwhile, and the user's room comes back when it closes them.
+// made every open, LOOKUP and REGISTER fail for everyone, and four users
+// each at a quarter did the same. Now a uid but root holds at most an
+// eighth of the daemon's RLIMIT_NOFILE open (EMFILE past it, as its own
+// table would say) and all of them together a quarter (ENFILE past it,
+// as a full system-wide table would say); root still opens files
+// meanwhile, and the room comes back as the users close theirs.
 func TestHostileOpensLeaveTheDaemonItsDescriptors(t *testing.T) {
 	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
 	const files, limit = 400, 1024
 	numberedFiles(t, d.Backing, files)
 	limitDescriptors(t, d.Cmd.Process.Pid, limit)
-	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "opens", d.Mnt)
-	var n int
-	var why string
-	if _, err := fmt.Sscanf(c.expect(t, "OPENS"), "%d %s", &n, &why); err != nil {
-		t.Fatal(err)
+	opens := func(uid uint32, want int, wantWhy string) *child {
+		t.Helper()
+		c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(uid)}, "opens", d.Mnt)
+		var n int
+		var why string
+		if _, err := fmt.Sscanf(c.expect(t, "OPENS"), "%d %s", &n, &why); err != nil {
+			t.Fatal(err)
+		}
+		if why != wantWhy || n != want {
+			t.Errorf("uid %d held %d files open, then %s; want %s at %d (the daemon has %d descriptors)", uid, n, why, wantWhy, want, limit)
+		}
+		return c
 	}
-	if why != "EMFILE" || n != limit/4 {
-		t.Errorf("uid 65534 held %d files open, then %s; want EMFILE at %d, a quarter of the daemon's %d descriptors", n, why, limit/4, limit)
-	}
+	first := opens(nobody, limit/8, "EMFILE")
+	second := opens(nobody-1, limit/8, "EMFILE")
+	third := opens(nobody-2, 0, "ENFILE")
 	for _, i := range []int{0, files - 1} {
 		got, err := os.ReadFile(filepath.Join(d.Mnt, fmt.Sprintf("f%d", i)))
 		if err != nil || string(got) != fmt.Sprint(i) {
-			t.Errorf("root reads f%d while uid 65534 holds its room: %q, %v", i, got, err)
+			t.Errorf("root reads f%d while the users hold their room: %q, %v", i, got, err)
 		}
 	}
-	d.alive(t, "while uid 65534 holds its room")
-	c.in.Close()
-	c.cmd.Wait()
-	again := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "opens", d.Mnt)
-	if _, err := fmt.Sscanf(again.expect(t, "OPENS"), "%d %s", &n, &why); err != nil || n != limit/4 {
-		t.Errorf("uid 65534 after its first process exited: %d open, then %s (want %d)", n, why, limit/4)
+	d.alive(t, "while the users hold their room")
+	for _, c := range []*child{first, third} {
+		c.in.Close()
+		c.cmd.Wait()
 	}
+	opens(nobody-2, limit/8, "EMFILE")
+	second.in.Close()
+	second.cmd.Wait()
+	opens(nobody, limit/8, "EMFILE")
 }
 
 // TestHostileFreedPages: uid 65534 registers 1 MiB of its memory, then
