@@ -55,11 +55,19 @@ const (
 	// same memory registered again counts again, so without it one user
 	// holding 1 GiB could take the mount's bytes in 16,384 REGISTERs.
 	DefaultMaxRegisteredBytesPerUser = 4 << 40
+	// DefaultMaxPiecesInFlightPerUser is eight full strided batches of one
+	// user served at once (about 120 MiB of the daemon's memory; a
+	// tensor-parallel rank's column slice of a 14,336-wide matrix is 4,096
+	// pieces), and DefaultMaxPiecesInFlight sixteen of everyone's.
+	DefaultMaxPiecesInFlightPerUser = 1 << 19
+	DefaultMaxPiecesInFlight        = 1 << 20
 )
 
 // Limit is one bound on what a request may make the daemon do: its name
 // (a mount option's, where one sets it), its value (the default, for an
-// option), what it bounds, and the errno a request past it gets.
+// option), what it bounds, and the errno a request past it gets (0: it
+// waits for others to end instead, and gets EINTR where a signal ends the
+// wait).
 type Limit struct {
 	Name   string
 	Value  uint64
@@ -83,6 +91,8 @@ var limitTable = [...]Limit{
 	{"max_buffers", DefaultMaxBuffers, true, "live buffers of the mount, never more than a quarter of the daemon's `RLIMIT_NOFILE` or of `vm.max_map_count` (16,382 by the kernel's default)", unix.ENFILE},
 	{"max_registered_bytes_per_user", DefaultMaxRegisteredBytesPerUser, true, "bytes one user's live buffers register (root's: see `max_buffers_per_user`)", unix.EDQUOT},
 	{"max_registered_bytes", DefaultMaxRegisteredBytes, true, "bytes the mount's live buffers register", unix.ENOMEM},
+	{"max_pieces_in_flight_per_user", DefaultMaxPiecesInFlightPerUser, true, "pieces of one user's strided batches served at once (the daemon holds about 230 bytes a piece while it serves it); root's count only towards the mount's", 0},
+	{"max_pieces_in_flight", DefaultMaxPiecesInFlight, true, "pieces of all strided batches served at once; a batch larger than either limit runs when nothing else counts against it", 0},
 }
 
 // Limits lists the limits, in the order docs/abi.md shows them.
@@ -98,7 +108,11 @@ func LimitDoc() string {
 		if l.Option {
 			v = fmt.Sprintf("%s (default; `-o %s=N`)", v, l.Name)
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", l.Name, v, l.Bounds, ErrnoName(l.Errno))
+		past := ErrnoName(l.Errno)
+		if l.Errno == 0 {
+			past = "the ioctl waits until others end; EINTR if a signal ends the wait"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", l.Name, v, l.Bounds, past)
 	}
 	return b.String()
 }

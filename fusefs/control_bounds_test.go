@@ -239,7 +239,8 @@ func TestEveryLimitHasItsErrno(t *testing.T) {
 	// and past them; here, that the control's defaults are the table's.
 	options := map[string]int64{"max_buffers_per_process": int64(e.s.cfg.MaxBuffersPerProcess),
 		"max_buffers_per_user": int64(e.s.cfg.MaxBuffersPerUser), "max_buffers": int64(e.s.cfg.MaxBuffers),
-		"max_registered_bytes_per_user": e.s.cfg.MaxRegisteredBytesPerUser, "max_registered_bytes": e.s.cfg.MaxRegisteredBytes}
+		"max_registered_bytes_per_user": e.s.cfg.MaxRegisteredBytesPerUser, "max_registered_bytes": e.s.cfg.MaxRegisteredBytes,
+		"max_pieces_in_flight_per_user": e.s.cfg.MaxPiecesInFlightPerUser, "max_pieces_in_flight": e.s.cfg.MaxPiecesInFlight}
 	for _, l := range client.Limits() {
 		if v, ok := options[l.Name]; l.Option {
 			if !ok || uint64(v) != l.Value {

@@ -29,7 +29,7 @@ func (s *ControlServer) Ioctl(ctx context.Context, c Caller, f *OpenFile, cmd ui
 	e := unix.Errno(0)
 	if err == nil {
 		start := time.Now()
-		e = s.serve(c, f, cmd, in, out)
+		e = s.serve(ctx, c, f, cmd, in, out)
 		if name, ok := dataCommands[client.ParseCmd(cmd).Nr]; ok && s.cfg.ObserveIoctl != nil {
 			s.cfg.ObserveIoctl(name, time.Since(start))
 		}
@@ -52,8 +52,10 @@ var dataCommands = map[uint32]string{
 	client.NrBatchReadStrided: "batch_read_strided", client.NrBatchWriteStrided: "batch_write_strided",
 }
 
-// request is one decoded ioctl: who sent it, on what, and its payloads.
+// request is one decoded ioctl: who sent it, on what, and its payloads;
+// ctx ends when the kernel interrupts it.
 type request struct {
+	ctx     context.Context
 	c       Caller
 	f       *OpenFile
 	nr      uint32
@@ -74,7 +76,7 @@ var handlers = map[uint32]func(s *ControlServer, r request) unix.Errno{
 	client.NrBatchWriteStrided: (*ControlServer).serveStridedBatch,
 }
 
-func (s *ControlServer) serve(c Caller, f *OpenFile, cmd uint32, in, out []byte) unix.Errno {
+func (s *ControlServer) serve(ctx context.Context, c Caller, f *OpenFile, cmd uint32, in, out []byte) unix.Errno {
 	pc := client.ParseCmd(cmd)
 	h := handlers[pc.Nr]
 	switch {
@@ -85,7 +87,7 @@ func (s *ControlServer) serve(c Caller, f *OpenFile, cmd uint32, in, out []byte)
 	case pc.Nr != client.NrDeregister && len(out) != len(in):
 		return unix.EINVAL
 	}
-	return h(s, request{c, f, pc.Nr, in, out})
+	return h(s, request{ctx, c, f, pc.Nr, in, out})
 }
 
 func (s *ControlServer) serveRegister(r request) unix.Errno {
@@ -156,6 +158,15 @@ func (s *ControlServer) serveStridedBatch(r request) unix.Errno {
 	if e := s.checkMode(r.f, write); e != 0 {
 		return e
 	}
+	var pieces int64
+	for _, q := range reqs {
+		pieces += int64(min(max(q.Count, 1), client.MaxPieces))
+	}
+	release, e := s.pieces.enter(r.ctx, r.c.UID, pieces)
+	if e != 0 {
+		return e
+	}
+	defer release()
 	refuse := refusals(bad)
 	var res []int64
 	if write {

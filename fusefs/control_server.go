@@ -47,6 +47,13 @@ type ControlConfig struct {
 	// (default client.DefaultMaxRegisteredBytes, an eighth of the daemon's
 	// address space, which imports map; ENOMEM past it).
 	MaxRegisteredBytes int64
+	// MaxPiecesInFlightPerUser and MaxPiecesInFlight bound the pieces of
+	// the strided batches served at once, of one uid but root and of all
+	// callers (defaults client.DefaultMaxPiecesInFlightPerUser and
+	// client.DefaultMaxPiecesInFlight); a batch past them waits
+	// (control_gate.go).
+	MaxPiecesInFlightPerUser int64
+	MaxPiecesInFlight        int64
 	// Log receives the control's log lines; nil uses logrus' standard logger.
 	Log *logrus.Entry
 	// ObserveIoctl, when set, is told how long each data ioctl took to
@@ -85,6 +92,9 @@ type ControlServer struct {
 	// included: the per-user limits' count.
 	users map[uint32]userUse
 
+	// pieces counts the strided batches' pieces served now (its own lock).
+	pieces *pieceGate
+
 	devMu   sync.Mutex
 	devOpen map[int]bool
 
@@ -116,6 +126,8 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 	defaults.Set(&cfg.MaxRegisteredBytesPerUser, client.DefaultMaxRegisteredBytesPerUser)
 	defaults.Set(&cfg.MaxBuffers, client.DefaultMaxBuffers)
 	defaults.Set(&cfg.MaxRegisteredBytes, client.DefaultMaxRegisteredBytes)
+	defaults.Set(&cfg.MaxPiecesInFlightPerUser, client.DefaultMaxPiecesInFlightPerUser)
+	defaults.Set(&cfg.MaxPiecesInFlight, client.DefaultMaxPiecesInFlight)
 	log := cfg.Log
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
@@ -132,6 +144,7 @@ func NewControl(cfg ControlConfig) (*ControlServer, error) {
 		procs:   map[int]*proc{},
 		pending: map[int]int{},
 		users:   map[uint32]userUse{},
+		pieces:  newPieceGate(cfg.MaxPiecesInFlight, cfg.MaxPiecesInFlightPerUser),
 		devOpen: map[int]bool{},
 	}
 	if cfg.Passthrough != nil {

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -362,11 +363,36 @@ func TestHostileFreedPages(t *testing.T) {
 	d.alive(t, "at the end")
 }
 
+// TestHostileStridedFlood: a strided batch is 64 KiB of ioctl, but the
+// daemon holds about 140 bytes for each of its up to 65,536 pieces while
+// it serves it. uid 65534, from 200 threads, each with such a batch in
+// flight, took the daemon to 3 GB (1,000 threads: 9 GB); with its
+// address space capped at 1 GiB more than at the start, the daemon died.
+// Now the pieces one user has served at once are bounded
+// (max_pieces_in_flight_per_user): the others wait, every batch is served
+// with the file's bytes, and the daemon stays up within its cap.
+func TestHostileStridedFlood(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu", "-o", "allow_other"))
+	_, path := hostileFile(t, d, "flooded", 2*client.MaxPieces)
+	capDaemonMemory(t, d, 1<<30)
+	const threads = 200
+	c := startChildProc(t, "TestBoundsHelperChild", &syscall.SysProcAttr{Credential: asUser(nobody)}, "flood", path, strconv.Itoa(threads))
+	var n int
+	var first string
+	if _, err := fmt.Sscanf(c.expect(t, "FLOOD"), "%d %s", &n, &first); err != nil {
+		t.Fatal(err)
+	}
+	d.alive(t, "after the flood")
+	if n != 2*threads || first != "none" {
+		t.Errorf("%d of %d strided batches moved every piece with the file's bytes; the first failure: %s", n, 2*threads, first)
+	}
+}
+
 // TestBoundsHelperChild is the body of the hostile child processes; it
 // skips when run normally.
 func TestBoundsHelperChild(t *testing.T) {
 	mode := os.Getenv("PHX_CHILD")
-	if mode != "strided" && mode != "sparse" && mode != "hoard" && mode != "holes" && mode != "opens" {
+	if mode != "strided" && mode != "sparse" && mode != "hoard" && mode != "holes" && mode != "opens" && mode != "flood" {
 		t.Skip("helper process for the bounds tests (runs only when re-executed)")
 	}
 	args := strings.Split(os.Getenv("PHX_CHILD_ARGS"), "\x1f")
@@ -390,7 +416,68 @@ func TestBoundsHelperChild(t *testing.T) {
 		hostileHoard(f, say)
 	case "holes":
 		hostileHoles(f, say)
+	case "flood":
+		threads, _ := strconv.Atoi(args[1])
+		hostileFlood(f, threads, say)
 	}
+}
+
+// hostileFlood registers 1 MiB of its memory and has threads goroutines
+// (a thread each, in the ioctl) send two strided reads of the most pieces
+// one ioctl may move, every other byte of the file's first 128 KiB, one
+// byte a piece, each into its own part of the buffer; it says how many
+// ioctls moved every piece with the file's bytes, and the first failure.
+func hostileFlood(f *client.File, threads int, say func(string, ...any)) {
+	conn, _ := emu.New(emu.Config{})
+	m, err := conn.Alloc(0, 1<<20)
+	if err != nil {
+		say("FLOOD alloc %v", err)
+		return
+	}
+	h, _ := m.Export()
+	buf, err := f.Register(client.VendorEmu, 0, h, m.Size())
+	if err != nil {
+		say("FLOOD REGISTER %s", errnoName(err))
+		return
+	}
+	const half = client.MaxPieces / 2
+	file, mem := patternBytes(2*client.MaxPieces), m.(*emu.Memory).Bytes()
+	var mu sync.Mutex
+	ok, first := 0, "none"
+	var wg sync.WaitGroup
+	for g := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			at := uint64(g%16) * client.MaxPieces // 16 parts of 64 KiB
+			reqs := []client.IOReq{{ID: buf.ID, BufOffset: at, Length: 1, Count: half, FileStride: 2, BufStride: 1},
+				{ID: buf.ID, BufOffset: at + half, FileOffset: 2 * half, Length: 1, Count: half, FileStride: 2, BufStride: 1}}
+			for range 2 {
+				b, _ := client.EncodeStridedBatch(len(reqs), reqs)
+				why := ""
+				if err := f.Ioctl(client.CmdStridedBatch(false, len(reqs)), b); err != nil {
+					why = errnoName(err)
+				} else if failed, err := client.DecodeStridedBatchResp(b, make([]int64, len(reqs))); err != nil || failed != 0 {
+					why = fmt.Sprintf("failed %d (%v)", failed, err)
+				}
+				mu.Lock()
+				if why == "" {
+					ok++
+				} else if first == "none" {
+					first = why
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for j := range client.MaxPieces {
+		if mem[j] != file[2*j] {
+			first = fmt.Sprintf("byte %d is %#x, want %#x", j, mem[j], file[2*j])
+			break
+		}
+	}
+	say("FLOOD %d %s", ok, strings.ReplaceAll(first, " ", "_"))
 }
 
 // stridedIoctl sends one strided batch as it is (the Go client would

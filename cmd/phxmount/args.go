@@ -41,6 +41,7 @@ type config struct {
 	limits struct {
 		perProcess, perUser, buffers int
 		userBytes, bytes             int64
+		userPieces, pieces           int
 	}
 }
 
@@ -80,7 +81,10 @@ mount that serves requests (exit 1 when it is not by the timeout, default
                           (%d), max_buffers_per_user=N (%d, one uid but
                           root), max_buffers=N (%d, the mount),
                           max_registered_bytes_per_user=N[KMGT] (%dT),
-                          max_registered_bytes=N[KMGT] (%dT, the mount)
+                          max_registered_bytes=N[KMGT] (%dT, the mount),
+                          max_pieces_in_flight_per_user=N (%d, pieces of one
+                          uid's strided batches served at once; more wait),
+                          max_pieces_in_flight=N (%d, everyone's)
   --passthrough MODE    auto (default), on (fail if unavailable), off
   --vendor V            auto (default), nvidia, emu, pcibar
   --engine E            auto (default), io_uring, sync
@@ -120,7 +124,8 @@ func usageText() string {
 	}
 	// The registration limits' defaults are client's (one table).
 	u := fmt.Sprintf(usage, client.DefaultMaxBuffersPerProcess, client.DefaultMaxBuffersPerUser, client.DefaultMaxBuffers,
-		client.DefaultMaxRegisteredBytesPerUser>>40, client.DefaultMaxRegisteredBytes>>40)
+		client.DefaultMaxRegisteredBytesPerUser>>40, client.DefaultMaxRegisteredBytes>>40,
+		client.DefaultMaxPiecesInFlightPerUser, client.DefaultMaxPiecesInFlight)
 	return u + "  " + strings.Join(names, ", ") + "\n"
 }
 
@@ -286,21 +291,23 @@ type mountOpt struct {
 
 // mountTable is the -o options, defined once.
 var mountTable = map[string]mountOpt{
-	"ro":                      {false, func(c *config, _, _ string) error { c.fs.ReadOnly = true; return nil }},
-	"rw":                      {false, func(c *config, _, _ string) error { c.fs.ReadOnly = false; return nil }},
-	"allow_other":             {false, func(c *config, _, _ string) error { c.fs.AllowOther = true; return nil }},
-	"default_permissions":     {false, func(c *config, _, _ string) error { c.fs.NoDefaultPermissions = false; return nil }},
-	"nodefault_permissions":   {false, func(c *config, _, _ string) error { c.fs.NoDefaultPermissions = true; return nil }},
-	"debug":                   {false, func(c *config, _, _ string) error { c.fs.Debug = true; return nil }},
-	"entry_timeout":           {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.EntryTimeout })},
-	"attr_timeout":            {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.AttrTimeout })},
-	"negative_timeout":        {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.NegativeTimeout })},
-	"max_write":               {true, numOpt(func(c *config) *int { return &c.fs.MaxWrite }, 1<<62)},
-	"max_readahead":           {true, numOpt(func(c *config) *int { return &c.fs.MaxReadAhead }, 1<<62)},
-	"max_background":          {true, numOpt(func(c *config) *int { return &c.fs.MaxBackground }, 65535)},
-	"max_buffers_per_process": {true, numOpt(func(c *config) *int { return &c.limits.perProcess }, 1<<31)},
-	"max_buffers_per_user":    {true, numOpt(func(c *config) *int { return &c.limits.perUser }, 1<<31)},
-	"max_buffers":             {true, numOpt(func(c *config) *int { return &c.limits.buffers }, 1<<31)},
+	"ro":                            {false, func(c *config, _, _ string) error { c.fs.ReadOnly = true; return nil }},
+	"rw":                            {false, func(c *config, _, _ string) error { c.fs.ReadOnly = false; return nil }},
+	"allow_other":                   {false, func(c *config, _, _ string) error { c.fs.AllowOther = true; return nil }},
+	"default_permissions":           {false, func(c *config, _, _ string) error { c.fs.NoDefaultPermissions = false; return nil }},
+	"nodefault_permissions":         {false, func(c *config, _, _ string) error { c.fs.NoDefaultPermissions = true; return nil }},
+	"debug":                         {false, func(c *config, _, _ string) error { c.fs.Debug = true; return nil }},
+	"entry_timeout":                 {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.EntryTimeout })},
+	"attr_timeout":                  {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.AttrTimeout })},
+	"negative_timeout":              {true, timeoutOpt(func(c *config) *time.Duration { return &c.fs.NegativeTimeout })},
+	"max_write":                     {true, numOpt(func(c *config) *int { return &c.fs.MaxWrite }, 1<<62)},
+	"max_readahead":                 {true, numOpt(func(c *config) *int { return &c.fs.MaxReadAhead }, 1<<62)},
+	"max_background":                {true, numOpt(func(c *config) *int { return &c.fs.MaxBackground }, 65535)},
+	"max_buffers_per_process":       {true, numOpt(func(c *config) *int { return &c.limits.perProcess }, 1<<31)},
+	"max_buffers_per_user":          {true, numOpt(func(c *config) *int { return &c.limits.perUser }, 1<<31)},
+	"max_buffers":                   {true, numOpt(func(c *config) *int { return &c.limits.buffers }, 1<<31)},
+	"max_pieces_in_flight_per_user": {true, numOpt(func(c *config) *int { return &c.limits.userPieces }, 1<<40)},
+	"max_pieces_in_flight":          {true, numOpt(func(c *config) *int { return &c.limits.pieces }, 1<<40)},
 	"max_registered_bytes_per_user": {true, func(c *config, opt, v string) (err error) {
 		c.limits.userBytes, err = byteSize(opt, v)
 		return err

@@ -59,7 +59,8 @@ func newControl(c *config, log *logrus.Entry, observe func(string, time.Duration
 	}
 	s, err := fusefs.NewControl(fusefs.ControlConfig{Lib: lib, ReadOnly: c.fs.ReadOnly, Log: log, ObserveIoctl: observe,
 		MaxBuffersPerProcess: c.limits.perProcess, MaxBuffersPerUser: c.limits.perUser, MaxBuffers: c.limits.buffers,
-		MaxRegisteredBytesPerUser: c.limits.userBytes, MaxRegisteredBytes: c.limits.bytes})
+		MaxRegisteredBytesPerUser: c.limits.userBytes, MaxRegisteredBytes: c.limits.bytes,
+		MaxPiecesInFlightPerUser: int64(c.limits.userPieces), MaxPiecesInFlight: int64(c.limits.pieces)})
 	if err != nil {
 		lib.Close()
 		conn.Close()
