@@ -91,8 +91,8 @@ var limitTable = [...]Limit{
 	{"max_buffers", DefaultMaxBuffers, true, "live buffers of the mount, never more than a quarter of the daemon's `RLIMIT_NOFILE` or of `vm.max_map_count` (16,382 by the kernel's default)", unix.ENFILE},
 	{"max_registered_bytes_per_user", DefaultMaxRegisteredBytesPerUser, true, "bytes one user's live buffers register (root's: see `max_buffers_per_user`)", unix.EDQUOT},
 	{"max_registered_bytes", DefaultMaxRegisteredBytes, true, "bytes the mount's live buffers register", unix.ENOMEM},
-	{"max_pieces_in_flight_per_user", DefaultMaxPiecesInFlightPerUser, true, "pieces of one user's strided batches served at once (the daemon holds about 230 bytes a piece while it serves it); root's count only towards the mount's", 0},
-	{"max_pieces_in_flight", DefaultMaxPiecesInFlight, true, "pieces of all strided batches served at once; a batch larger than either limit runs when nothing else counts against it", 0},
+	{"max_pieces_in_flight_per_user", DefaultMaxPiecesInFlightPerUser, true, "pieces of one user's batches served at once: a strided extent's `count`, a plain batch's extents (the daemon holds about 230 bytes a piece while it serves it); root's count only towards the mount's", 0},
+	{"max_pieces_in_flight", DefaultMaxPiecesInFlight, true, "pieces of all batches served at once; a batch larger than either limit runs when nothing else counts against it", 0},
 }
 
 // Limits lists the limits, in the order docs/abi.md shows them.

@@ -13,14 +13,15 @@ import (
 // served. One bound an ioctl does not bound many: a process of uid 65534
 // with 1,000 threads, each with a 65,536-piece batch in flight, took the
 // daemon to 9 GB, and 3,000 would have taken all of this machine's memory.
-// So the pieces the daemon serves at once are bounded, for each uid but
-// root (ControlConfig.MaxPiecesInFlightPerUser) and for all callers
+// So the pieces the daemon serves at once (a plain batch's extents count
+// as pieces: 409 an ioctl) are bounded, for each uid but root
+// (ControlConfig.MaxPiecesInFlightPerUser) and for all callers
 // (MaxPiecesInFlight): a batch past either waits, holding nothing but the
 // 64 KiB it came in, until others end; a signal to the caller ends the
 // wait with EINTR. A batch larger than a bound runs when nothing else
 // counts against it.
 
-// pieceGate counts the pieces of the strided batches served now.
+// pieceGate counts the pieces of the batches served now.
 type pieceGate struct {
 	maxAll, maxUser int64
 

@@ -138,6 +138,11 @@ func (s *ControlServer) serveBatch(r request) unix.Errno {
 	if e := s.checkMode(r.f, write); e != 0 {
 		return e
 	}
+	release, e := s.pieces.enter(r.ctx, r.c.UID, int64(len(reqs)))
+	if e != 0 {
+		return e
+	}
+	defer release()
 	client.EncodeBatchResp(r.out, r.in, s.move(r.c, r.f, write, reqs, refusals(bad)))
 	return 0
 }

@@ -48,7 +48,7 @@ type ControlConfig struct {
 	// address space, which imports map; ENOMEM past it).
 	MaxRegisteredBytes int64
 	// MaxPiecesInFlightPerUser and MaxPiecesInFlight bound the pieces of
-	// the strided batches served at once, of one uid but root and of all
+	// the batches served at once (a plain batch's extents count as pieces), of one uid but root and of all
 	// callers (defaults client.DefaultMaxPiecesInFlightPerUser and
 	// client.DefaultMaxPiecesInFlight); a batch past them waits
 	// (control_gate.go).
@@ -92,7 +92,7 @@ type ControlServer struct {
 	// included: the per-user limits' count.
 	users map[uint32]userUse
 
-	// pieces counts the strided batches' pieces served now (its own lock).
+	// pieces counts the batches' pieces served now (its own lock).
 	pieces *pieceGate
 
 	devMu   sync.Mutex

@@ -83,7 +83,7 @@ mount that serves requests (exit 1 when it is not by the timeout, default
                           max_registered_bytes_per_user=N[KMGT] (%dT),
                           max_registered_bytes=N[KMGT] (%dT, the mount),
                           max_pieces_in_flight_per_user=N (%d, pieces of one
-                          uid's strided batches served at once; more wait),
+                          uid's batches served at once; more wait),
                           max_pieces_in_flight=N (%d, everyone's)
   --passthrough MODE    auto (default), on (fail if unavailable), off
   --vendor V            auto (default), nvidia, emu, pcibar
