@@ -148,8 +148,13 @@ func (h *file) Release(ctx context.Context) syscall.Errno {
 	if h.flags&unix.O_ACCMODE != unix.O_RDONLY && !h.pt {
 		h.n.restamp(h.fd)
 	}
+	// Its flock locks end with it. Closing h.fd alone does not end them
+	// while the kernel holds the descriptor as a passthrough file's
+	// backing file, and the waiters woken below would find them held.
+	unix.Flock(h.fd, unix.LOCK_UN)
 	err := unix.Close(h.fd)
 	h.fsys.giveHandle(h.holder)
+	h.n.dropOwnersVia(h) // its OFD locks
 	return toErrno(err)
 }
 

@@ -20,10 +20,12 @@ import (
 // (handles_user.go), and past its share a lock that needs a new one gets
 // ENOLCK, as a full lock table does natively.
 
-// lockDesc is a lock owner's backing descriptor and who it counts for.
+// lockDesc is a lock owner's backing descriptor, who it counts for, and
+// the open file its first lock came through.
 type lockDesc struct {
 	fd     int
 	holder handleHolder
+	via    *file
 }
 
 // lockFd returns the owner's lock descriptor on this inode (opening it
@@ -52,7 +54,7 @@ func (n *node) lockFd(ctx context.Context, owner uint64, create bool, h *file) (
 	if n.lockFds == nil {
 		n.lockFds = make(map[uint64]lockDesc)
 	}
-	n.lockFds[owner] = lockDesc{fd: fd, holder: holder}
+	n.lockFds[owner] = lockDesc{fd: fd, holder: holder, via: h}
 	return fd, 0
 }
 
@@ -64,6 +66,53 @@ func (n *node) dropOwner(owner uint64) {
 	if d, ok := n.lockFds[owner]; ok {
 		n.closeLockFd(d)
 		delete(n.lockFds, owner)
+		n.wakeLockWaiters()
+	}
+}
+
+// dropOwnersVia releases the locks of the owners whose first lock came
+// through h, when h is released. An OFD lock's owner is its open file,
+// whose end only RELEASE tells (the kernel sends no unlock at its close,
+// and FLUSH names the closing process); natively its locks go with it. A
+// POSIX owner that locked through h closed its descriptor of h before
+// h's release, and that close's FLUSH dropped it already.
+func (n *node) dropOwnersVia(h *file) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for owner, d := range n.lockFds {
+		if d.via == h {
+			n.closeLockFd(d)
+			delete(n.lockFds, owner)
+		}
+	}
+	n.wakeLockWaiters()
+}
+
+// lockWait is the channel a waiting lock on this inode selects on
+// (FS.waitWhile's wake).
+func (n *node) lockWait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.released == nil {
+		n.released = make(chan struct{})
+	}
+	return n.released
+}
+
+// lockReleased wakes the waiting locks of this inode: a lock on it may
+// have been let go (an unlock, a lock changed, an owner's or an open
+// file's end).
+func (n *node) lockReleased() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.wakeLockWaiters()
+}
+
+// wakeLockWaiters is lockReleased with n.mu held.
+func (n *node) wakeLockWaiters() {
+	if n.released != nil {
+		close(n.released)
+		n.released = nil
 	}
 }
 
@@ -125,10 +174,16 @@ func (n *node) setlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fus
 			return unix.EINVAL
 		}
 		try := func() unix.Errno { return toErrno(unix.Flock(h.fd, op|unix.LOCK_NB)) }
+		var e unix.Errno
 		if !wait || op == unix.LOCK_UN {
-			return try()
+			e = try()
+		} else {
+			e = n.fsys.waitWhile(ctx, lockBusy, n.lockWait, try)
 		}
-		return n.fsys.waitWhile(ctx, lockBusy, try)
+		if e == 0 {
+			n.lockReleased() // an unlock, or a lock changed
+		}
+		return e
 	}
 	fd, e := n.lockFd(ctx, owner, lk.Typ != unix.F_UNLCK, h)
 	if e != 0 {
@@ -142,11 +197,13 @@ func (n *node) setlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fus
 	flk.Pid = 0
 	try := func() unix.Errno { return toErrno(syscall.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &flk)) }
 	if !wait || lk.Typ == unix.F_UNLCK {
-		for {
-			if e := try(); e != unix.EINTR {
-				return e
-			}
+		for e = try(); e == unix.EINTR; e = try() {
 		}
+	} else {
+		e = n.fsys.waitWhile(ctx, lockBusy, n.lockWait, try)
 	}
-	return n.fsys.waitWhile(ctx, lockBusy, try)
+	if e == 0 {
+		n.lockReleased() // an unlock, or a lock changed
+	}
+	return e
 }

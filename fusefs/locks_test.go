@@ -23,12 +23,12 @@ func TestWaitLock(t *testing.T) {
 		}
 		return 0
 	}
-	if e := f.waitWhile(context.Background(), lockBusy, busyThenFree); e != 0 || tries != 4 {
+	if e := f.waitWhile(context.Background(), lockBusy, nil, busyThenFree); e != 0 || tries != 4 {
 		t.Errorf("a lock free at the 4th try: %v after %d tries", e, tries)
 	}
 	tries = 0
 	bad := func() unix.Errno { tries++; return unix.EBADF }
-	if e := f.waitWhile(context.Background(), lockBusy, bad); e != unix.EBADF || tries != 1 {
+	if e := f.waitWhile(context.Background(), lockBusy, nil, bad); e != unix.EBADF || tries != 1 {
 		t.Errorf("a try that fails with EBADF: %v after %d tries, want EBADF after 1", e, tries)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -37,7 +37,7 @@ func TestWaitLock(t *testing.T) {
 		cancel()
 	}()
 	t0 := time.Now()
-	if e := f.waitWhile(ctx, lockBusy, func() unix.Errno { return unix.EACCES }); e != unix.EINTR {
+	if e := f.waitWhile(ctx, lockBusy, nil, func() unix.Errno { return unix.EACCES }); e != unix.EINTR {
 		t.Errorf("an interrupted wait: %v, want EINTR", e)
 	}
 	if waited := time.Since(t0); waited > 5*time.Second {
@@ -95,5 +95,72 @@ func TestLockDescriptorsCountForTheUser(t *testing.T) {
 	n.closeFds()
 	if len(f.userHandles.n) != 0 {
 		t.Errorf("counts left after the node's end: %v", f.userHandles.n)
+	}
+}
+
+// TestLockReleaseWakesWaiters: a lock let go through the mount wakes the
+// waiters of its inode at once, whatever their pause (here an hour): an
+// OFD unlock, a flock unlock, and the holder's close, each for a waiter
+// that waits as F_OFD_SETLKW or flock(LOCK_EX) does.
+func TestLockReleaseWakesWaiters(t *testing.T) {
+	lo, hi := waitPollMin, waitPollMax
+	t.Cleanup(func() { waitPollMin, waitPollMax = lo, hi }) // after the unmount, registered later
+	waitPollMin, waitPollMax = time.Hour, time.Hour
+	_, mnt, _ := mountForTest(t, Options{})
+	path := filepath.Join(mnt, "lock")
+	if err := os.WriteFile(path, []byte("locked"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	open := func() int {
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	ofd := func(fd int, cmd int, typ int16) error {
+		return unix.FcntlFlock(uintptr(fd), cmd, &unix.Flock_t{Type: typ})
+	}
+	for _, c := range []struct {
+		name    string
+		lock    func(fd int) error // the holder's
+		release func(fd int) error
+		wait    func(fd int) error // the waiter's
+	}{
+		{"OFD unlock", func(fd int) error { return ofd(fd, unix.F_OFD_SETLK, unix.F_WRLCK) },
+			func(fd int) error { return ofd(fd, unix.F_OFD_SETLK, unix.F_UNLCK) },
+			func(fd int) error { return ofd(fd, unix.F_OFD_SETLKW, unix.F_WRLCK) }},
+		{"flock unlock", func(fd int) error { return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) },
+			func(fd int) error { return unix.Flock(fd, unix.LOCK_UN) },
+			func(fd int) error { return unix.Flock(fd, unix.LOCK_EX) }},
+		{"OFD holder's close", func(fd int) error { return ofd(fd, unix.F_OFD_SETLK, unix.F_WRLCK) },
+			unix.Close, func(fd int) error { return ofd(fd, unix.F_OFD_SETLKW, unix.F_WRLCK) }},
+		{"flock holder's close", func(fd int) error { return unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) },
+			unix.Close, func(fd int) error { return unix.Flock(fd, unix.LOCK_EX) }},
+	} {
+		holder, waiter := open(), open()
+		if err := c.lock(holder); err != nil {
+			t.Fatalf("%s: the holder's lock: %v", c.name, err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- c.wait(waiter) }()
+		select {
+		case err := <-done:
+			t.Fatalf("%s: the waiter got the held lock: %v", c.name, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if err := c.release(holder); err != nil {
+			t.Fatalf("%s: the release: %v", c.name, err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: the waiter: %v", c.name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the waiter, pausing an hour between tries, was not woken by the release", c.name)
+		}
+		unix.Close(waiter)
+		unix.Close(holder) // a second close of a closed one: EBADF, ignored
 	}
 }

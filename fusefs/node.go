@@ -43,6 +43,9 @@ type node struct {
 	// lockFds holds one backing descriptor per POSIX lock owner: its OFD
 	// locks are that owner's record locks on this inode (locks.go).
 	lockFds map[uint64]lockDesc
+	// released is closed, and replaced, when a lock on this inode may
+	// have been let go through the mount: its waiters try again at once.
+	released chan struct{}
 	// writers counts, per process, the passthrough files open for writing
 	// on this inode (their writes reach fanotify with that process's pid).
 	writers map[int32]int
@@ -200,7 +203,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		// A lease on the file (truncateByName): the mode and owner are
 		// set; the size, and the times after it, wait for the lease.
 		rest := valid &^ (fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID)
-		e = n.fsys.waitWhile(ctx, leaseBusy, func() unix.Errno {
+		e = n.fsys.waitWhile(ctx, leaseBusy, nil, func() unix.Errno {
 			return n.asRequester(ctx, func() unix.Errno { return n.setattr(h, rest, in) })
 		})
 	}

@@ -145,7 +145,7 @@ func (n *node) createAsCaller(ctx context.Context, name string, flags int, mode 
 	if flags&unix.O_NONBLOCK != 0 {
 		e = try()
 	} else {
-		e = n.fsys.waitWhile(ctx, leaseBusy, try) // an existing name, leased (wait.go)
+		e = n.fsys.waitWhile(ctx, leaseBusy, nil, try) // an existing name, leased (wait.go)
 	}
 	if e != 0 {
 		return -1, e

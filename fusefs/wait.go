@@ -34,8 +34,11 @@ import (
 // and a long wait costs a hundred tries a second. With many waiters the
 // longest pause grows by waitPollEach a waiter, so that all of them
 // together try about 10,000 times a second (10,000 waiters: once a second
-// each): a crowd of waiters cannot busy the daemon.
-const (
+// each): a crowd of waiters cannot busy the daemon. A lock released
+// through the mount wakes its inode's waiters at once (node.lockReleased),
+// so the pauses matter only for what is released on the backing side.
+// Variables: tests stand in for them.
+var (
 	waitPollMin  = 50 * time.Microsecond
 	waitPollMax  = 10 * time.Millisecond
 	waitPollEach = 100 * time.Microsecond
@@ -43,8 +46,13 @@ const (
 
 // waitWhile runs try until it answers something busy does not call busy,
 // sleeping between tries, and returns that answer; EINTR when ctx ends
-// first.
-func (f *FS) waitWhile(ctx context.Context, busy func(unix.Errno) bool, try func() unix.Errno) unix.Errno {
+// first. wake, when not nil, gives a channel closed when what try waits
+// for may have changed: try runs again at once.
+func (f *FS) waitWhile(ctx context.Context, busy func(unix.Errno) bool, wake func() <-chan struct{}, try func() unix.Errno) unix.Errno {
+	var woke <-chan struct{}
+	if wake != nil {
+		woke = wake() // before the try: a release after it is not missed
+	}
 	if e := try(); !busy(e) {
 		return e
 	}
@@ -58,11 +66,16 @@ func (f *FS) waitWhile(ctx context.Context, busy func(unix.Errno) bool, try func
 		case <-ctx.Done():
 			return unix.EINTR
 		case <-t.C:
+			pause = min(2*pause, max(waitPollMax, time.Duration(f.waiters.Load())*waitPollEach))
+		case <-woke:
+			t.Stop() // Go 1.23 timers: no stale tick to drain
+		}
+		if wake != nil {
+			woke = wake()
 		}
 		if e := try(); !busy(e) {
 			return e
 		}
-		pause = min(2*pause, max(waitPollMax, time.Duration(f.waiters.Load())*waitPollEach))
 		t.Reset(pause)
 	}
 }
@@ -89,7 +102,7 @@ func (f *FS) openWaiting(ctx context.Context, flags int, open func(flags int) (i
 	if flags&unix.O_NONBLOCK != 0 {
 		return fd, try()
 	}
-	if e := f.waitWhile(ctx, leaseBusy, try); e != 0 {
+	if e := f.waitWhile(ctx, leaseBusy, nil, try); e != 0 {
 		return -1, e
 	}
 	if e := clearNonblock(fd); e != 0 {

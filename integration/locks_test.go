@@ -297,3 +297,44 @@ func TestLeasedFileLeavesTheDaemonItsThreads(t *testing.T) {
 	}
 	d.alive(t, "at the end")
 }
+
+// TestOFDLockEndsWithItsFile: an OFD lock (F_OFD_SETLK) taken through the
+// mount ends when its open file is closed, as natively: a process locking
+// the backing file directly, and one locking through the mount, then get
+// it. The kernel sends no unlock at that close (FLUSH names the closing
+// process, not the open file), and the daemon used to keep the lock on
+// the owner's backing descriptor until the inode was forgotten.
+func TestOFDLockEndsWithItsFile(t *testing.T) {
+	d := startDaemon(t, withArgs("--vendor", "emu"))
+	path := filepath.Join(d.Mnt, "ofd")
+	if err := os.WriteFile(path, []byte("ofd lock"), 0644); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lockWhole(fd, unix.F_OFD_SETLK, unix.F_WRLCK); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	for _, p := range []string{filepath.Join(d.Backing, "ofd"), path} {
+		var err error
+		deadline := time.Now().Add(5 * time.Second) // the RELEASE is sent after close(2) returns
+		for {
+			next, oerr := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if oerr != nil {
+				t.Fatal(oerr)
+			}
+			err = lockWhole(next, unix.F_OFD_SETLK, unix.F_WRLCK)
+			unix.Close(next)
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("a lock of %s after the holder's open file was closed: %v", p, err)
+		}
+	}
+}
