@@ -98,7 +98,9 @@
 // backing file directly. Those descriptors count with their user's open
 // files (ENOLCK past the user's share). A lock that waits (F_SETLKW,
 // flock without LOCK_NB) does not block one of the daemon's threads: it
-// is tried again, without blocking, with pauses that grow to 10 ms (more
+// is tried again, without blocking, at once when a lock on its inode is
+// let go through the mount, else after pauses that grow to 10 ms (more
 // with thousands of waiters), and a signal to the waiting caller ends it
-// with EINTR, as natively (locks.go).
+// with EINTR, as natively (locks.go, wait.go). An OFD lock's owner is its
+// open file: its locks end at that file's RELEASE.
 package fusefs
