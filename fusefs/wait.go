@@ -26,8 +26,9 @@ import (
 // asleep in between, and the wait ends with EINTR when the kernel
 // interrupts the request (the caller got a signal) or the mount goes
 // away, as the blocking call would natively. What it gives up is the
-// kernel's queue: a waiter learns that the lock or lease is free within
-// waitPollMax, and another process can take it first.
+// kernel's queue: another process can take a released lock first, and a
+// lock or lease let go on the backing side is seen within waitPollMax (a
+// lock let go through the mount wakes its waiters at once).
 
 // waitPollMin and waitPollMax bound the pause between tries: it doubles
 // from the first to the second, so what is released soon is taken soon,
