@@ -127,10 +127,10 @@ func (n *node) createdNode(ctx context.Context, name string, flags uint32, mode 
 // backing directory must not redirect the create (ELOOP). O_NONBLOCK: a
 // FIFO or device planted there must not block the daemon (a FIFO writer
 // with no reader gets ENXIO), nor a lease on an existing file (wait.go);
-// the kernel takes nothing but a regular file
-// as created, so anything else is closed again and answered EEXIST, on
-// which the kernel drops its stale negative entry and the next open finds
-// the name (a directory is EISDIR, from the open itself).
+// the kernel takes nothing but a regular file as created, so anything
+// else is closed again and answered EEXIST, on which the kernel drops its
+// stale negative entry and the next open finds the name (a directory is
+// EISDIR, from the open itself).
 func (n *node) createAsCaller(ctx context.Context, name string, flags int, mode uint32) (int, unix.Errno) {
 	fl := flags&^unix.O_NOCTTY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
 	fd := -1
