@@ -76,6 +76,41 @@ func TestKVSharesByLoad(t *testing.T) {
 	}
 }
 
+// TestBlockShare: by default (PHX_STAGED_SHARE auto, no StagedShare
+// given) a batch of KV-sized blocks, 64 KiB to 1 MiB, gives each worker a
+// bounce buffer's worth, and smaller blocks and tensors keep the 1 MiB
+// share (run 55); spread keeps 1 MiB for all.
+func TestBlockShare(t *testing.T) {
+	blocks := func(n int, size int64) []xfer {
+		xs := make([]xfer, n)
+		for i := range xs {
+			xs[i] = xfer{len: size, staged: true}
+		}
+		return xs
+	}
+	for _, rule := range []string{"", "spread"} {
+		t.Setenv(EnvStagedShare, rule)
+		l, _ := newLib(t, setup{"sync", Staged}, 1, func(c *Config) { c.Workers, c.BounceSize = 16, 4*mib })
+		for _, c := range []struct {
+			what         string
+			xs           []xfer
+			auto, spread int
+		}{
+			{"409 x 16 KiB", blocks(409, 16<<10), 7, 7},
+			{"409 x 64 KiB", blocks(409, 64<<10), 7, 16},
+			{"409 x 256 KiB", blocks(409, 256<<10), 16, 16},
+			{"64 x 512 KiB", blocks(64, 512<<10), 8, 16},
+			{"8 x 2 MiB", blocks(8, 2*mib), 8, 8},
+			{"4 x 128 MiB", blocks(4, 128*mib), 4, 4},
+		} {
+			want := map[string]int{"": c.auto, "spread": c.spread}[rule]
+			if got := l.stagedWorkers(c.xs, 1); got != want {
+				t.Errorf("PHX_STAGED_SHARE=%q, %s: %d workers, want %d", rule, c.what, got, want)
+			}
+		}
+	}
+}
+
 // TestStagedShareEnv: PHX_STAGED_SHARE=load sets Config.StagedByLoad,
 // slot makes a worker's least share a bounce buffer (where the config
 // sets none); spread, auto and unset leave both; a bad value fails New and

@@ -121,6 +121,7 @@ type Lib struct {
 	xportStats  transportCounters // bytes per transport (stats.go)
 	directIO    atomic.Int32
 	byLoad      atomic.Bool // Config.StagedByLoad, SetStagedByLoad
+	shareBySize bool        // a worker's share follows the pieces' size (blockShare)
 }
 
 // New creates a library instance and starts its worker pool.
@@ -135,7 +136,8 @@ func New(cfg Config) (*Lib, error) {
 	defaults.Set(&cfg.QueueDepth, 1024)
 	defaults.Set(&cfg.MaxQueuedBatches, 16)
 	defaults.Set(&cfg.BounceSize, 4<<20)
-	if err := stagedShareFrom(&cfg); err != nil {
+	bySize, err := stagedShareFrom(&cfg)
+	if err != nil {
 		return nil, err
 	}
 	defaults.Set(&cfg.StagedShare, 1<<20)
@@ -186,6 +188,7 @@ func New(cfg Config) (*Lib, error) {
 	l.changed = sync.NewCond(&l.mu)
 	l.directIO.Store(int32(dio))
 	l.byLoad.Store(cfg.StagedByLoad)
+	l.shareBySize = bySize
 	l.wb.start(cfg.WritebackMin)
 	go l.dispatch()
 	return l, nil

@@ -200,7 +200,7 @@ func CheckEnv() error {
 	if _, err := gatherMaxFrom(0); err != nil {
 		return err
 	}
-	if err := stagedShareFrom(&Config{}); err != nil {
+	if _, err := stagedShareFrom(&Config{}); err != nil {
 		return err
 	}
 	if _, err := writebackMinFrom(0); err != nil {

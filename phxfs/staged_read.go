@@ -19,26 +19,58 @@ import (
 var bg = context.Background()
 
 // EnvStagedShare names the variable that chooses how a staged batch is
-// split among workers: spread (or auto, or unset: every batch as if it ran
-// alone, Config.StagedShare a worker), slot (the same with a bounce
-// buffer's worth a worker: fewer driver calls a small batch) or load
-// (weighing the plans beside it: Config.StagedByLoad).
+// split among workers: auto (or unset: as if it ran alone, a worker's
+// least share by the size of its pieces, blockShare), spread (as if alone,
+// Config.StagedShare a worker whatever the pieces), slot (as if alone, a
+// bounce buffer's worth a worker: fewer driver calls a small batch) or
+// load (weighing the plans beside it: Config.StagedByLoad).
 const EnvStagedShare = "PHX_STAGED_SHARE"
 
 // stagedShareFrom applies the environment's rule to what cfg leaves
 // unset: slot sets a zero StagedShare to the bounce size, load sets
-// StagedByLoad. Called after BounceSize has its default.
-func stagedShareFrom(cfg *Config) error {
+// StagedByLoad; it says whether a worker's share follows the pieces' size
+// (auto, with no StagedShare given). Called after BounceSize has its
+// default.
+func stagedShareFrom(cfg *Config) (bySize bool, err error) {
 	switch v := os.Getenv(EnvStagedShare); v {
-	case "", "auto", "spread":
+	case "", "auto":
+		return cfg.StagedShare == 0, nil
+	case "spread":
 	case "slot":
 		defaults.Set(&cfg.StagedShare, cfg.BounceSize)
 	case "load":
 		cfg.StagedByLoad = true
 	default:
-		return errs.New(unix.EINVAL, "phxfs: %s=%q: want spread, slot or load", EnvStagedShare, v)
+		return false, errs.New(unix.EINVAL, "phxfs: %s=%q: want auto, spread, slot or load", EnvStagedShare, v)
 	}
-	return nil
+	return false, nil
+}
+
+// blockShareMin and blockShareMax bound the average piece of a batch that
+// auto gives a bounce buffer's worth a worker: KV-cache blocks of 64 KiB
+// to 1 MiB. Run 55 (docs/gpu-notes.md), through the mount on an H100, the
+// worse of 1 and 4 client threads with 4 batches in flight each: 64 KiB
+// blocks 37.1 GB/s in slot-sized shares against 30.0 in 1 MiB ones (half
+// the driver calls and fence waits a batch); 16 KiB blocks 11.5 against
+// 14.9 (one client's four batches on two workers each left half the pool
+// idle), so smaller pieces keep the 1 MiB share. Tensors (pieces of MiBs)
+// keep it too: their plans are large enough to fill the pool either way.
+const (
+	blockShareMin = 64 << 10
+	blockShareMax = 1 << 20
+)
+
+// blockShare is a worker's least share of a staged batch of these bytes
+// and pieces: a bounce buffer's worth for KV-sized blocks where the share
+// follows the pieces' size (auto), else Config.StagedShare.
+func (l *Lib) blockShare(bytes, pieces int64) int64 {
+	share := l.cfg.StagedShare
+	if l.shareBySize && pieces > 0 {
+		if avg := bytes / pieces; avg >= blockShareMin && avg < blockShareMax {
+			share = max(share, l.cfg.BounceSize)
+		}
+	}
+	return share
 }
 
 // SetStagedByLoad sets whether staged batches are split by load
@@ -86,7 +118,7 @@ func (l *Lib) stagedWorkers(xs []xfer, plans int) int {
 	if !l.byLoad.Load() {
 		plans = 1
 	}
-	share, slot := l.cfg.StagedShare, l.cfg.BounceSize
+	share, slot := l.blockShare(bytes, pieces), l.cfg.BounceSize
 	workers := l.pool.Workers()
 	ops := sharePieces(share)
 	spread := max(int((bytes+share-1)/share), int((pieces+ops-1)/ops))
