@@ -9,6 +9,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// stagedBlocks is a batch of n staged blocks of size bytes.
+func stagedBlocks(n int, size int64) []xfer {
+	xs := make([]xfer, n)
+	for i := range xs {
+		xs[i] = xfer{len: size, staged: true}
+	}
+	return xs
+}
+
 // TestKVSharesByLoad: how a batch of small blocks is split among the
 // workers, by how many staged plans of its device run beside it. Split by
 // load (StagedByLoad), alone it spreads (StagedShare bytes or
@@ -20,30 +29,23 @@ func TestKVSharesByLoad(t *testing.T) {
 	l, _ := newLib(t, setup{"sync", Staged}, 1, func(c *Config) {
 		c.Workers, c.BounceSize, c.StagedShare, c.StagedByLoad = 16, 4*mib, 1*mib, true
 	})
-	blocks := func(n int, size int64) []xfer {
-		xs := make([]xfer, n)
-		for i := range xs {
-			xs[i] = xfer{len: size, staged: true}
-		}
-		return xs
-	}
 	for _, c := range []struct {
 		what  string
 		xs    []xfer
 		plans int
 		want  int
 	}{
-		{"409 x 16 KiB alone", blocks(409, 16<<10), 1, 7},
-		{"409 x 16 KiB, 4 plans", blocks(409, 16<<10), 4, 4},
-		{"409 x 16 KiB, 16 plans", blocks(409, 16<<10), 16, 2},
-		{"409 x 16 KiB, 64 plans", blocks(409, 16<<10), 64, 2},
-		{"409 x 64 KiB alone", blocks(409, 64<<10), 1, 16},
-		{"409 x 64 KiB, 4 plans", blocks(409, 64<<10), 4, 7},
-		{"409 x 64 KiB, 16 plans", blocks(409, 64<<10), 16, 7},
-		{"64 x 128 MiB alone", blocks(64, 128*mib), 1, 16},
-		{"64 x 128 MiB, 2 plans", blocks(64, 128*mib), 2, 16},
-		{"3 x 16 KiB, 16 plans", blocks(3, 16<<10), 16, 1},
-		{"0 plans counts as 1", blocks(409, 16<<10), 0, 7},
+		{"409 x 16 KiB alone", stagedBlocks(409, 16<<10), 1, 7},
+		{"409 x 16 KiB, 4 plans", stagedBlocks(409, 16<<10), 4, 4},
+		{"409 x 16 KiB, 16 plans", stagedBlocks(409, 16<<10), 16, 2},
+		{"409 x 16 KiB, 64 plans", stagedBlocks(409, 16<<10), 64, 2},
+		{"409 x 64 KiB alone", stagedBlocks(409, 64<<10), 1, 16},
+		{"409 x 64 KiB, 4 plans", stagedBlocks(409, 64<<10), 4, 7},
+		{"409 x 64 KiB, 16 plans", stagedBlocks(409, 64<<10), 16, 7},
+		{"64 x 128 MiB alone", stagedBlocks(64, 128*mib), 1, 16},
+		{"64 x 128 MiB, 2 plans", stagedBlocks(64, 128*mib), 2, 16},
+		{"3 x 16 KiB, 16 plans", stagedBlocks(3, 16<<10), 16, 1},
+		{"0 plans counts as 1", stagedBlocks(409, 16<<10), 0, 7},
 	} {
 		if got := l.stagedWorkers(c.xs, c.plans); got != c.want {
 			t.Errorf("%s: %d workers, want %d", c.what, got, c.want)
@@ -53,7 +55,7 @@ func TestKVSharesByLoad(t *testing.T) {
 	if !l.SetStagedByLoad(false) {
 		t.Fatal("Config.StagedByLoad did not take")
 	}
-	if got := l.stagedWorkers(blocks(409, 16<<10), 16); got != 7 {
+	if got := l.stagedWorkers(stagedBlocks(409, 16<<10), 16); got != 7 {
 		t.Errorf("spread: 409 x 16 KiB beside 15 others get %d workers, want 7", got)
 	}
 	// A slot-sized share counts pieces in proportion: 256 a worker, so a
@@ -66,9 +68,9 @@ func TestKVSharesByLoad(t *testing.T) {
 		xs   []xfer
 		want int
 	}{
-		{"409 x 16 KiB, 4 MiB shares", blocks(409, 16<<10), 2},
-		{"409 x 64 KiB, 4 MiB shares", blocks(409, 64<<10), 7},
-		{"4,096 x 64 B, 4 MiB shares", blocks(4096, 64), 16},
+		{"409 x 16 KiB, 4 MiB shares", stagedBlocks(409, 16<<10), 2},
+		{"409 x 64 KiB, 4 MiB shares", stagedBlocks(409, 64<<10), 7},
+		{"4,096 x 64 B, 4 MiB shares", stagedBlocks(4096, 64), 16},
 	} {
 		if got := slot.stagedWorkers(c.xs, 1); got != c.want {
 			t.Errorf("%s: %d workers, want %d", c.what, got, c.want)
@@ -81,13 +83,6 @@ func TestKVSharesByLoad(t *testing.T) {
 // bounce buffer's worth, and smaller blocks and tensors keep the 1 MiB
 // share (run 55); spread keeps 1 MiB for all.
 func TestBlockShare(t *testing.T) {
-	blocks := func(n int, size int64) []xfer {
-		xs := make([]xfer, n)
-		for i := range xs {
-			xs[i] = xfer{len: size, staged: true}
-		}
-		return xs
-	}
 	for _, rule := range []string{"", "spread"} {
 		t.Setenv(EnvStagedShare, rule)
 		l, _ := newLib(t, setup{"sync", Staged}, 1, func(c *Config) { c.Workers, c.BounceSize = 16, 4*mib })
@@ -96,12 +91,12 @@ func TestBlockShare(t *testing.T) {
 			xs           []xfer
 			auto, spread int
 		}{
-			{"409 x 16 KiB", blocks(409, 16<<10), 7, 7},
-			{"409 x 64 KiB", blocks(409, 64<<10), 7, 16},
-			{"409 x 256 KiB", blocks(409, 256<<10), 16, 16},
-			{"64 x 512 KiB", blocks(64, 512<<10), 8, 16},
-			{"8 x 2 MiB", blocks(8, 2*mib), 8, 8},
-			{"4 x 128 MiB", blocks(4, 128*mib), 4, 4},
+			{"409 x 16 KiB", stagedBlocks(409, 16<<10), 7, 7},
+			{"409 x 64 KiB", stagedBlocks(409, 64<<10), 7, 16},
+			{"409 x 256 KiB", stagedBlocks(409, 256<<10), 16, 16},
+			{"64 x 512 KiB", stagedBlocks(64, 512<<10), 8, 16},
+			{"8 x 2 MiB", stagedBlocks(8, 2*mib), 8, 8},
+			{"4 x 128 MiB", stagedBlocks(4, 128*mib), 4, 4},
 		} {
 			want := map[string]int{"": c.auto, "spread": c.spread}[rule]
 			if got := l.stagedWorkers(c.xs, 1); got != want {
