@@ -138,7 +138,7 @@ func (s *ControlServer) serveBatch(r request) unix.Errno {
 	if e := s.checkMode(r.f, write); e != 0 {
 		return e
 	}
-	release, e := s.pieces.enter(r.ctx, r.c.UID, int64(len(reqs)))
+	release, e := s.admit(r, reqs)
 	if e != 0 {
 		return e
 	}
@@ -163,11 +163,7 @@ func (s *ControlServer) serveStridedBatch(r request) unix.Errno {
 	if e := s.checkMode(r.f, write); e != 0 {
 		return e
 	}
-	var pieces int64
-	for _, q := range reqs {
-		pieces += int64(min(max(q.Count, 1), client.MaxPieces))
-	}
-	release, e := s.pieces.enter(r.ctx, r.c.UID, pieces)
+	release, e := s.admit(r, reqs)
 	if e != 0 {
 		return e
 	}
@@ -183,6 +179,17 @@ func (s *ControlServer) serveStridedBatch(r request) unix.Errno {
 	}
 	client.EncodeStridedBatchResp(r.out, r.in, res)
 	return 0
+}
+
+// admit waits until the batch's pieces may be served beside the others
+// (control_gate.go) and returns what gives them back. A plain extent is
+// one piece; the decoder has bounded a strided batch's (client.MaxPieces).
+func (s *ControlServer) admit(r request, reqs []client.IOReq) (func(), unix.Errno) {
+	var pieces uint64
+	for _, q := range reqs {
+		pieces += q.Pieces()
+	}
+	return s.pieces.enter(r.ctx, r.c.UID, int64(pieces))
 }
 
 // One strided ioctl is one library batch: the ABI's bound on its pieces

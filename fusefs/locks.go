@@ -64,8 +64,7 @@ func (n *node) dropOwner(owner uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if d, ok := n.lockFds[owner]; ok {
-		n.closeLockFd(d)
-		delete(n.lockFds, owner)
+		n.dropLockFd(owner, d)
 		n.wakeLockWaiters()
 	}
 }
@@ -81,8 +80,7 @@ func (n *node) dropOwnersVia(h *file) {
 	defer n.mu.Unlock()
 	for owner, d := range n.lockFds {
 		if d.via == h {
-			n.closeLockFd(d)
-			delete(n.lockFds, owner)
+			n.dropLockFd(owner, d)
 		}
 	}
 	n.wakeLockWaiters()
@@ -116,11 +114,36 @@ func (n *node) wakeLockWaiters() {
 	}
 }
 
-// closeLockFd closes a lock descriptor and gives back its count; n.mu is
-// held.
+// closeLockFd closes a lock descriptor, which releases its owner's locks,
+// and gives back its count; n.mu is held.
 func (n *node) closeLockFd(d lockDesc) {
 	unix.Close(d.fd)
 	n.fsys.giveHandle(d.holder)
+}
+
+// dropLockFd closes owner's lock descriptor d and forgets it; n.mu is
+// held.
+func (n *node) dropLockFd(owner uint64, d lockDesc) {
+	n.closeLockFd(d)
+	delete(n.lockFds, owner)
+}
+
+// takeLock runs try (a non-blocking lock or unlock) once, or, for a lock
+// that waits, until the lock is free (FS.waitWhile, woken by releases on
+// this inode); a lock taken or changed may have let something go, so it
+// wakes this inode's waiters.
+func (n *node) takeLock(ctx context.Context, wait bool, try func() unix.Errno) unix.Errno {
+	var e unix.Errno
+	if wait {
+		e = n.fsys.waitWhile(ctx, lockBusy, n.lockWait, try)
+	} else {
+		for e = try(); e == unix.EINTR; e = try() {
+		}
+	}
+	if e == 0 {
+		n.lockReleased()
+	}
+	return e
 }
 
 // lockBusy: a non-blocking lock found the lock taken (fcntl: EAGAIN or
@@ -173,17 +196,7 @@ func (n *node) setlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fus
 		default:
 			return unix.EINVAL
 		}
-		try := func() unix.Errno { return toErrno(unix.Flock(h.fd, op|unix.LOCK_NB)) }
-		var e unix.Errno
-		if !wait || op == unix.LOCK_UN {
-			e = try()
-		} else {
-			e = n.fsys.waitWhile(ctx, lockBusy, n.lockWait, try)
-		}
-		if e == 0 {
-			n.lockReleased() // an unlock, or a lock changed
-		}
-		return e
+		return n.takeLock(ctx, wait && op != unix.LOCK_UN, func() unix.Errno { return toErrno(unix.Flock(h.fd, op|unix.LOCK_NB)) })
 	}
 	fd, e := n.lockFd(ctx, owner, lk.Typ != unix.F_UNLCK, h)
 	if e != 0 {
@@ -195,15 +208,7 @@ func (n *node) setlk(ctx context.Context, f fs.FileHandle, owner uint64, lk *fus
 	var flk syscall.Flock_t
 	lk.ToFlockT(&flk)
 	flk.Pid = 0
-	try := func() unix.Errno { return toErrno(syscall.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &flk)) }
-	if !wait || lk.Typ == unix.F_UNLCK {
-		for e = try(); e == unix.EINTR; e = try() {
-		}
-	} else {
-		e = n.fsys.waitWhile(ctx, lockBusy, n.lockWait, try)
-	}
-	if e == 0 {
-		n.lockReleased() // an unlock, or a lock changed
-	}
-	return e
+	return n.takeLock(ctx, wait && lk.Typ != unix.F_UNLCK, func() unix.Errno {
+		return toErrno(syscall.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &flk))
+	})
 }

@@ -124,29 +124,23 @@ func (n *node) createdNode(ctx context.Context, name string, flags uint32, mode 
 
 // createAsCaller opens name with O_CREAT as the caller and returns the
 // descriptor of a regular file. O_NOFOLLOW: a symlink planted in the
-// backing directory must not redirect the create (ELOOP). O_NONBLOCK: a
-// FIFO or device planted there must not block the daemon (a FIFO writer
-// with no reader gets ENXIO), nor a lease on an existing file (wait.go);
-// the kernel takes nothing but a regular file as created, so anything
+// backing directory must not redirect the create (ELOOP). O_NONBLOCK
+// (openWaiting): a FIFO or device planted there must not block the daemon
+// (a FIFO writer with no reader gets ENXIO), nor a lease on an existing
+// file (wait.go); the kernel takes nothing but a regular file as created, so anything
 // else is closed again and answered EEXIST, on which the kernel drops its
 // stale negative entry and the next open finds the name (a directory is
 // EISDIR, from the open itself).
 func (n *node) createAsCaller(ctx context.Context, name string, flags int, mode uint32) (int, unix.Errno) {
-	fl := flags&^unix.O_NOCTTY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
-	fd := -1
-	try := func() unix.Errno {
-		return n.asCreator(ctx, mode, func(mode uint32) unix.Errno {
+	fl := flags&^unix.O_NOCTTY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, e := n.fsys.openWaiting(ctx, fl, func(fl int) (fd int, e unix.Errno) {
+		e = n.asCreator(ctx, mode, func(mode uint32) unix.Errno {
 			var err error
 			fd, err = unix.Openat(n.fd, name, fl, mode)
 			return toErrno(err)
 		})
-	}
-	var e unix.Errno
-	if flags&unix.O_NONBLOCK != 0 {
-		e = try()
-	} else {
-		e = n.fsys.waitWhile(ctx, leaseBusy, nil, try) // an existing name, leased (wait.go)
-	}
+		return fd, e
+	})
 	if e != 0 {
 		return -1, e
 	}
@@ -158,12 +152,6 @@ func (n *node) createAsCaller(ctx context.Context, name string, flags int, mode 
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
 		return -1, unix.EEXIST
-	}
-	if flags&unix.O_NONBLOCK == 0 {
-		if e := clearNonblock(fd); e != 0 {
-			unix.Close(fd)
-			return -1, e
-		}
 	}
 	return fd, 0
 }
