@@ -224,9 +224,15 @@ def main():
     keys = ("num_device_alloc", "num_device_free", "segment.all.allocated", "num_alloc_retries", "num_sync_all_streams")
     m0 = torch.cuda.memory_stats()
     pr = cProfile.Profile() if prof else None
+    # PHXPROF_TIMELINE=1: the fp case's timeline for any case
+    if os.environ.get("PHXPROF_TIMELINE") and case != "fp":
+        timeline()
+    t0 = time.perf_counter()
     if pr:
         pr.enable()
     got, secs = run(case, d)
+    if os.environ.get("PHXPROF_TIMELINE") and case != "fp":
+        TIMELINE.update(timeline_summary(t0))
     if pr:
         pr.disable()
     m1 = torch.cuda.memory_stats()

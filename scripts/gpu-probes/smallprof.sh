@@ -4,7 +4,8 @@
 # load_file (2,013 tensors), each in fresh processes: stock, hooked, hooked
 # with a cProfile; smallprof.py tallies the hook's pieces and torch's
 # allocator counters. A daemon CPU profile of the whole probe. QUICK=1:
-# the narrow loop at world 8 and the MoE loops only, no cProfile. FP=1:
+# the narrow loop at world 8 and the MoE loops only, no cProfile. PHXPROF_TIMELINE=1: each
+# case's timeline of starts and tasks (the fp case's), not only fp's. FP=1:
 # the MoE checkpoint's from_pretrained, tallied (FPVARS: again with those
 # variables; FPPROF=1: and profiled).
 set -u
@@ -23,7 +24,7 @@ P=scripts/gpu-probes/smallprof.py
 one() { # case dir-name extra-env...
 	local c=$1 n=$2; shift 2
 	echo "== $c $n stock";  env -u PHXMOUNT_HOOK python3 $P $c $C/$n 2>&1 | head -c 3000; echo
-	echo "== $c $n hooked $*"; env PHXMOUNT_HOOK=cuda:0 "$@" python3 $P $c $W/mnt/ckpt27/$n 2>&1 | head -c 6000; echo
+	echo "== $c $n hooked $*"; env PHXMOUNT_HOOK=cuda:0 "$@" python3 $P $c $W/mnt/ckpt27/$n 2>&1 | head -c 16000; echo
 }
 if [ -n "${FP:-}" ]; then
 	# from_pretrained of the MoE checkpoint: hooked (tallies), then hooked
