@@ -142,7 +142,7 @@ class _State:
             self._complete()
 
     def _complete(self) -> None:
-        whole = _whole(tuple(self.plain.shape))
+        whole = whole_region(tuple(self.plain.shape))
         dims = {r[0] for r in self.filled}
         if not self.filled:
             self._fill([whole])
@@ -226,7 +226,7 @@ def _flat(args, kwargs):
             yield a
 
 
-def _whole(shape) -> Region:
+def whole_region(shape) -> Region:
     return (0, 0, shape[0]) if shape else (-1, 0, 1)
 
 

@@ -38,23 +38,25 @@ from typing import Callable, Dict, List, Optional
 from .hook_ahead import ReadAhead
 from .hook_close import Resources, closing
 from .hook_defer import Deferrals, RegionReads, uses_seen
+from .hook_fileroute import Routed
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, parse_mode, task, window
 from .hook_guess import GUESS_TASK, Guesses, guessed_plan, slices_seen
 from .hook_import import Patcher, patch_spawn, unpatch_spawn
+from .hook_next import call_key, next_files, warm_next
 from .hook_plan import Ahead, Held, Starts
 from .hook_report import Report, report
-from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index, stock_attr
+from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index
 from . import hook_spec
 from .hook_slice import HookedSlice
 from .hook_whole import read_whole
 from .stformat import Header, TensorInfo, read_header
 from .slicing import selects_whole
 
-__all__ = ["safe_open", "install", "uninstall", "install_from_env", "Mode", "parse_mode", "HookedFile", "HookedSlice",
+__all__ = ["cuda_index", "safe_open", "install", "uninstall", "install_from_env", "Mode", "parse_mode", "HookedFile", "HookedSlice",
            "report", "Report", "closing", "mounts", "slices_seen", "uses_seen", "describe", "ENV", "WINDOW_ENV", "TASK_ENV", "GUESS_TASK"]
 
 
-class HookedFile:
+class HookedFile(Routed):
     """What the hooked safe_open returns for a file on a phxmount mount: the
     interface of the installed safetensors' safe_open, thread-safe, with
     the GPU reads through phxmount (torch_load.open_reader, one per device)
@@ -81,6 +83,10 @@ class HookedFile:
         self._guesses = Guesses(self._sorted, {t.name: tuple(t.shape) for t in header.tensors}, self._lock)
         self._defer = Deferrals(self._guesses.shape_of, self._guesses.role_of, self._read_ahead.sizes)
         self._regions = RegionReads(self)
+        self._args, self._kwargs = args, kwargs
+        self.key = call_key(args, kwargs, device)  # what a claim of it as a warm file compares (hook_next)
+        self.warming = False  # opened by the hook as the next file of a loop, not claimed yet
+        self._warmed = False  # this file warmed its next one
         self.spec = hook_spec.Speculation()
         hook_spec.open_files.add(self)
 
@@ -126,7 +132,23 @@ class HookedFile:
         if t is None:
             self.defer(dev, name)
         self._regions.ahead_of(name, dev, src)
+        if not self._warmed and self._read_ahead.reached_end():
+            self._warmed = True  # the read-ahead reached the last key: the next file starts (hook_next)
+            warm_next(self.path, self._args, self._kwargs, dev, _open_warm)
         return t if t is not None else self._gpu(info, None, dev, had)
+
+    def warm(self, dev: int) -> None:
+        """Starts the first window of reads ahead, from the first key, as
+        the caller's first get_tensor would (hook_next)."""
+        self._regions.ahead_of(None, dev, None)
+        self.start_deferred(dev)
+
+    def claimed(self) -> None:
+        """The caller opened this warm file: counted as its own from now on."""
+        with self._lock:
+            counted, self.warming = self._counted, False
+        if counted:
+            report.opened()
 
     @if_installed
     def get_tensors(self):
@@ -164,6 +186,9 @@ class HookedFile:
             self._closed = True
         self._let_go()
         self._real.close()
+        next_files.closed(self.path)
+
+    discard = _close  # the hook's own close of a warm file nobody claimed (hook_next)
 
     def _let_go(self) -> None:
         """Drops what the file read ahead (its memory is free once its reads
@@ -173,34 +198,6 @@ class HookedFile:
             self._ahead.clear()
             self._starts.clear()
         self._res.release()
-
-    def __getattr__(self, name):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if not self._installed.has(name):
-            raise AttributeError(f"'safe_open' object has no attribute {name!r}")
-        return stock_attr(self.stock, name, self._hand_over)
-
-    # routing
-    def stock(self):
-        """The real safetensors object of the file (hook_route.Stock)."""
-        return self._real.open()
-
-    def stock_slice(self, name: str):
-        return self._real.slice(name, self._closed)
-
-    def destination(self, bound: Optional[int]) -> Optional[int]:
-        """The GPU a read lands on: the device the file was opened for, or
-        where the caller said it goes, or PHXMOUNT_HOOK's; None: the host."""
-        if self._fallen is not None:
-            return None
-        if self.device != "cpu":
-            return self.device
-        if bound is not None:
-            return bound
-        if self.mode.cpu_to is not None:
-            return cuda_index(self.mode.cpu_to)
-        return None
 
     def defer(self, dev: int, name: str) -> None:
         """name will be read onto dev: it starts with the next read there."""
@@ -297,7 +294,7 @@ class HookedFile:
         if new:
             with self._lock:
                 first, self._counted = not self._counted, True
-            if first:
+            if first and not self.warming:  # a warm file counts when claimed
                 report.opened()
             report.say("engaged", f"{self.path}: tensors for cuda:{dev} through phxmount "
                                   f"({self._transport}); {describe(self.mode)}")
@@ -317,27 +314,6 @@ class HookedFile:
             raise
         self._transport = av.transport
         return self._open_reader(self.path, dev, av, self.header, fd)
-
-    def _fall_back(self, e: BaseException) -> None:
-        """From now on the real safetensors reads the file (_let_go)."""
-        with self._lock:
-            first = self._fallen is None
-            self._fallen = self._fallen or e
-        self._let_go()
-        if first:
-            report.fell_back(self.path, e)
-
-    def _hand_over(self, method: str) -> None:
-        """A method phxmount does not serve was called: the file is the
-        real safetensors' from here on (said once)."""
-        self._fall_back(RuntimeError(f"{method}() of the installed safetensors ({self._installed.version}) "
-                                     f"is not phxmount's"))
-
-    def _stock_to(self, info: TensorInfo, index, dev: int):
-        """info[index] (index None: the whole tensor) from the real one, on dev."""
-        t = self.stock_slice(info.name)[index] if index is not None else self.stock().get_tensor(info.name)
-        return t.to(f"cuda:{dev}")
-
 
 # --- the hooked functions ---------------------------------------------------------------
 
@@ -367,7 +343,12 @@ def _open(inst: Installed, args: tuple, kwargs: dict) -> Optional[HookedFile]:
         return None  # the installed safe_open refuses the call: its own error
     r = decide(dataclasses.replace(call, others=()), _mode, "transformers" in sys.modules)
     if not r.serve:
+        next_files.claim(None, None)  # the caller moved on: a warm file is nobody's
         return None
+    warm = next_files.claim(os.fspath(call.filename), call_key(args, kwargs, r.device))
+    if warm is not None:
+        warm.claimed()
+        return warm
     fd = mounts.open_if_phxmount(os.fspath(call.filename))
     if fd is None:
         return None
@@ -383,6 +364,15 @@ def _open(inst: Installed, args: tuple, kwargs: dict) -> Optional[HookedFile]:
         os.close(fd)
         raise
     return HookedFile(call, r.device, args, kwargs, header, fd, inst, _mode, _open_reader)
+
+
+def _open_warm(args: tuple, kwargs: dict) -> Optional[HookedFile]:
+    """The hooked file of the next file of a loop, opened by the hook (hook_next)."""
+    inst = _installed
+    f = _open(inst, args, kwargs) if inst is not None else None
+    if f is not None:
+        f.warming = True
+    return f
 
 
 def _open_reader(path: str, dev: int, availability=None, header=None, fd=None):
@@ -423,6 +413,7 @@ def uninstall() -> None:
     global _mode, _installed
     _mode, _installed = Mode(False), None
     hook_spec.open_files.forget()
+    next_files.forget()
     slices_seen.forget()
     uses_seen.forget()
     _patches.off({"safe_open": safe_open})

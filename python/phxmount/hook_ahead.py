@@ -30,7 +30,12 @@ class ReadAhead:
         self.ahead_to = 0  # keys before this index have been read ahead
         self.order: deque = deque()  # the names read ahead, in key order (some taken since)
 
-    def after(self, name: str, dev: int, ahead: Ahead, defer: Callable[[str], None],
+    def reached_end(self) -> bool:
+        """Whether every key has been read ahead (or asked)."""
+        with self.lock:
+            return self.ahead_to >= len(self.keys)
+
+    def after(self, name: Optional[str], dev: int, ahead: Ahead, defer: Callable[[str], None],
               drop: Callable[[str, Held], None], whole: Optional[Callable[[str], bool]] = None,
               region: Optional[Callable[[str], Optional[int]]] = None) -> List[str]:
         """get_tensor(name) onto dev was asked: when in key order, the read-
@@ -45,8 +50,9 @@ class ReadAhead:
         started)."""
         made: List[str] = []
         with self.lock:
-            i = self.index[name]
-            sequential, self.expect = i == self.expect, i + 1
+            # name None: before the first key (a warm file, hook_next)
+            i = self.index[name] if name is not None else -1
+            sequential, self.expect = name is None or i == self.expect, i + 1
             if not sequential:
                 return made
             while self.order and self.index[self.order[0]] < i:

@@ -153,18 +153,24 @@ class DeferTest(HookedCase):
             f_defer = f._defer
         # What the planner reads in place for the rank's slice of each
         # narrowed tensor (a covering read where extents cost more than
-        # bytes), and the norms whole: never a narrowed tensor whole.
+        # bytes), the norms whole, and each role's scout (its first
+        # tensor in key order, layer 0's here) whole: no other narrowed
+        # tensor whole.
         fe = self.readers[0].fetcher
+        keys = sorted(n for n, _, _ in LAYERS)
+        scouts = {min((k for k in keys if role_of(k) == r), key=keys.index) for r in map(role_of, keys)}
+        self.assertEqual(scouts, {"model.layers.0." + r for r in ("attn.q.weight", "attn.o.weight", "norm.weight")})
         want = 0
         for n, dt, shape in LAYERS:
             cut = NARROW.get(role_of(n))
-            index = None if cut is None else (slice(None),) * cut[0] + (slice(cut[1], cut[1] + cut[2]),)
-            want += fe.plan(n, index, in_place=cut is not None).read_bytes
-        self.assertEqual(self.read_bytes(), want, "bytes read: the rank's slices as planned, the norms whole")
+            index = None if cut is None or n in scouts else (slice(None),) * cut[0] + (slice(cut[1], cut[1] + cut[2]),)
+            want += fe.plan(n, index, in_place=index is not None).read_bytes
+        self.assertEqual(self.read_bytes(), want, "bytes read: the rank's slices as planned, the norms and scouts whole")
         self.assertLess(want, sum(fe.info(n).nbytes for n, _, _ in LAYERS))
         narrowed = sum(1 for n, _, _ in LAYERS if role_of(n) in NARROW)
-        self.assertEqual(f_defer.handed_ahead, narrowed - 2,
-                         "every narrowed tensor but each role's first was made ahead, its region started")
+        self.assertEqual(f_defer.handed_ahead, narrowed - 1 + 1,
+                         "every narrowed tensor but the first key was made ahead, its region (a scout: the whole)"
+                         " started, and the norms' scout")
         self.assertEqual(hook.uses_seen.get("model.layers.#.attn.q.weight", (64, 96), 0), hook_defer.NARROW)
         self.assertEqual(hook.uses_seen.get("model.layers.#.norm.weight", (96,), 0), hook_defer.WHOLE)
 
@@ -269,7 +275,10 @@ class DeferTest(HookedCase):
     def test_a_caller_that_collects_stops_the_deferral(self):
         with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
             got = {k: f.get_tensor(k) for k in f.keys()}
-            self.assertEqual(sum(deferred.is_deferred(t) for t in got.values()), 1)
+            # The first key, and the scouts read ahead with it (layer 0's
+            # other roles) before the caller showed that it collects.
+            self.assertEqual([k for k, t in got.items() if deferred.is_deferred(t)],
+                             ["model.layers.0." + r for r in ("attn.o.weight", "attn.q.weight", "norm.weight")])
             for k, t in got.items():
                 self.assertTrue(same(t.clone(), self.want(k)), k)
 

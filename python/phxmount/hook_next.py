@@ -1,0 +1,198 @@
+"""A loop over a checkpoint's files: the next file's first reads start
+while the caller is still taking the last tensors of this one.
+
+Engines load a sharded checkpoint one file after another, in the order of
+the files' names (`model-00001-of-00004.safetensors`, ...): open, every
+key with get_tensor, close, the next. A file's read-ahead (hook_ahead)
+ends with its last key, so its last window of tensors is taken at the
+loop's own speed with nothing in flight, and the next file's reads begin
+only when the caller opens it: run 58's MoE engines' loop had no read in
+flight for 119 ms of its 366, most of it at the files' ends and opens.
+
+So once a file's read-ahead holds its last key, the hook opens the next
+file of its series (the same name with the next number, where it exists)
+with the caller's own arguments and starts its first window (warm); the
+caller's safe_open of that file with equal arguments gets that object
+(claim), and its read-ahead goes on from there. What the hook read is
+the file's bytes where the caller asks for them: a warm file is handed
+only while its path still names the file the hook opened, unchanged
+(device, inode, size, modification and change times), else it is closed
+and the caller's open is an ordinary one. A warm file nobody claims
+(the caller stopped, or opened another file) is closed: by the next
+safe_open of any other file, or CLAIM_WITHIN seconds after the file that
+warmed it was closed. Each file's read-ahead holds up to its window
+(PHXMOUNT_HOOK_WINDOW): while one is warm, two windows' worth may be in
+device memory. PHXMOUNT_HOOK_NEXT=0 turns this off. No torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import Callable, Dict, Optional, Tuple
+
+NEXT_ENV = "PHXMOUNT_HOOK_NEXT"
+# A warm file not claimed this long after the file that warmed it closed
+# is closed: the caller's loop would have opened it by then (an engine
+# opens the next file within milliseconds of closing one).
+CLAIM_WITHIN = 2.0
+_SERIES = re.compile(r"^(?P<head>.*-)(?P<i>\d+)(?P<of>-of-)(?P<n>\d+)(?P<tail>\.safetensors)$")
+
+
+def next_enabled() -> bool:
+    return os.environ.get(NEXT_ENV, "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+def next_in_series(path: str) -> Optional[str]:
+    """The path of the file after path in its series (name-0000i-of-0000n
+    .safetensors -> i+1, zero-padded alike), None after the last or for a
+    name of no series."""
+    d, base = os.path.split(path)
+    m = _SERIES.match(base)
+    if m is None:
+        return None
+    i, n = int(m["i"]), int(m["n"])
+    if not 1 <= i < n:
+        return None
+    nxt = f"{m['head']}{i + 1:0{len(m['i'])}d}{m['of']}{m['n']}{m['tail']}"
+    return os.path.join(d, nxt)
+
+
+def identity(path_or_fd) -> Optional[tuple]:
+    """What makes a file the same file: device, inode, size, mtime, ctime
+    (None: it cannot be stat'ed)."""
+    try:
+        st = os.stat(path_or_fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class Warm:
+    """One warm file: the hooked file, the arguments it was opened with,
+    and the identity of what its path named then."""
+
+    def __init__(self, f, key: tuple, ident: tuple):
+        self.f, self.key, self.ident = f, key, ident
+        self.timer: Optional[threading.Timer] = None
+
+
+class NextFiles:
+    """The process's warm files, by path (at most one a device at a time:
+    an engine's loop is on one file at once)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.warm: Dict[str, Warm] = {}
+
+    def claim(self, path: str, key: tuple):
+        """The warm file of path opened with key (the caller's arguments
+        and the device the hook chose), where its path still names that
+        file unchanged; None otherwise. Every other warm file is closed
+        (the caller has moved on)."""
+        with self.lock:
+            w = self.warm.pop(path, None)
+            others, self.warm = list(self.warm.values()), {}
+        for o in others:
+            _drop(o)
+        if w is None:
+            return None
+        if w.timer is not None:
+            w.timer.cancel()
+        if w.key != key or identity(path) != w.ident:
+            _drop(w)
+            return None
+        return w.f
+
+    def offer(self, path: str, open_it: Callable[[], Optional[object]], start: Callable) -> None:
+        """Opens path (open_it: the hooked file, its key the arguments a
+        claim must give, or None where the hook would not serve it) and
+        starts its first reads (start(f)), unless a file is warm already
+        or path does not exist."""
+        with self.lock:
+            if self.warm:
+                return
+        ident = identity(path)
+        if ident is None:
+            return
+        f = open_it()
+        if f is None:
+            return
+        try:
+            start(f)
+        except Exception:  # noqa: BLE001: the caller's own open reads it, the ordinary way
+            f.close()
+            return
+        with self.lock:
+            if self.warm:  # another thread's, meanwhile
+                busy = True
+            else:
+                busy = False
+                self.warm[path] = Warm(f, f.key, ident)
+        if busy:
+            f.close()
+
+    def closed(self, path: str) -> None:
+        """The file at path was closed: a file it warmed (the next in its
+        series) is closed unless claimed within CLAIM_WITHIN seconds."""
+        nxt = next_in_series(path)
+        with self.lock:
+            w = self.warm.get(nxt) if nxt is not None else None
+            if w is None or w.timer is not None:
+                return
+            w.timer = threading.Timer(CLAIM_WITHIN, self._expire, (nxt, w))
+            w.timer.daemon = True
+            w.timer.start()
+
+    def _expire(self, path: str, w: Warm) -> None:
+        with self.lock:
+            if self.warm.get(path) is not w:
+                return
+            del self.warm[path]
+        _drop(w)
+
+    def forget(self) -> None:
+        """Closes every warm file (the hook's uninstall)."""
+        with self.lock:
+            ws, self.warm = list(self.warm.values()), {}
+        for w in ws:
+            if w.timer is not None:
+                w.timer.cancel()
+            _drop(w)
+
+
+def _drop(w: Warm) -> None:
+    try:
+        w.f.discard()
+    except Exception:  # noqa: BLE001: what it read is let go with it either way
+        pass
+
+
+def warm_next(path: str, args: tuple, kwargs: dict, dev: int, open_file: Callable) -> None:
+    """The file at path (opened with args and kwargs) has read ahead its
+    last key onto dev: the next file of its series, opened by
+    open_file(args, kwargs) with the same arguments, starts its first
+    reads (f.warm(dev)) and waits for the caller's claim."""
+    nxt = next_in_series(path) if next_enabled() else None
+    if nxt is not None:
+        a, kw = with_filename(args, kwargs, nxt)
+        next_files.offer(nxt, lambda: open_file(a, kw), lambda f: f.warm(dev))
+
+
+def call_key(args: tuple, kwargs: dict, device) -> Tuple:
+    """What a claim compares: the caller's arguments but the filename, and
+    the device the hook serves the file onto."""
+    rest = args if "filename" in kwargs else args[1:]
+    kw = tuple(sorted((k, repr(v)) for k, v in kwargs.items() if k != "filename"))
+    return tuple(repr(a) for a in rest), kw, repr(device)
+
+
+def with_filename(args: tuple, kwargs: dict, path: str) -> Tuple[tuple, dict]:
+    """args and kwargs with the filename replaced by path."""
+    if "filename" in kwargs or not args:
+        return args, dict(kwargs, filename=path)
+    return (path,) + tuple(args[1:]), dict(kwargs)
+
+
+next_files = NextFiles()

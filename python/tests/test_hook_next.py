@@ -1,0 +1,140 @@
+"""The next file of a loop (hook_next) on a real emu mount: once a file's
+read-ahead reaches its last key, the next file of its series is opened by
+the hook and its first reads start; the caller's open of that file gets
+that object and its bytes; a file changed meanwhile, other arguments, a
+caller that moves on or stops, and PHXMOUNT_HOOK_NEXT=0 get an ordinary
+open (the warm file closed)."""
+
+import os
+import time
+import unittest
+from unittest import mock
+
+from hookutil import LAYERS, HookedCase
+from mountutil import as_array, make_file
+
+from phxmount import hook, hook_next
+from phxmount.hook_next import call_key, next_in_series, with_filename
+
+SERIES = [f"model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)]
+
+
+class SeriesNamesTest(unittest.TestCase):
+    def test_next_in_series(self):
+        self.assertEqual(next_in_series("/d/model-00001-of-00003.safetensors"), "/d/model-00002-of-00003.safetensors")
+        self.assertEqual(next_in_series("/d/x-9-of-12.safetensors"), "/d/x-10-of-12.safetensors")
+        for last in ("/d/model-00003-of-00003.safetensors", "/d/model.safetensors", "/d/model-1-of-3.bin",
+                     "/d/model-00000-of-00003.safetensors"):
+            self.assertIsNone(next_in_series(last), last)
+
+    def test_arguments(self):
+        self.assertEqual(with_filename(("a", "pt"), {"device": "cpu"}, "b"), (("b", "pt"), {"device": "cpu"}))
+        self.assertEqual(with_filename((), {"filename": "a", "framework": "pt"}, "b"),
+                         ((), {"filename": "b", "framework": "pt"}))
+        self.assertEqual(call_key(("a", "pt"), {}, 0), call_key(("b", "pt"), {}, 0))
+        self.assertEqual(call_key((), {"filename": "a", "framework": "pt"}, 0),
+                         call_key((), {"filename": "b", "framework": "pt"}, 0))
+        self.assertNotEqual(call_key(("a", "pt"), {}, 0), call_key(("a", "np"), {}, 0))
+        self.assertNotEqual(call_key(("a", "pt"), {}, 0), call_key(("a", "pt"), {}, 1))
+
+
+class NextFileTest(HookedCase):
+    @classmethod
+    def populate(cls, backing):
+        super().populate(backing)
+        cls.series = {}
+        for seed, name in enumerate(SERIES):
+            _, ts = make_file(os.path.join(backing, name), seed=100 + seed, specs=LAYERS)
+            cls.series[name] = {n: as_array(*v) for n, v in ts.items()}
+
+    def setUp(self):
+        super().setUp()
+        self.use(self.real, hook.Mode(True, "cuda:0"))  # get_tensor on the cpu lands on "cuda:0": the emu device
+        self.gpu_ok()
+
+    def loop(self, name, check=True, **kw):
+        """The engines' loop over one file: every key with get_tensor;
+        returns the hooked file."""
+        with self.fake.safe_open(self.m.path(name), "pt", **kw) as f:
+            for k in f.keys():
+                t = f.get_tensor(k)
+                if check:
+                    self.assertEqual(bytes(t), self.series[name][k].tobytes(), f"{name}: {k}")
+        return f
+
+    def warm(self):
+        with hook.next_files.lock:
+            return {os.path.basename(p): w.f for p, w in hook.next_files.warm.items()}
+
+    def test_the_loop_gets_the_next_file_warm(self):
+        files = []
+        for name in SERIES:
+            with self.fake.safe_open(self.m.path(name), "pt") as f:
+                files.append(f)
+                for k in f.keys():
+                    self.assertEqual(bytes(f.get_tensor(k)), self.series[name][k].tobytes(), f"{name}: {k}")
+                warm = self.warm()
+                if name != SERIES[-1]:
+                    nxt = SERIES[SERIES.index(name) + 1]
+                    self.assertEqual(list(warm), [nxt], "the next file is not warm at the loop's last key")
+                    self.assertIsNotNone(warm[nxt]._res.readers, "its reads did not start")
+                    self.assertTrue(warm[nxt]._ahead.held, "nothing of it is read ahead")
+                else:
+                    self.assertEqual(warm, {}, "past the series' last file")
+            if name != SERIES[-1]:
+                ahead = warm[nxt]
+        self.assertIs(files[2], ahead, "the caller's open of the last file did not get the warm one")
+        self.assertFalse(any(f.warming for f in files))
+        self.assertEqual(hook.report.files, 3, "a file counted twice or not at all")
+
+    def test_a_changed_file_is_opened_anew(self):
+        self.loop(SERIES[0])
+        warm = self.warm()[SERIES[1]]
+        p = os.path.join(self.m.backing, SERIES[1])
+        _, ts = make_file(p, seed=999, specs=LAYERS)  # same size and names, other bytes
+        self.series[SERIES[1]] = {n: as_array(*v) for n, v in ts.items()}
+        self.addCleanup(self._restore, SERIES[1], 101)
+        time.sleep(0.05)  # the mount's attributes of the changed file
+        f = self.loop(SERIES[1])
+        self.assertIsNot(f, warm, "a file changed after it was warmed was handed as it was")
+        self.assertTrue(warm._closed, "the stale warm file was not closed")
+
+    def _restore(self, name, seed):
+        _, ts = make_file(os.path.join(self.m.backing, name), seed=seed, specs=LAYERS)
+        self.series[name] = {n: as_array(*v) for n, v in ts.items()}
+
+    def test_other_arguments_get_their_own_open(self):
+        self.loop(SERIES[0])
+        warm = self.warm()[SERIES[1]]
+        with self.fake.safe_open(filename=self.m.path(SERIES[1]), framework="pt") as f:
+            k = f.keys()[0]
+            self.assertEqual(bytes(f.get_tensor(k)), self.series[SERIES[1]][k].tobytes())
+        self.assertIsNot(f, warm)
+        self.assertTrue(warm._closed)
+
+    def test_a_caller_that_moves_on_closes_it(self):
+        self.loop(SERIES[0])
+        warm = self.warm()[SERIES[1]]
+        self.loop(SERIES[2])  # not the next: the warm one is nobody's
+        self.assertTrue(warm._closed)
+        self.assertNotIn(SERIES[1], self.warm())
+
+    def test_a_caller_that_stops_closes_it(self):
+        with mock.patch.object(hook_next, "CLAIM_WITHIN", 0.05):
+            self.loop(SERIES[0])
+            warm = self.warm()[SERIES[1]]
+            deadline = time.monotonic() + 5
+            while not warm._closed and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self.assertTrue(warm._closed, "a warm file nobody claimed stays open")
+        self.assertEqual(self.warm(), {})
+        self.assertEqual(hook.report.files, 1, "the unclaimed file was counted")
+
+    def test_off(self):
+        with mock.patch.dict(os.environ, {hook_next.NEXT_ENV: "0"}):
+            self.loop(SERIES[0])
+        self.assertEqual(self.warm(), {})
+
+
+if __name__ == "__main__":
+    unittest.main()
