@@ -48,7 +48,7 @@ from .hook_report import Report, report
 from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index
 from . import hook_spec
 from .hook_slice import HookedSlice
-from .hook_whole import read_whole
+from .hook_whole import read_whole, start_whole
 from .stformat import Header, TensorInfo, read_header
 from .slicing import selects_whole
 
@@ -87,6 +87,7 @@ class HookedFile(Routed):
         self.key = call_key(args, kwargs, device)  # what a claim of it as a warm file compares (hook_next)
         self.warming = False  # opened by the hook as the next file of a loop, not claimed yet
         self._warmed = False  # this file warmed its next one
+        self._whole: Dict[int, list] = {}  # per device, the Pendings of a warm file's whole start
         self.spec = hook_spec.Speculation()
         hook_spec.open_files.add(self)
 
@@ -133,9 +134,15 @@ class HookedFile(Routed):
             self.defer(dev, name)
         self._regions.ahead_of(name, dev, src)
         if not self._warmed and self._read_ahead.reached_end():
-            self._warmed = True  # the read-ahead reached the last key: the next file starts (hook_next)
-            warm_next(self.path, self._args, self._kwargs, dev, _open_warm)
+            self._warm_next(lambda g: g.warm(dev))
         return t if t is not None else self._gpu(info, None, dev, had)
+
+    def _warm_next(self, start: Callable) -> None:
+        """This file's last reads started: the next file of its series
+        starts its own (start(g): warm or warm_whole), hook_next."""
+        if not self._warmed:
+            self._warmed = True
+            warm_next(self.path, self._args, self._kwargs, _open_warm, start)
 
     def warm(self, dev: int) -> None:
         """Starts the first window of reads ahead, from the first key, as
@@ -157,17 +164,25 @@ class HookedFile(Routed):
             return self.stock().get_tensors()
         names = [t.name for t in self.header.tensors]
         with self._lock:
-            fresh = not self._ahead.held and not any(self._starts.of(dev))
-        if fresh:
-            return self._whole_file(dev, names)
+            warm = self._whole.pop(dev, None)  # started whole as a warm file (hook_next)
+            fresh = warm is None and not self._ahead.held and not any(self._starts.of(dev))
+        if warm is not None or fresh:
+            return self._whole_file(dev, names, warm)
         for n in names:
             self.defer(dev, n)
         return {n: self._gpu(self.tensors[n], None, dev, self._take(n)) for n in names}
 
-    def _whole_file(self, dev: int, names: List[str]) -> dict:
-        """Every tensor of a file nothing was read of yet (load_file):
-        hook_whole.read_whole."""
-        return read_whole(self, dev, names)
+    def _whole_file(self, dev: int, names: List[str], pends: Optional[list] = None) -> dict:
+        """Every tensor of a file nothing was read of yet (load_file), or
+        started whole as a warm file (pends): hook_whole.read_whole; the
+        next file of its series starts once this one's reads have."""
+        return read_whole(self, dev, names, pends, lambda: self._warm_next(lambda g: g.warm_whole(dev)))
+
+    def warm_whole(self, dev: int) -> None:
+        """Starts every tensor onto dev, for the caller's get_tensors (hook_next)."""
+        pends = start_whole(self, dev, [t.name for t in self.header.tensors])
+        with self._lock:
+            self._whole[dev] = pends
 
     @if_installed
     def close(self) -> None:
@@ -197,6 +212,7 @@ class HookedFile(Routed):
         with self._lock:
             self._ahead.clear()
             self._starts.clear()
+            self._whole.clear()
         self._res.release()
 
     def defer(self, dev: int, name: str) -> None:
@@ -300,20 +316,6 @@ class HookedFile(Routed):
                                   f"({self._transport}); {describe(self.mode)}")
         return r
 
-    def _open_new(self, dev: int, fd: Optional[int]):
-        """A reader onto dev, on fd, where the daemon says dev can load from
-        the mount (availability.known; fd is closed where not)."""
-        from .availability import known
-        try:
-            av = known.get(self.path, dev, fd)
-            if not av:
-                raise RuntimeError(f"cuda:{dev}: {av.reason}")
-        except BaseException:
-            if fd is not None:
-                os.close(fd)
-            raise
-        self._transport = av.transport
-        return self._open_reader(self.path, dev, av, self.header, fd)
 
 # --- the hooked functions ---------------------------------------------------------------
 

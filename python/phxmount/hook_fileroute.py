@@ -1,9 +1,11 @@
 """Where a hooked file's reads go (hook.HookedFile's routing): the GPU a
-read lands on, the real safetensors object for what phxmount does not
+read lands on, a reader onto it where the daemon says that GPU can load
+from the mount, the real safetensors object for what phxmount does not
 serve, and the fall-back to it, for good, after a failure. No torch."""
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from .hook_env import cuda_index
@@ -12,8 +14,8 @@ from .hook_route import stock_attr
 
 
 class Routed:
-    """hook.HookedFile's routing (it holds path, device, mode, _installed,
-    _real, _lock, _closed, _fallen and _let_go)."""
+    """hook.HookedFile's routing (it holds path, device, mode, header,
+    _installed, _real, _lock, _closed, _fallen, _open_reader and _let_go)."""
 
     def __getattr__(self, name):
         if name.startswith("_"):
@@ -61,3 +63,18 @@ class Routed:
         """info[index] (index None: the whole tensor) from the real one, on dev."""
         t = self.stock_slice(info.name)[index] if index is not None else self.stock().get_tensor(info.name)
         return t.to(f"cuda:{dev}")
+
+    def _open_new(self, dev: int, fd: Optional[int]):
+        """A reader onto dev, on fd, where the daemon says dev can load from
+        the mount (availability.known; fd is closed where not)."""
+        from .availability import known
+        try:
+            av = known.get(self.path, dev, fd)
+            if not av:
+                raise RuntimeError(f"cuda:{dev}: {av.reason}")
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        self._transport = av.transport
+        return self._open_reader(self.path, dev, av, self.header, fd)

@@ -122,7 +122,7 @@ class NextFiles:
         try:
             start(f)
         except Exception:  # noqa: BLE001: the caller's own open reads it, the ordinary way
-            f.close()
+            f.discard()
             return
         with self.lock:
             if self.warm:  # another thread's, meanwhile
@@ -131,7 +131,7 @@ class NextFiles:
                 busy = False
                 self.warm[path] = Warm(f, f.key, ident)
         if busy:
-            f.close()
+            f.discard()
 
     def closed(self, path: str) -> None:
         """The file at path was closed: a file it warmed (the next in its
@@ -169,15 +169,15 @@ def _drop(w: Warm) -> None:
         pass
 
 
-def warm_next(path: str, args: tuple, kwargs: dict, dev: int, open_file: Callable) -> None:
-    """The file at path (opened with args and kwargs) has read ahead its
-    last key onto dev: the next file of its series, opened by
-    open_file(args, kwargs) with the same arguments, starts its first
-    reads (f.warm(dev)) and waits for the caller's claim."""
+def warm_next(path: str, args: tuple, kwargs: dict, open_file: Callable, start: Callable) -> None:
+    """The file at path (opened with args and kwargs) has started its last
+    reads: the next file of its series, opened by open_file(args, kwargs)
+    with the same arguments, starts its first reads (start(f)) and waits
+    for the caller's claim."""
     nxt = next_in_series(path) if next_enabled() else None
     if nxt is not None:
         a, kw = with_filename(args, kwargs, nxt)
-        next_files.offer(nxt, lambda: open_file(a, kw), lambda f: f.warm(dev))
+        next_files.offer(nxt, lambda: open_file(a, kw), start)
 
 
 def call_key(args: tuple, kwargs: dict, device) -> Tuple:

@@ -87,6 +87,22 @@ class NextFileTest(HookedCase):
         self.assertFalse(any(f.warming for f in files))
         self.assertEqual(hook.report.files, 3, "a file counted twice or not at all")
 
+    def test_load_file_gets_the_next_file_started_whole(self):
+        ahead = None
+        for name in SERIES:
+            with self.fake.safe_open(self.m.path(name), "pt") as f:
+                if ahead is not None:
+                    self.assertIs(f, ahead, f"{name}: the warm file was not handed")
+                got = f.get_tensors()
+                self.assertEqual(sorted(got), sorted(self.series[name]))
+                for k, t in got.items():
+                    self.assertEqual(bytes(t), self.series[name][k].tobytes(), f"{name}: {k}")
+                ahead = self.warm().get(SERIES[SERIES.index(name) + 1]) if name != SERIES[-1] else None
+                if name != SERIES[-1]:
+                    self.assertIsNotNone(ahead, f"{name}: its next file did not start")
+                    self.assertTrue(ahead._whole, "the next file was not started whole")
+        self.assertEqual(hook.report.files, 3)
+
     def test_a_changed_file_is_opened_anew(self):
         self.loop(SERIES[0])
         warm = self.warm()[SERIES[1]]
