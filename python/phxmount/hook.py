@@ -155,7 +155,7 @@ class HookedFile(Routed):
         with self._lock:
             counted, self.warming = self._counted, False
         if counted:
-            report.opened()
+            report.opened(ahead=True)
 
     @if_installed
     def get_tensors(self):

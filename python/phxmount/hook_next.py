@@ -32,6 +32,8 @@ import re
 import threading
 from typing import Callable, Dict, Optional, Tuple
 
+from .hook_report import report
+
 NEXT_ENV = "PHXMOUNT_HOOK_NEXT"
 # A warm file not claimed this long after the file that warmed it closed
 # is closed: the caller's loop would have opened it by then (an engine
@@ -121,8 +123,10 @@ class NextFiles:
             return
         try:
             start(f)
-        except Exception:  # noqa: BLE001: the caller's own open reads it, the ordinary way
+        except Exception as e:  # noqa: BLE001: the caller's own open reads it, the ordinary way
             f.discard()
+            report.say(f"next {e.__class__.__name__}", f"{path}: not started ahead of its open ({e}); "
+                                                        "it is read when opened")
             return
         with self.lock:
             if self.warm:  # another thread's, meanwhile

@@ -18,6 +18,7 @@ class Report:
         self.lock = threading.Lock()
         self.said = set()
         self.files = self.tensors = self.bytes = self.fallbacks = self.starts = 0
+        self.opened_ahead = 0  # files of them opened before the caller opened them (hook_next)
         self.devices = set()
         # perf_counter of the first read asked for, and of the last landed:
         # its bytes in device memory (a read started ahead lands before it
@@ -40,10 +41,12 @@ class Report:
         with self.lock:
             self.starts += 1
 
-    def opened(self) -> None:
-        """A file's first reader: one more file through phxmount."""
+    def opened(self, ahead: bool = False) -> None:
+        """A file's first reader: one more file through phxmount (ahead:
+        one the hook opened and started before the caller opened it)."""
         with self.lock:
             self.files += 1
+            self.opened_ahead += ahead
 
     def landed(self, dev: int, nbytes: int, tensors: int = 1, at: Optional[float] = None) -> None:
         """tensors of nbytes were handed over on dev, their bytes landed at
@@ -70,8 +73,9 @@ class Report:
                 span = (f" in {secs:.3f} s from the first read asked for to the last landed "
                         f"({self.bytes / secs / 1e9:.1f} GB/s)")
             return (f"{self.files} file(s) through phxmount, {self.tensors} tensor(s), "
-                    f"{self.bytes / 1e9:.2f} GB onto {devs}{span}, {self.starts} start(s); "
-                    f"{self.fallbacks} fallback(s) to safetensors")
+                    f"{self.bytes / 1e9:.2f} GB onto {devs}{span}, {self.starts} start(s)"
+                    + (f", {self.opened_ahead} file(s) started before they were opened" if self.opened_ahead else "")
+                    + f"; {self.fallbacks} fallback(s) to safetensors")
 
     def at_exit(self) -> None:
         """The summary, when the hook did anything (atexit)."""

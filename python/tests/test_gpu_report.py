@@ -299,14 +299,14 @@ class HookStatsTest(unittest.TestCase):
             sys.modules.pop("phxmount.hook", None)
             self.assertIsNone(benchlib.hook_stats())
             fake = types.ModuleType("phxmount.hook")
-            fake.report = types.SimpleNamespace(files=2, tensors=9, bytes=10, fallbacks=0, starts=1, first=1.0, last=2.0,
-                                                summary=lambda: "2 file(s)")
+            fake.report = types.SimpleNamespace(files=2, tensors=9, bytes=10, fallbacks=0, starts=1, opened_ahead=1,
+                                                first=1.0, last=2.0, summary=lambda: "2 file(s)")
             fake._mode = types.SimpleNamespace(on=False)
             sys.modules["phxmount.hook"] = fake
             self.assertIsNone(benchlib.hook_stats(), "loaded, off")
             fake._mode.on = True
             self.assertEqual(benchlib.hook_stats(), {"files": 2, "tensors": 9, "bytes": 10, "fallbacks": 0, "starts": 1,
-                                                     "first": 1.0, "last": 2.0, "summary": "2 file(s)"})
+                                                     "opened_ahead": 1, "first": 1.0, "last": 2.0, "summary": "2 file(s)"})
             self.assertEqual(benchlib.hook_fails([benchlib.hook_stats(), None, dict(benchlib.hook_stats(), files=0)], "x"),
                              ["x: no file went through phxmount (2 file(s))", "x: the hook was not on"])
         finally:

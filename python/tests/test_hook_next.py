@@ -86,6 +86,18 @@ class NextFileTest(HookedCase):
         self.assertIs(files[2], ahead, "the caller's open of the last file did not get the warm one")
         self.assertFalse(any(f.warming for f in files))
         self.assertEqual(hook.report.files, 3, "a file counted twice or not at all")
+        self.assertEqual(hook.report.opened_ahead, 2)
+        self.assertIn("2 file(s) started before they were opened", hook.report.summary())
+
+    def test_a_failed_start_is_said(self):
+        def refuse(f, dev):
+            raise OSError(5, "refused")
+        with mock.patch.object(hook.HookedFile, "warm", refuse):
+            self.loop(SERIES[0])
+            self.loop(SERIES[1])
+        self.assertEqual(self.warm(), {})
+        self.assertIn("not started ahead of its open", self.err.getvalue())
+        self.assertEqual((hook.report.files, hook.report.opened_ahead), (2, 0))
 
     def test_load_file_gets_the_next_file_started_whole(self):
         ahead = None

@@ -262,7 +262,7 @@ def hook_stats():
     r = getattr(hook, "report", None)
     if hook is None or r is None or (mode is not None and not getattr(mode, "on", True)):
         return None
-    out = {k: getattr(r, k, None) for k in ("files", "tensors", "bytes", "fallbacks", "starts", "first", "last")}
+    out = {k: getattr(r, k, None) for k in ("files", "tensors", "bytes", "fallbacks", "starts", "opened_ahead", "first", "last")}
     out["summary"] = r.summary() if hasattr(r, "summary") else ""
     return out
 
