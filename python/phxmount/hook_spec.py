@@ -69,6 +69,10 @@ class OpenFiles:
         self.lock = threading.Lock()
         self.files: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
         self.n = 0
+        # Whether any open file may be marked: bound_to is asked at every
+        # read (a MoE engine's loop: 2,000 times), and the files are looked
+        # through only while a bind is left.
+        self.marked = False
 
     def add(self, f) -> None:
         with self.lock:
@@ -83,14 +87,19 @@ class OpenFiles:
         """f has a tensor bound to dev, to start with the next read there."""
         with self.lock:
             f.spec.waiting.add(dev)
+            self.marked = True
 
     def bound_to(self, dev: int) -> List:
         """The open files with binds onto dev, in the order they were
         opened, no longer marked (a later bind marks a file again)."""
         with self.lock:
-            out = [f for _, f in sorted(self.files.items()) if dev in f.spec.waiting]
+            if not self.marked:
+                return []
+            files = [f for _, f in sorted(self.files.items())]
+            out = [f for f in files if dev in f.spec.waiting]
             for f in out:
                 f.spec.waiting.discard(dev)
+            self.marked = any(f.spec.waiting for f in files)
             return out
 
     def forget(self) -> None:
