@@ -200,3 +200,8 @@ def with_filename(args: tuple, kwargs: dict, path: str) -> Tuple[tuple, dict]:
 
 
 next_files = NextFiles()
+# A child made by fork has none of the parent's threads: a warm file's
+# reads would never land there, and its lock may have been held at the
+# fork. The child forgets the parent's warm files (they are the parent's
+# to close) and opens its files as they come.
+os.register_at_fork(after_in_child=next_files.__init__)

@@ -158,6 +158,27 @@ class NextFileTest(HookedCase):
         self.assertEqual(self.warm(), {})
         self.assertEqual(hook.report.files, 1, "the unclaimed file was counted")
 
+    def test_a_forked_child_opens_its_own(self):
+        self.loop(SERIES[0])
+        warm = self.warm()[SERIES[1]]
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: no warm file of the parent's, and its open reads the file itself
+            try:
+                with self.fake.safe_open(self.m.path(SERIES[1]), "pt") as f:
+                    k = f.keys()[0]
+                    ok = f is not warm and not hook.next_files.warm and \
+                        bytes(f.get_tensor(k)) == self.series[SERIES[1]][k].tobytes()
+                os.write(w, b"ok" if ok else b"no")
+            finally:
+                os._exit(0)
+        os.close(w)
+        got = os.read(r, 2)
+        os.close(r)
+        os.waitpid(pid, 0)
+        self.assertEqual(got, b"ok", "the child took the parent's warm file, or read wrong bytes")
+        self.assertIs(self.warm()[SERIES[1]], warm, "the parent's warm file went")
+
     def test_off(self):
         with mock.patch.dict(os.environ, {hook_next.NEXT_ENV: "0"}):
             self.loop(SERIES[0])
