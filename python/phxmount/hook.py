@@ -142,7 +142,8 @@ class HookedFile(Routed):
         starts its own (start(g): warm or warm_whole), hook_next."""
         if not self._warmed:
             self._warmed = True
-            warm_next(self.path, self._args, self._kwargs, _open_warm, start)
+            warm_next(self.path, self._args, self._kwargs, _open_warm, start,
+                      lambda p: any(g.path == p and not g._closed for g in hook_spec.open_files.live()))
 
     def warm(self, dev: int) -> None:
         """Starts the first window of reads ahead, from the first key, as

@@ -173,13 +173,16 @@ def _drop(w: Warm) -> None:
         pass
 
 
-def warm_next(path: str, args: tuple, kwargs: dict, open_file: Callable, start: Callable) -> None:
+def warm_next(path: str, args: tuple, kwargs: dict, open_file: Callable, start: Callable,
+              is_open: Callable[[str], bool]) -> None:
     """The file at path (opened with args and kwargs) has started its last
     reads: the next file of its series, opened by open_file(args, kwargs)
     with the same arguments, starts its first reads (start(f)) and waits
-    for the caller's claim."""
+    for the caller's claim; not where is_open(next) says the caller has it
+    open already (a loader that opens every file first would never claim
+    it, and its reads would only compete with the caller's)."""
     nxt = next_in_series(path) if next_enabled() else None
-    if nxt is not None:
+    if nxt is not None and not is_open(nxt):
         a, kw = with_filename(args, kwargs, nxt)
         next_files.offer(nxt, lambda: open_file(a, kw), start)
 

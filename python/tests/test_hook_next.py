@@ -158,6 +158,19 @@ class NextFileTest(HookedCase):
         self.assertEqual(self.warm(), {})
         self.assertEqual(hook.report.files, 1, "the unclaimed file was counted")
 
+    def test_not_a_file_the_caller_has_open(self):
+        # A loader that opens every file first and reads them one by one:
+        # no second object of a file it holds (it would never be claimed).
+        fs = [self.fake.safe_open(self.m.path(n), "pt") for n in SERIES]
+        try:
+            for f, name in zip(fs, SERIES):
+                for k in f.keys():
+                    self.assertEqual(bytes(f.get_tensor(k)), self.series[name][k].tobytes(), f"{name}: {k}")
+                self.assertEqual(self.warm(), {}, f"{name}: a file the caller has open was warmed")
+        finally:
+            for f in fs:
+                f.__exit__(None, None, None)
+
     def test_a_forked_child_opens_its_own(self):
         self.loop(SERIES[0])
         warm = self.warm()[SERIES[1]]
