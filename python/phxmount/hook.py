@@ -145,6 +145,10 @@ class HookedFile(Routed):
             warm_next(self.path, self._args, self._kwargs, _open_warm, start,
                       lambda p: any(g.path == p and not g._closed for g in hook_spec.open_files.live()))
 
+    def warm_slices(self, dev: int) -> None:
+        """Starts the guessed slices of the first keys onto dev (hook_next)."""
+        self._guesses.first(self._reader(dev), dev, self._starts, self._ahead)
+
     def warm(self, dev: int) -> None:
         """Starts the first window of reads ahead, from the first key, as
         the caller's first get_tensor would (hook_next)."""
@@ -253,7 +257,10 @@ class HookedFile(Routed):
             # transformers binds it asks with [...], from a pool of
             # threads): that read, its plan made once, no slice guessed.
             return self._gpu(info, None, dev, None)
-        return self._gpu(info, (None,) if index is None else index, dev, had)  # [None]: a new axis
+        t = self._gpu(info, (None,) if index is None else index, dev, had)  # [None]: a new axis
+        if not self._warmed and index is not None and 2 * self._guesses.index[info.name] >= len(self._sorted):
+            self._warm_next(lambda g: g.warm_slices(dev))  # half way: the roles' slices are known
+        return t
 
     def _take(self, name: str) -> Optional[Held]:
         """What was read ahead for name: the caller's now (or dropped)."""

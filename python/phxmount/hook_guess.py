@@ -96,7 +96,20 @@ class Guesses:
             if rl in self.roles and self.roles[rl] is None:
                 return
             self.roles[rl] = (shape, index)
-            items = self._candidates(name, dev, starts, ahead)
+            items = self._candidates(self.index[name] + 1, dev, starts, ahead)
+        self._start(reader, dev, items, ahead)
+
+    def first(self, reader, dev: int, starts: Starts, ahead: Ahead) -> None:
+        """Starts the guesses of the first keys onto dev before any was
+        asked for (a warm file, hook_next): the slices the files before
+        taught (slices_seen), as many as the window has room for."""
+        with self.lock:
+            items = self._candidates(0, dev, starts, ahead)
+        self._start(reader, dev, items, ahead)
+
+    def _start(self, reader, dev: int, items: list, ahead: Ahead) -> None:
+        """Plans each (key, index) of items, and starts those still wanted
+        that fit the window."""
         plans, room = [], ahead.room()
         for k, idx in items:
             try:
@@ -117,14 +130,13 @@ class Guesses:
             if plans:  # under the lock: a request that takes a guess finds it started
                 reader.prefetch_planned(plans, flush_bytes=GUESS_TASK)
 
-    def _candidates(self, name: str, dev: int, starts: Starts, ahead: Ahead) -> list:
-        """(key, index) of the keys after name whose slices can be guessed,
-        each marked as being planned. Under the lock."""
-        i = self.index[name]
+    def _candidates(self, i: int, dev: int, starts: Starts, ahead: Ahead) -> list:
+        """(key, index) of the keys from the i-th on whose slices can be
+        guessed, each marked as being planned. Under the lock."""
         items = []
         started, deferred = starts.of(dev)
         held = ahead.held
-        for k in self.keys[i + 1:i + 1 + SLICE_SCAN]:
+        for k in self.keys[i:i + SLICE_SCAN]:
             if k in held or k in self.planning or k in self.asked or k in started or k in deferred:
                 continue
             kr, ks = self.role_of[k], self.shape_of[k]

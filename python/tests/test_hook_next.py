@@ -115,6 +115,26 @@ class NextFileTest(HookedCase):
                     self.assertTrue(ahead._whole, "the next file was not started whole")
         self.assertEqual(hook.report.files, 3)
 
+    def test_a_slice_loop_gets_the_next_file_guessed(self):
+        # vLLM's get_slice loop: the rank's slice of every key; half way
+        # through a file the next one's first slices start.
+        rank = {"attn.q.weight": (slice(16, 32),), "attn.o.weight": (slice(None), slice(64, 128))}
+        ahead = None
+        for name in SERIES:
+            with self.fake.safe_open(self.m.path(name), "pt") as f:
+                if ahead is not None:
+                    self.assertIs(f, ahead, f"{name}: the warm file was not handed")
+                    self.assertTrue([h for h in f._ahead.held.values() if h.kind == "guess"],
+                                    f"{name}: no slice of it was guessed ahead")
+                for k in f.keys():
+                    idx = rank.get(k.split(".", 3)[3], Ellipsis)
+                    got = f.get_slice(k)[idx]
+                    self.assertEqual(bytes(got), self.series[name][k][idx].tobytes(), f"{name}: {k}")
+                ahead = self.warm().get(SERIES[SERIES.index(name) + 1]) if name != SERIES[-1] else None
+                if name != SERIES[-1]:
+                    self.assertIsNotNone(ahead, f"{name}: its next file did not start")
+        self.assertEqual(hook.report.opened_ahead, 2)
+
     def test_a_changed_file_is_opened_anew(self):
         self.loop(SERIES[0])
         warm = self.warm()[SERIES[1]]
