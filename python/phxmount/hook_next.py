@@ -9,11 +9,16 @@ loop's own speed with nothing in flight, and the next file's reads begin
 only when the caller opens it: run 58's MoE engines' loop had no read in
 flight for 119 ms of its 366, most of it at the files' ends and opens.
 
-So once a file's read-ahead holds its last key, the hook opens the next
-file of its series (the same name with the next number, where it exists)
-with the caller's own arguments and starts its first window (warm); the
-caller's safe_open of that file with equal arguments gets that object
-(claim), and its read-ahead goes on from there. What the hook read is
+So once a file's reads near their end, the hook opens the next file of its
+series (the same name with the next number, where it exists) with the
+caller's own arguments and starts its first reads (warm): when get_tensor's
+read-ahead holds the last key (the next file's first window), when
+get_tensors (load_file) has started the file (the next file whole), and
+when a get_slice loop is half way through the file (the next file's first
+slices, guessed as this one's). The caller's safe_open of that file with
+equal arguments gets that object (claim), and its reads go on from there.
+A file the caller has open already is not warmed (a loader that opens
+every file first would never claim it). What the hook read is
 the file's bytes where the caller asks for them: a warm file is handed
 only while its path still names the file the hook opened, unchanged
 (device, inode, size, modification and change times), else it is closed
@@ -22,7 +27,9 @@ and the caller's open is an ordinary one. A warm file nobody claims
 safe_open of any other file, or CLAIM_WITHIN seconds after the file that
 warmed it was closed. Each file's read-ahead holds up to its window
 (PHXMOUNT_HOOK_WINDOW): while one is warm, two windows' worth may be in
-device memory. PHXMOUNT_HOOK_NEXT=0 turns this off. No torch.
+device memory (for load_file, the next file's tensors, which its own
+load_file allocates in any case). A child made by fork forgets its
+parent's warm files. PHXMOUNT_HOOK_NEXT=0 turns this off. No torch.
 """
 
 from __future__ import annotations
