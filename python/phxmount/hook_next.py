@@ -125,13 +125,15 @@ class NextFiles:
         ident = identity(path)
         if ident is None:
             return
-        f = open_it()
-        if f is None:
-            return
+        f = None
         try:
+            f = open_it()
+            if f is None:
+                return
             start(f)
-        except Exception as e:  # noqa: BLE001: the caller's own open reads it, the ordinary way
-            f.discard()
+        except Exception as e:  # noqa: BLE001: the caller's own open reads it (or fails) the ordinary way
+            if f is not None:
+                f.discard()
             report.say(f"next {e.__class__.__name__}", f"{path}: not started ahead of its open ({e}); "
                                                         "it is read when opened")
             return

@@ -212,6 +212,21 @@ class NextFileTest(HookedCase):
         self.assertEqual(got, b"ok", "the child took the parent's warm file, or read wrong bytes")
         self.assertIs(self.warm()[SERIES[1]], warm, "the parent's warm file went")
 
+    def test_a_next_file_it_cannot_open_is_left_to_the_caller(self):
+        # Not a safetensors file: the loop over the file before goes on;
+        # the caller's own open of it says what safetensors says.
+        bad = ["bad-00001-of-00002.safetensors", "bad-00002-of-00002.safetensors"]
+        p = os.path.join(self.m.backing, bad[0])
+        _, ts = make_file(p, seed=5, specs=LAYERS)
+        self.series[bad[0]] = {k: as_array(*v) for k, v in ts.items()}
+        with open(os.path.join(self.m.backing, bad[1]), "wb") as f:
+            f.write(b"\xff" * 64)
+        for n in bad:
+            self.addCleanup(os.unlink, os.path.join(self.m.backing, n))
+        self.loop(bad[0])
+        self.assertEqual(self.warm(), {})
+        self.assertIn("not started ahead of its open", self.err.getvalue())
+
     def test_off(self):
         with mock.patch.dict(os.environ, {hook_next.NEXT_ENV: "0"}):
             self.loop(SERIES[0])
