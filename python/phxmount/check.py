@@ -25,6 +25,7 @@ from typing import List, Optional, TextIO, Tuple
 
 from .availability import available
 from .hook_defer import DEFER_ENV, defer_enabled
+from .hook_next import NEXT_ENV, next_enabled
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, describe, parse_mode, task, window
 from .hook_spec import SPECULATE_ENV, speculate_enabled
 from .hook_route import FUSE_SUPER_MAGIC, Call, Installed, decide, statfs_type
@@ -164,7 +165,8 @@ def report(paths: List[str], device: int, out: TextIO) -> int:
     print(f"  phxmount.hook is {'active' if active else 'not imported'} in this interpreter; window "
           f"{window()} bytes a file ({WINDOW_ENV}), tasks of {task() or 'the reader default'} "
           f"({TASK_ENV}); get_tensor's deferral {'on' if defer_enabled() else 'off'} ({DEFER_ENV}); "
-          f"whole files ahead of a loader's binds {'on' if speculate_enabled() else 'off'} ({SPECULATE_ENV})",
+          f"whole files ahead of a loader's binds {'on' if speculate_enabled() else 'off'} ({SPECULATE_ENV}); "
+          f"the next file of a series started before its open {'on' if next_enabled() else 'off'} ({NEXT_ENV})",
           file=out)
     seen = mounts()
     print(f"mounts ({FSTYPE} in /proc/self/mountinfo): " + ("none" if not seen else str(len(seen))), file=out)

@@ -61,9 +61,11 @@ class UsageTest(unittest.TestCase):
         for line in ("torch: not installed", "mode: PHXMOUNT_HOOK unset: off", "phxmount.hook is not imported"):
             self.assertIn(line, r.stdout)
         self.assertIn("get_tensor's deferral on (PHXMOUNT_HOOK_DEFER); whole files ahead of a loader's binds on "
-                      "(PHXMOUNT_HOOK_SPECULATE)", r.stdout)
-        r = run_check([], PHXMOUNT_HOOK_DEFER="0", PHXMOUNT_HOOK_SPECULATE="off")
-        self.assertIn("deferral off (PHXMOUNT_HOOK_DEFER); whole files ahead of a loader's binds off", r.stdout)
+                      "(PHXMOUNT_HOOK_SPECULATE); the next file of a series started before its open on "
+                      "(PHXMOUNT_HOOK_NEXT)", r.stdout)
+        r = run_check([], PHXMOUNT_HOOK_DEFER="0", PHXMOUNT_HOOK_SPECULATE="off", PHXMOUNT_HOOK_NEXT="0")
+        self.assertIn("deferral off (PHXMOUNT_HOOK_DEFER); whole files ahead of a loader's binds off "
+                      "(PHXMOUNT_HOOK_SPECULATE); the next file of a series started before its open off", r.stdout)
         r = run_check(["check"], PHXMOUNT_HOOK="gpu")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("PHXMOUNT_HOOK='gpu': want 0, 1 (auto), cuda or cuda:N: the hook is off", r.stdout)
