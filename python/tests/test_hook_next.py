@@ -6,6 +6,7 @@ caller that moves on or stops, and PHXMOUNT_HOOK_NEXT=0 get an ordinary
 open (the warm file closed)."""
 
 import os
+import signal
 import time
 import unittest
 from unittest import mock
@@ -197,6 +198,7 @@ class NextFileTest(HookedCase):
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: no warm file of the parent's, and its open reads the file itself
+            signal.alarm(20)  # a child stuck on a lock held at the fork dies: the test fails, not hangs
             try:
                 with self.fake.safe_open(self.m.path(SERIES[1]), "pt") as f:
                     k = f.keys()[0]
