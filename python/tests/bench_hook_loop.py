@@ -11,6 +11,12 @@ same mount, readers and page cache (hot: each side runs several times
 first). The ratio is what the hook's guessing, planning and waiting cost
 over the bytes themselves.
 
+Then the engines' default loop (get_tensor of every key, whole) over a
+MoE-shaped series of two files (one tensor per expert matrix, hundreds of
+small tensors a file), against the same tensors read as one plan a file:
+what a get_tensor costs over its bytes, per tensor (the hook's read-ahead,
+hand-over and next-file start included).
+
 The emulated device's memory is one memfd registered once, carved up per
 request, standing in for torch's caching allocator (the tests' EmuBackend
 registers every allocation, which would dominate). Not a GPU figure: the
@@ -144,13 +150,33 @@ class Bench:
         known.forget()
         return secs, per
 
-    def bulk(self):
-        """The same slices, one plan a file started at once, no hook."""
+    def engine(self):
+        """The engines' loop, hooked, as a fresh process would run it: its
+        seconds (get_tensor of every key in order, each file opened and
+        closed inside the clock)."""
+        hook.install(hook.Mode(True, "cuda:0"))
+        stands_in = Availability(True, "the emulated device stands in for cuda:0", on_mount=True, transport="staged")
+        known._answers[(os.stat(self.files[0]).st_dev, 0)] = stands_in
+        t0 = time.perf_counter()
+        for p in self.files:
+            with self.fake.safe_open(p, "pt") as f:
+                for k in f.keys():
+                    f.get_tensor(k)
+        secs = time.perf_counter() - t0
+        hook.closing.drain()
+        hook.uninstall()
+        known.forget()
+        return secs
+
+    def bulk(self, index=None):
+        """The same slices (index(name, shape); default the rank's), one
+        plan a file started at once, no hook."""
+        index = index or rank_index
         t0 = time.perf_counter()
         for p in self.files:
             r = self.open_reader(p, 0)
             ts = r.fetcher.header.tensors
-            plans = [r.fetcher.plan(t.name, rank_index(t.name, tuple(t.shape))) for t in ts]
+            plans = [r.fetcher.plan(t.name, index(t.name, tuple(t.shape))) for t in ts]
             for x in r.fetcher.start(plans):
                 x.result()
             r.close()
@@ -207,12 +233,46 @@ def main():
               f"({statistics.median(w[0] for w in waits):.0f} over 0.5 ms), second file's "
               f"{statistics.median(s[1] for s in sums) * 1e3:.1f} ms ({statistics.median(w[1] for w in waits):.0f})")
         print(f"  a get_slice call, median: {served * 1e6:.0f} us")
+        b.close()
+        b = engine_rows(backing, m, args.reps)
     finally:
         if b is not None:
             b.close()
         m.close()
         shutil.rmtree(work)
     return 0
+
+
+def moe(layers=4, experts=32, hidden=256, inter=512):
+    """(name, dtype, shape) of a MoE's expert matrices, one tensor each."""
+    return [(f"model.layers.{i}.mlp.experts.{e}.{w}.weight", "BF16", shape)
+            for i in range(layers) for e in range(experts)
+            for w, shape in (("down_proj", (hidden, inter)), ("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)))]
+
+
+def engine_rows(backing, m, reps):
+    """The engines' loop over a two-file series against the bulk read of
+    the same tensors, interleaved; prints the rows; returns its Bench."""
+    specs = moe()
+    half = len(specs) // 2
+    names = ["moe-00001-of-00002.safetensors", "moe-00002-of-00002.safetensors"]
+    make_file(os.path.join(backing, names[0]), seed=3, specs=specs[:half])
+    make_file(os.path.join(backing, names[1]), seed=4, specs=specs[half:])
+    b = Bench([m.path(n) for n in names])
+    whole = lambda name, shape: None  # noqa: E731
+    for _ in range(3):
+        b.bulk(whole), b.engine()
+    bulk, loops = [], []
+    for _ in range(reps):
+        bulk.append(b.bulk(whole))
+        loops.append(b.engine())
+    nb, nl = statistics.median(bulk), statistics.median(loops)
+    print(f"engines' loop: {len(specs)} expert tensors of {specs[0][2]} BF16 in 2 files (a series), "
+          f"medians of {reps}")
+    print(f"  bulk (every tensor, one plan a file, no hook): {nb * 1e3:.1f} ms")
+    print(f"  hooked engines' loop (get_tensor in key order): {nl * 1e3:.1f} ms = {nl / nb:.2f}x the bulk read, "
+          f"{(nl - nb) / len(specs) * 1e6:.0f} us a tensor over it")
+    return b
 
 
 if __name__ == "__main__":
