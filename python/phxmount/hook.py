@@ -353,7 +353,7 @@ def _open(inst: Installed, args: tuple, kwargs: dict) -> Optional[HookedFile]:
         return None  # the installed safe_open refuses the call: its own error
     r = decide(dataclasses.replace(call, others=()), _mode, "transformers" in sys.modules)
     if not r.serve:
-        next_files.claim(None, None)  # the caller moved on: a warm file is nobody's
+        next_files.forget()  # the caller moved on: a warm file is nobody's
         return None
     warm = next_files.claim(os.fspath(call.filename), call_key(args, kwargs, r.device))
     if warm is not None:

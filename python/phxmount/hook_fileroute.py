@@ -11,6 +11,7 @@ from typing import Optional
 from .hook_env import cuda_index
 from .hook_report import report
 from .hook_route import stock_attr
+from .stformat import TensorInfo
 
 
 class Routed:

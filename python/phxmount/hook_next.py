@@ -68,28 +68,28 @@ def next_in_series(path: str) -> Optional[str]:
     return os.path.join(d, nxt)
 
 
-def identity(path_or_fd) -> Optional[tuple]:
+def identity(path: str) -> Optional[tuple]:
     """What makes a file the same file: device, inode, size, mtime, ctime
     (None: it cannot be stat'ed)."""
     try:
-        st = os.stat(path_or_fd)
+        st = os.stat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 class Warm:
-    """One warm file: the hooked file, the arguments it was opened with,
-    and the identity of what its path named then."""
+    """One warm file: the hooked file (its key: the arguments a claim
+    must give) and the identity of what its path named then."""
 
-    def __init__(self, f, key: tuple, ident: tuple):
-        self.f, self.key, self.ident = f, key, ident
+    def __init__(self, f, ident: tuple):
+        self.f, self.ident = f, ident
         self.timer: Optional[threading.Timer] = None
 
 
 class NextFiles:
-    """The process's warm files, by path (at most one a device at a time:
-    an engine's loop is on one file at once)."""
+    """The process's warm files, by path (at most one at a time: an
+    engine's loop is on one file at once)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -109,7 +109,7 @@ class NextFiles:
             return None
         if w.timer is not None:
             w.timer.cancel()
-        if w.key != key or identity(path) != w.ident:
+        if w.f.key != key or identity(path) != w.ident:
             _drop(w)
             return None
         return w.f
@@ -142,7 +142,7 @@ class NextFiles:
                 busy = True
             else:
                 busy = False
-                self.warm[path] = Warm(f, f.key, ident)
+                self.warm[path] = Warm(f, ident)
         if busy:
             f.discard()
 
@@ -166,7 +166,8 @@ class NextFiles:
         _drop(w)
 
     def forget(self) -> None:
-        """Closes every warm file (the hook's uninstall)."""
+        """Closes every warm file (a caller that opens a file phxmount does
+        not serve has moved on; the hook's uninstall)."""
         with self.lock:
             ws, self.warm = list(self.warm.values()), {}
         for w in ws:

@@ -53,14 +53,12 @@ class NextFileTest(HookedCase):
         self.use(self.real, hook.Mode(True, "cuda:0"))  # get_tensor on the cpu lands on "cuda:0": the emu device
         self.gpu_ok()
 
-    def loop(self, name, check=True, **kw):
-        """The engines' loop over one file: every key with get_tensor;
-        returns the hooked file."""
-        with self.fake.safe_open(self.m.path(name), "pt", **kw) as f:
+    def loop(self, name):
+        """The engines' loop over one file: every key with get_tensor, its
+        bytes checked; returns the hooked file."""
+        with self.fake.safe_open(self.m.path(name), "pt") as f:
             for k in f.keys():
-                t = f.get_tensor(k)
-                if check:
-                    self.assertEqual(bytes(t), self.series[name][k].tobytes(), f"{name}: {k}")
+                self.assertEqual(bytes(f.get_tensor(k)), self.series[name][k].tobytes(), f"{name}: {k}")
         return f
 
     def warm(self):

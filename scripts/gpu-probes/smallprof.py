@@ -225,13 +225,14 @@ def main():
     m0 = torch.cuda.memory_stats()
     pr = cProfile.Profile() if prof else None
     # PHXPROF_TIMELINE=1: the fp case's timeline for any case
-    if os.environ.get("PHXPROF_TIMELINE") and case != "fp":
+    timed = bool(os.environ.get("PHXPROF_TIMELINE")) and case != "fp"
+    if timed:
         timeline()
     t0 = time.perf_counter()
     if pr:
         pr.enable()
     got, secs = run(case, d)
-    if os.environ.get("PHXPROF_TIMELINE") and case != "fp":
+    if timed:
         TIMELINE.update(timeline_summary(t0))
     if pr:
         pr.disable()
