@@ -88,8 +88,11 @@ func (n *node) child(ctx context.Context, fd int, st *unix.Stat_t, out *fuse.Ent
 	} else {
 		ch = &node{fsys: f, fd: fd, id: id, pol: pol}
 		f.nodes[id] = ch
-		f.indexHandle(ch)
 		n.NewInode(ctx, ch, fs.StableAttr{Mode: st.Mode & unix.S_IFMT, Ino: out.Attr.Ino, Gen: st.Dev})
+		// Published to the watcher only once its inode is made: an event
+		// found it by handle and read its children while NewInode was
+		// still initializing them (a data race under -race).
+		f.indexHandle(ch)
 		f.countNode()
 	}
 	f.tick++
