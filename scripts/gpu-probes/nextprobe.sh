@@ -3,7 +3,8 @@
 # hooked narrow loop and get_slice loop at world 8 (Qwen2), the MoE engines' loop and the MoE
 # load_file, one fresh process each, with smallprof's tallies and timeline
 # (PHXPROF_TIMELINE=1: reads in flight over the loop) and the hook's
-# opened_ahead; no stock side (the issue27 rows have it). ~45 s.
+# opened_ahead; no stock side (the issue27 rows have it); torchcost.py's
+# per-call costs of torch first. ~55 s.
 set -u
 W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt "$OUT"
 T0=$(date +%s)
@@ -14,7 +15,8 @@ cat $C/*/*.safetensors > /dev/null
 D=$!
 ./.devcarry/phxmount wait --timeout 10 $W/mnt >> $OUT/daemon.log 2>&1 || { echo "no mount"; exit 1; }
 Q=$(basename "$(ls -d $C/qwen2-* | head -1)"); M=$(basename "$(ls -d $C/moe-* | head -1)")
-for c in narrow8:$Q slice8:$Q engine:$M load_file:$M narrow8:$Q engine:$M; do
+python3 scripts/gpu-probes/torchcost.py > $OUT/torchcost.txt 2>&1
+for c in narrow8:$Q slice8:$Q engine:$M load_file:$M narrow8:$Q engine:$M engine_floor:$M; do
 	echo "== ${c%%:*}"
 	env PHXMOUNT_HOOK=cuda:0 PHXPROF_TIMELINE=1 timeout 30 python3 scripts/gpu-probes/smallprof.py ${c%%:*} $W/mnt/ckpt27/${c##*:} 2>&1 | tail -c 12000
 done > $OUT/probe.txt
