@@ -133,9 +133,16 @@ class HookedFile(Routed):
         if t is None:
             self.defer(dev, name)
         self._regions.ahead_of(name, dev, src)
-        if not self._warmed and self._read_ahead.reached_end():
-            self._warm_next(lambda g: g.warm(dev))
-        return t if t is not None else self._gpu(info, None, dev, had)
+        # The next file starts once this one's reads have (the deferred
+        # start below, in _gpu): its first window must not go ahead of the
+        # keys this caller waits for.
+        warm = None if self._warmed or not self._read_ahead.reached_end() else (
+            lambda: self._warm_next(lambda g: g.warm(dev)))
+        if t is not None:
+            if warm is not None:
+                warm()
+            return t
+        return self._gpu(info, None, dev, had, warm)
 
     def _warm_next(self, start: Callable) -> None:
         """This file's last reads started: the next file of its series
@@ -268,11 +275,12 @@ class HookedFile(Routed):
             self._guesses.asking(name)
             return self._ahead.take(name)
 
-    def _gpu(self, info: TensorInfo, index, dev: int, had: Optional[Held]):
+    def _gpu(self, info: TensorInfo, index, dev: int, had: Optional[Held], started: Optional[Callable] = None):
         """info[index] on dev through phxmount (had: what was read ahead for
-        it); the real safetensors (and a copy to dev) where phxmount cannot,
-        and for an index phxmount's planner does not take (safetensors' own
-        answer, or its error)."""
+        it; started(), when given, runs once its read and those deferred
+        are under way); the real safetensors (and a copy to dev) where
+        phxmount cannot, and for an index phxmount's planner does not take
+        (safetensors' own answer, or its error)."""
         report.asked()
         try:
             reader = self._reader(dev)
@@ -292,7 +300,7 @@ class HookedFile(Routed):
             for g in hook_spec.open_files.bound_to(dev):  # the other files' bound tensors, after this one's
                 if g is not self:
                     g.start_deferred(dev)
-            then = None if index is None else (
+            then = started if index is None else (
                 lambda: self._guesses.after(reader, plan, index, dev, had, self._starts, self._ahead))
             t, at = reader.get_planned_at(plan, then)
         except Exception as e:  # noqa: BLE001

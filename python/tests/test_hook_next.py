@@ -88,6 +88,24 @@ class NextFileTest(HookedCase):
         self.assertEqual(hook.report.opened_ahead, 2)
         self.assertIn("2 file(s) started before they were opened", hook.report.summary())
 
+    def test_the_next_file_starts_after_this_ones_reads(self):
+        # A file the window holds whole: its first get_tensor reaches the
+        # last key, and the next file's first window must not go to the
+        # daemon ahead of the keys this caller waits for.
+        from phxmount import batchio
+        order, real_submit = [], batchio._Submitter.submit
+
+        def submit(sub, cols, keep=None, urgent=False):
+            order.append(os.path.basename(sub.path))
+            return real_submit(sub, cols, keep, urgent)
+        with mock.patch.object(batchio._Submitter, "submit", submit):
+            with self.fake.safe_open(self.m.path(SERIES[0]), "pt") as f:
+                k = f.keys()[0]
+                self.assertEqual(bytes(f.get_tensor(k)), self.series[SERIES[0]][k].tobytes())
+                self.assertEqual(list(self.warm()), [SERIES[1]], "the next file did not start")
+                self.assertEqual(order[0], SERIES[0], "the next file's reads went first")
+                self.assertIn(SERIES[1], order, "nothing of the next file was read")
+
     def test_a_failed_start_is_said(self):
         def refuse(f, dev):
             raise OSError(5, "refused")
