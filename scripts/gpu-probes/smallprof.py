@@ -52,7 +52,7 @@ def instrument():
         print("no hook modules:", e)
         return
     for owner, names in ((regcache.RegCache, ("get", "prune")),
-                         (fetch.Fetcher, ("plan", "start")),
+                         (fetch.Fetcher, ("plan", "start", "calibrate")),
                          (fetch.Pending, ("result",)),
                          (hook.HookedFile, ("get_tensor", "_gpu", "_take", "read_slice", "_in_place", "_ahead_of",
                                             "__init__", "_close", "_whole_file", "_reader")),
@@ -66,7 +66,9 @@ def instrument():
     wrap(deferred, "make", "deferred.make")
     for n in ("_open", "_open_reader", "read_header"):  # a file's open: each looked up by name in hook
         wrap(hook, n, f"hook.{n}")
-    wrap(hook_defer.RegionReads, "start", "RegionReads.start")
+    for n in ("start", "ahead_of", "_planned", "make"):
+        wrap(hook_defer.RegionReads, n, f"RegionReads.{n}")
+    wrap(torch, "empty", "torch.empty")  # the hook's allocations (looked up on the module at each call)
     orig = hook_defer.Source._fill_elsewhere
 
     def elsewhere(src, dest, regions):
