@@ -48,7 +48,9 @@ class _Submitter:
         self._lock = threading.Lock()
         self._fd = fd  # not yet wrapped in a handle
         self._h = None
-        self._live: List[cf.Future] = []
+        # Requests not finished yet (each leaves at its end: a KV client
+        # queues hundreds, and a scan per submit made queueing quadratic).
+        self._live: set = set()
         self._urgent: Optional[cf.ThreadPoolExecutor] = None  # made at the first urgent task
         self.calls = 0  # ioctls (or preads) issued
         self.closed = False
@@ -92,9 +94,13 @@ class _Submitter:
         pool = self._urgent_pool() if urgent else self._pool
         fut = pool.submit(self._run_holding, cols, keep)
         with self._lock:
-            self._live = [f for f in self._live if not f.done()]
-            self._live.append(fut)
+            self._live.add(fut)
+        fut.add_done_callback(self._finished)  # (at once when it is done already)
         return fut
+
+    def _finished(self, fut: cf.Future) -> None:
+        with self._lock:
+            self._live.discard(fut)
 
     def _urgent_pool(self) -> cf.ThreadPoolExecutor:
         with self._lock:

@@ -147,3 +147,23 @@ class UrgentTest(unittest.TestCase):
         for urgent in (False, True):
             with self.assertRaises(RuntimeError):
                 io.submit(one, urgent=urgent)
+
+
+class LiveTest(unittest.TestCase):
+    def test_a_finished_request_is_not_kept(self):
+        # close() waits for the requests still in flight; a finished one
+        # leaves that set at its end, not at some later submit (a scan of
+        # every request queued at each submit made queueing hundreds
+        # quadratic).
+        io = FakeIO(True)
+        io.rec = Gated()
+        two = Cols()
+        for k in range(2):
+            two.add(1, k * 10, 10, k * 10)
+        futs = [io.submit(two) for _ in range(50)]  # (Gated holds a task of more than one extent)
+        self.assertEqual(len(io._live), 50)
+        io.rec.gate.set()
+        for f in futs:
+            f.result(5)
+        self.assertEqual(len(io._live), 0, "finished requests are still held")
+        io.close()
