@@ -358,7 +358,8 @@ class Run:
              p(2 * nw * R, nw * R * q2, nw * R * q2 / 4, compare=nw * q2), self.tp),
             ("8 rank processes at once (dense20)", 2.5 * STARTUP_S + (2 + 1) * size["dense20"] / (STOCK_GBPS * GB),
              self.procs8),
-            ("KV blocks (gpu_kv.py)", 25 if not self.a.quick else 8, self.kv),
+            # 81 s on run 60's H100, most of it the two write sides at 16 KiB (0.3 GB/s each)
+            ("KV blocks (gpu_kv.py)", 80 if not self.a.quick else 8, self.kv),
             ("qwen2: a hooked from_pretrained against stock's (biases, tied head, F32 norms)",
              p(1, q2, q2, True), self.qwen2_check),
             # Last: a from_pretrained process costs 17-20 s (run 34).
