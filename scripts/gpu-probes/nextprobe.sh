@@ -4,7 +4,8 @@
 # load_file, one fresh process each, with smallprof's tallies and timeline
 # (PHXPROF_TIMELINE=1: reads in flight over the loop) and the hook's
 # opened_ahead; no stock side (the issue27 rows have it); torchcost.py's
-# per-call costs of torch first. ~55 s.
+# per-call costs of torch first; the engines' and world-8 loops again with
+# a 0.2 ms switch interval. ~65 s.
 set -u
 W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt "$OUT"
 T0=$(date +%s)
@@ -20,6 +21,14 @@ for c in narrow8:$Q slice8:$Q engine:$M load_file:$M narrow8:$Q engine:$M engine
 	echo "== ${c%%:*}"
 	env PHXMOUNT_HOOK=cuda:0 PHXPROF_TIMELINE=1 timeout 30 python3 scripts/gpu-probes/smallprof.py ${c%%:*} $W/mnt/ckpt27/${c##*:} 2>&1 | tail -c 12000
 done > $OUT/probe.txt
+# The interpreter's lock: the engines' loop and the world-8 loop with a
+# 0.2 ms switch interval (default 5 ms). If the I/O threads wait for the
+# lock behind the loop's main thread (each torch call gives it up and
+# takes it back), the loops run faster here.
+for c in engine:$M narrow8:$Q; do
+	echo "== ${c%%:*} switch 0.0002"
+	env PHXMOUNT_HOOK=cuda:0 PHXPROF_SWITCH=0.0002 timeout 30 python3 scripts/gpu-probes/smallprof.py ${c%%:*} $W/mnt/ckpt27/${c##*:} 2>&1 | tail -c 4000
+done >> $OUT/probe.txt
 umount $W/mnt; wait $D
 python3 - $OUT/probe.txt <<'PY'
 import json, sys
