@@ -20,7 +20,7 @@ whatever phxmount does not serve of it reaches the real object (get_slice's
 answer: hook_slice). Below it:
 what starts together (hook_plan), get_tensor's read-ahead (hook_ahead),
 get_slice's guesses (hook_guess), sharing PHXMOUNT_HOOK_WINDOW bytes a
-file. Nothing fails where safetensors would have worked: whatever phxmount
+file, and the next file of a series started ahead of its open (hook_next). Nothing fails where safetensors would have worked: whatever phxmount
 cannot do is done by the real safetensors, with what the file read ahead
 released, and said once on stderr; at exit the hook says what it did.
 """
@@ -42,13 +42,13 @@ from .hook_fileroute import Routed
 from .hook_env import ENV, TASK_ENV, WINDOW_ENV, Mode, cuda_index, describe, parse_mode, task, window
 from .hook_guess import GUESS_TASK, Guesses, guessed_plan, slices_seen
 from .hook_import import Patcher, patch_spawn, unpatch_spawn
-from .hook_next import call_key, next_files, warm_next
+from .hook_next import Warming, call_key, next_files
 from .hook_plan import Ahead, Held, Starts
 from .hook_report import Report, report
 from .hook_route import Call, Installed, Stock, decide, if_installed, mounts, served_index
 from . import hook_spec
 from .hook_slice import HookedSlice
-from .hook_whole import read_whole, start_whole
+from .hook_whole import read_whole
 from .stformat import Header, TensorInfo, read_header
 from .slicing import selects_whole
 
@@ -56,7 +56,7 @@ __all__ = ["cuda_index", "safe_open", "install", "uninstall", "install_from_env"
            "report", "Report", "closing", "mounts", "slices_seen", "uses_seen", "describe", "ENV", "WINDOW_ENV", "TASK_ENV", "GUESS_TASK"]
 
 
-class HookedFile(Routed):
+class HookedFile(Routed, Warming):
     """What the hooked safe_open returns for a file on a phxmount mount: the
     interface of the installed safetensors' safe_open, thread-safe, with
     the GPU reads through phxmount (torch_load.open_reader, one per device)
@@ -133,41 +133,15 @@ class HookedFile(Routed):
         if t is None:
             self.defer(dev, name)
         self._regions.ahead_of(name, dev, src)
-        # The next file starts once this one's reads have (the deferred
-        # start below, in _gpu): its first window must not go ahead of the
-        # keys this caller waits for.
-        warm = None if self._warmed or not self._read_ahead.reached_end() else (
-            lambda: self._warm_next(lambda g: g.warm(dev)))
-        if t is not None:
-            if warm is not None:
-                warm()
-            return t
-        return self._gpu(info, None, dev, had, warm)
+        if t is None:  # the next file starts once this one's reads have (hook_next)
+            return self._gpu(info, None, dev, had, lambda: self.warm_next_after_read_ahead(dev))
+        self.warm_next_after_read_ahead(dev)
+        return t
 
-    def _warm_next(self, start: Callable) -> None:
-        """This file's last reads started: the next file of its series
-        starts its own (start(g): warm or warm_whole), hook_next."""
-        if not self._warmed:
-            self._warmed = True
-            warm_next(self.path, self._args, self._kwargs, _open_warm, start,
-                      lambda p: any(g.path == p and not g._closed for g in hook_spec.open_files.live()))
-
-    def warm_slices(self, dev: int) -> None:
-        """Starts the guessed slices of the first keys onto dev (hook_next)."""
-        self._guesses.first(self._reader(dev), dev, self._starts, self._ahead)
-
-    def warm(self, dev: int) -> None:
-        """Starts the first window of reads ahead, from the first key, as
-        the caller's first get_tensor would (hook_next)."""
-        self._regions.ahead_of(None, dev, None)
-        self.start_deferred(dev)
-
-    def claimed(self) -> None:
-        """The caller opened this warm file: counted as its own from now on."""
-        with self._lock:
-            counted, self.warming = self._counted, False
-        if counted:
-            report.opened(ahead=True)
+    @staticmethod
+    def open_next(args: tuple, kwargs: dict) -> Optional["HookedFile"]:
+        """The hook's own open of the next file of a loop (hook_next)."""
+        return _open_warm(args, kwargs)
 
     @if_installed
     def get_tensors(self):
@@ -189,12 +163,6 @@ class HookedFile(Routed):
         started whole as a warm file (pends): hook_whole.read_whole; the
         next file of its series starts once this one's reads have."""
         return read_whole(self, dev, names, pends, lambda: self._warm_next(lambda g: g.warm_whole(dev)))
-
-    def warm_whole(self, dev: int) -> None:
-        """Starts every tensor onto dev, for the caller's get_tensors (hook_next)."""
-        pends = start_whole(self, dev, [t.name for t in self.header.tensors])
-        with self._lock:
-            self._whole[dev] = pends
 
     @if_installed
     def close(self) -> None:
@@ -391,6 +359,7 @@ def _open_warm(args: tuple, kwargs: dict) -> Optional[HookedFile]:
     if f is not None:
         f.warming = True
     return f
+
 
 
 def _open_reader(path: str, dev: int, availability=None, header=None, fd=None):

@@ -39,7 +39,9 @@ import re
 import threading
 from typing import Callable, Dict, Optional, Tuple
 
+from . import hook_spec
 from .hook_report import report
+from .hook_whole import start_whole
 
 NEXT_ENV = "PHXMOUNT_HOOK_NEXT"
 # A warm file not claimed this long after the file that warmed it closed
@@ -195,6 +197,53 @@ def warm_next(path: str, args: tuple, kwargs: dict, open_file: Callable, start: 
     if nxt is not None and not is_open(nxt):
         a, kw = with_filename(args, kwargs, nxt)
         next_files.offer(nxt, lambda: open_file(a, kw), start)
+
+
+class Warming:
+    """hook.HookedFile's side of a loop over a series (it holds path,
+    header, _args, _kwargs, _lock, _counted, _closed, _whole, _warmed,
+    warming, _read_ahead, _regions, _guesses, _starts, _ahead, _reader,
+    start_deferred and open_next, the hook's own open of a file)."""
+
+    def warm_next_after_read_ahead(self, dev: int) -> None:
+        """get_tensor's reads are under way: where its read-ahead holds the
+        file's last key, the next file starts its first window (warm).
+        Called once this file's own reads have started, never before: the
+        next file's window must not go to the daemon ahead of the keys
+        this caller waits for."""
+        if not self._warmed and self._read_ahead.reached_end():
+            self._warm_next(lambda g: g.warm(dev))
+
+    def _warm_next(self, start: Callable) -> None:
+        """This file's last reads started: the next file of its series
+        starts its own (start(g): warm, warm_whole or warm_slices)."""
+        if not self._warmed:
+            self._warmed = True
+            warm_next(self.path, self._args, self._kwargs, self.open_next, start,
+                      lambda p: any(g.path == p and not g._closed for g in hook_spec.open_files.live()))
+
+    def warm(self, dev: int) -> None:
+        """Starts the first window of reads ahead, from the first key, as
+        the caller's first get_tensor would."""
+        self._regions.ahead_of(None, dev, None)
+        self.start_deferred(dev)
+
+    def warm_whole(self, dev: int) -> None:
+        """Starts every tensor onto dev, for the caller's get_tensors."""
+        pends = start_whole(self, dev, [t.name for t in self.header.tensors])
+        with self._lock:
+            self._whole[dev] = pends
+
+    def warm_slices(self, dev: int) -> None:
+        """Starts the guessed slices of the first keys onto dev."""
+        self._guesses.first(self._reader(dev), dev, self._starts, self._ahead)
+
+    def claimed(self) -> None:
+        """The caller opened this warm file: counted as its own from now on."""
+        with self._lock:
+            counted, self.warming = self._counted, False
+        if counted:
+            report.opened(ahead=True)
 
 
 def call_key(args: tuple, kwargs: dict, device) -> Tuple:

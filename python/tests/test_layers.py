@@ -21,8 +21,8 @@ LAYERS = [
     ["torch_load", "torch_save"],
     ["hook_env", "hook_report", "hook_close"],
     ["hook_route", "hook_plan", "hook_import"],
-    ["hook_ahead", "hook_guess", "hook_slice", "hook_whole", "hook_spec", "hook_next", "hook_fileroute"],
-    ["hook_defer"],
+    ["hook_ahead", "hook_guess", "hook_slice", "hook_whole", "hook_spec", "hook_fileroute"],
+    ["hook_defer", "hook_next"],
     ["replicate", "hook"],
     ["check"],  # below hook in what it knows, above it so that it never imports it
     ["__init__", "__main__"],
