@@ -34,6 +34,7 @@ import gpu_hf  # noqa: E402
 import gpu_report  # noqa: E402
 import gpu_rows  # noqa: E402
 import gpu_shapes  # noqa: E402
+import shapes_rows  # noqa: E402
 import mountutil  # noqa: E402
 import shapes_children  # noqa: E402
 import tploops  # noqa: E402
@@ -1311,7 +1312,7 @@ class BarrierTest(unittest.TestCase):
         ranks[5]["barrier_error"] = "7 of 8 processes reached the barrier"
         r.res["procs8"] = {"ranks": ranks, "errors": []}
         r.res["pinned"] = {"gbps": 55.0}
-        p8 = r.procs_row("")
+        p8 = shapes_rows.procs_row(r, "")
         self.assertEqual(p8["status"], "failed")
         self.assertIn("compared beside the others' clocks", p8["missing"][0])
 

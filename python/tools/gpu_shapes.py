@@ -11,7 +11,7 @@ fresh process per repetition, stock and hooked taking turns.
     gpu_shapes.py plan [--quick] [--reps N] [--budget-s S]   the steps and their time, no GPU
 
 The processes are shapes_children.py's and tploops.py's, the rows
-shapes_rows.py's. What each row's clock holds (SPECS in gpu_rows.py names
+shapes_rows.py's. What each row's clock holds (SPECS in rowspec.py names
 the rows):
 * moe_load_file_vs_ref: safetensors.torch.load_file(f, device="cuda:0")
   of every file in turn, PHXMOUNT_HOOK=1; the CUDA context made before;
@@ -65,8 +65,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt_gen  # noqa: E402
 import gpu_rows  # noqa: E402
 from benchlib import fresh, in_threads, resident_pages, say, warm, write_json  # noqa: E402
-from gpu_rows import row  # noqa: E402
-from shapes_rows import NOT_RUN_ERROR, rate_row, span_row, time_row, hook_fails, check_fails  # noqa: E402
+import shapes_rows  # noqa: E402
+from stepbudget import Budget  # noqa: E402
+from shapes_rows import FP_REPS, NOT_RUN_ERROR, hook_fails, check_fails  # noqa: E402
 from tploops import files_of  # noqa: E402
 
 GB = 1e9
@@ -78,61 +79,7 @@ STARTUP_S = 3.5  # a fresh process: python, torch, the CUDA context (the plan's 
 # and transformers with the model's module, and building the model: run 34
 # measured 17-20 s a from_pretrained process in all (its call 0.3-2.3 s)
 HF_STARTUP_S = 15.0
-# from_pretrained's fresh processes a side: one each (a process costs
-# 17-20 s, so --reps of them would not fit one device call beside the rest)
-FP_REPS = 1
 STOCK_GBPS, HOOKED_GBPS = 5.0, 20.0  # the plan's guesses of the loads' rates
-
-
-# --- the time budget ------------------------------------------------------------------
-
-class Budget:
-    """The steps of a run and the seconds left for them: a step runs only
-    where its estimate fits what is left, and every process it starts
-    gets no more than what is left. The plan and the actuals are printed."""
-
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
-        self.log = []
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def run(self, name: str, estimate: float, fn):
-        """fn() if estimate fits; else None, and the step is skipped. A step
-        that raises is a failure of the run (failures()), and the next runs."""
-        left = self.left()
-        if estimate > left:
-            self.log.append((name, estimate, None, f"not run: needs ~{estimate:.0f} s, {left:.0f} s left"))
-            say(f"--- {name}: NOT RUN (time budget: needs ~{estimate:.0f} s, {left:.0f} s left)")
-            return None
-        say(f"--- {name} (estimate {estimate:.0f} s, {left:.0f} s left)")
-        t0 = time.monotonic()
-        why = ""
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001: the other steps still run; the rows of this one say why
-            why = f"failed: {type(e).__name__}: {e}"
-            say(f"FAIL {name}: {why}")
-            return None
-        finally:
-            took = time.monotonic() - t0
-            self.log.append((name, estimate, took, why))
-            say(f"    {name}: {took:.1f} s (estimate {estimate:.0f} s)")
-
-    def why(self, name: str) -> str:
-        for n, _, _, why in self.log:
-            if n == name and why:
-                return why
-        return ""
-
-    def failures(self) -> list:
-        return [f"step {n!r} {why}" for n, _, took, why in self.log if took is not None and why]
-
-    def table(self) -> str:
-        lines = ["| step | estimate s | took s | |", "| --- | --- | --- | --- |"]
-        lines += [f"| {n} | {e:.0f} | {'' if t is None else f'{t:.1f}'} | {w} |" for n, e, t, w in self.log]
-        return "\n".join(lines)
 
 
 # --- the run --------------------------------------------------------------------------
@@ -386,53 +333,8 @@ class Run:
         print(self.budget.table(), flush=True)
         return self.rows()
 
-    # --- rows --------------------------------------------------------------------------
     def rows(self) -> list:
-        q = "QUICK MODE (no issue's figure): " if self.a.quick else ""
-        R = self.a.reps
-        rows = []
-        ref_moe = self.ref_of("moe")
-        for key, name, what in (("moe_load_file", "moe_load_file_vs_ref", "safetensors.torch.load_file(f, device="
-                                 "'cuda:0') of every file in turn, PHXMOUNT_HOOK=1"),
-                                ("moe_engine", "moe_engine_vs_ref", "safe_open(f, 'pt', device='cpu'), get_tensor in "
-                                 "key order, copy_ into GPU parameters allocated before the clock, PHXMOUNT_HOOK=cuda:0")):
-            runs = self.res.get(key)
-            rows.append(rate_row(name, runs, ref_moe, f"{q}{what}; {self.ckpt_words('moe')}; CUDA context before the "
-                                 f"clock; a fresh process per repetition, best of {R}; GB/s of the tensors' bytes",
-                                 self.step_why("moe: load_file and the engines' loop")))
-        for ck in ("moe", "dense20"):
-            step = f"{ck}: from_pretrained"
-            user, load = self.res.get(f"{ck}_fp_user"), self.res.get(f"{ck}_fp_load")
-            words = self.ckpt_words(ck)
-            fp = reps_words(FP_REPS)  # from_pretrained runs FP_REPS processes a side, not --reps
-            rows.append(time_row(f"{ck}_from_pretrained_hot", user, f"{q}from_pretrained(dtype=bfloat16, device_map="
-                                 f"'cuda:0') as a user's program sees it: the whole call, its CUDA context and the "
-                                 f"model's module inside it (torch and transformers imported at the top); {words}; "
-                                 f"{fp}", self.step_why(step), with_process=True))
-            rows.append(time_row(f"{ck}_from_pretrained_load", load, f"{q}the same call, loading only: the CUDA context "
-                                 f"and the model's module before the clock; {words}; {fp}", self.step_why(step)))
-            rows.append(span_row(f"{ck}_from_pretrained_bytes_vs_ref", load, self.ref_of(ck),
-                                 f"{q}hooked from_pretrained (loading only), the hook's first read asked for to its "
-                                 f"last tensor landed (in device memory: read ahead, before it is asked for); {words}; GB/s of the "
-                                 f"bytes it landed, {fp.replace(' a side', '')}",
-                                 self.step_why(step)))
-        for w in (2, 4, 8):
-            if w not in self.narrow_worlds():
-                rows.append(row(f"vllm_tp_world{w}", None, None, "stock", timed=f"{q}vLLM's narrow loop, world {w}",
-                                missing=["--quick runs world 8 alone"]))
-                continue
-            rows.append(time_row(f"vllm_tp_world{w}", self.res.get(f"tp_narrow_{w}"), f"{q}vLLM's narrow loop "
-                                 f"(get_tensor, narrow(dim, rank), copy_ into the rank's parameter), world {w}, rank "
-                                 f"{w - 1}, PHXMOUNT_HOOK=cuda:0 against stock; {self.ckpt_words('qwen2')}; a fresh "
-                                 f"process per repetition, best of {R}", self.step_why(
-                                     "tensor parallel: vLLM's narrow loop and the get_slice loop (qwen2)")))
-        rows.append(time_row("slice_tp_world8", self.res.get("tp_slice_8"), f"{q}the get_slice loop (get_slice(k)"
-                             f"[rank's index].to('cuda:0')), world 8, rank 7, PHXMOUNT_HOOK=cuda:0 against stock; "
-                             f"{self.ckpt_words('qwen2')}; a fresh process per repetition, best of {R}",
-                             self.step_why("tensor parallel: vLLM's narrow loop and the get_slice loop (qwen2)")))
-        rows.append(self.procs_row(q))
-        rows.append(self.whole_row(q, R))
-        return rows
+        return shapes_rows.rows(self)
 
     def ckpt_words(self, name) -> str:
         lay = self.dirs[name]["layout"]
@@ -440,49 +342,6 @@ class Run:
 
     def step_why(self, step) -> str:
         return self.budget.why(step) or f"step {step!r} did not run"
-
-    def procs_row(self, q) -> dict:
-        p8, pinned = self.res.get("procs8"), self.res.get("pinned") or {}
-        timed = (f"{q}8 processes at once, one per rank of world 8, each the hooked get_slice loop "
-                 f"(PHXMOUNT_HOOK=cuda:0) on {self.ckpt_words('dense20')} onto cuda:0: all ranks' bytes from the "
-                 f"first start to the last end")
-        base = None if pinned.get("error") else pinned.get("gbps")
-        if not p8:
-            return row("tp_8procs_vs_pinned", None, base, "pinned H2D copy, 1 GiB, torch", timed=timed,
-                       missing=[self.step_why("8 rank processes at once (dense20)")])
-        ranks, errs = p8["ranks"], p8["errors"]
-        fails = [f"rank process: {e}" for e in errs]
-        fails += [f"rank {r['rank']}: tensors differ from stock: {r['mismatch']}" for r in ranks if r.get("mismatch")]
-        fails += [f"rank {r['rank']}: compared beside the others' clocks: {r['barrier_error']}" for r in ranks
-                  if r.get("barrier_error")]
-        fails += hook_fails([r.get("hook") for r in ranks], "rank processes")
-        if len(ranks) != 8 and not fails:
-            fails.append(f"{len(ranks)} of 8 rank processes reported")
-        value = None
-        late = 0.0
-        if ranks and not fails:
-            span = max(r["end"] for r in ranks) - min(r["start"] for r in ranks)
-            late = max(r["start"] for r in ranks) - min(r["start"] for r in ranks)
-            value = sum(r["bytes"] for r in ranks) / span / GB
-        return row("tp_8procs_vs_pinned", value, base, "pinned H2D copy, 1 GiB, torch (a fresh process)", timed=timed,
-                   failed=fails, note=f"starts within {late * 1e3:.1f} ms" if value else "")
-
-    def whole_row(self, q, R) -> dict:
-        w = self.res.get("whole")
-        timed = (f"{q}phxmount.load_safetensors of one file (the name imported and the CUDA context made before the "
-                 f"clock), a fresh process per repetition, best of {R}")
-        if not w:
-            return row("whole_file_vs_ref", None, None, "staged_ceiling.cu on the same file", timed=timed,
-                       missing=[self.step_why("whole file")])
-        ref = self.ref_of("dense20", files=[w["file"]])
-        return rate_row("whole_file_vs_ref", w["runs"], ref, timed + f"; {os.path.basename(w['file'])}, "
-                        f"{os.path.getsize(w['file']) / GB:.2f} GB", "", hooked=False)
-
-
-def reps_words(n: int) -> str:
-    """How many fresh processes a side a row's figure is the best of."""
-    return "one fresh process a side" if n == 1 else f"a fresh process per repetition, best of {n}"
-
 
 def spread(files, n):
     """n of files, evenly spread (the first and the last among them)."""
