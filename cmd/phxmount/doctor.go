@@ -105,6 +105,9 @@ func doctorFindings(log *logrus.Entry, o doctorOpts) []finding {
 	uring, env := checkIOUring(), checkEnvironment()
 	uring.Required, env.Required = o.c.engine == "io_uring", true
 	all = append(all, uring, checkCachestat(), env)
+	if wake, ok := checkFuseWake(fuseWakeParam); ok {
+		all = append(all, wake)
+	}
 	mod, modOK := checkModule()
 	mod.Required = o.c.vendor == "pcibar"
 	cuda, gpus := checkCUDA()
