@@ -20,9 +20,11 @@ whatever phxmount does not serve of it reaches the real object (get_slice's
 answer: hook_slice). Below it:
 what starts together (hook_plan), get_tensor's read-ahead (hook_ahead),
 get_slice's guesses (hook_guess), sharing PHXMOUNT_HOOK_WINDOW bytes a
-file, and the next file of a series started ahead of its open (hook_next). Nothing fails where safetensors would have worked: whatever phxmount
-cannot do is done by the real safetensors, with what the file read ahead
-released, and said once on stderr; at exit the hook says what it did.
+file, and the next file of a series started ahead of its open
+(hook_next). Nothing fails where safetensors would have worked: whatever
+phxmount cannot do is done by the real safetensors, with what the file
+read ahead released, and said once on stderr; at exit the hook says what
+it did.
 """
 
 from __future__ import annotations
@@ -359,7 +361,6 @@ def _open_warm(args: tuple, kwargs: dict) -> Optional[HookedFile]:
     if f is not None:
         f.warming = True
     return f
-
 
 
 def _open_reader(path: str, dev: int, availability=None, header=None, fd=None):
