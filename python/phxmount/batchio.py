@@ -98,6 +98,11 @@ class _Submitter:
         fut.add_done_callback(self._finished)  # (at once when it is done already)
         return fut
 
+    def pending(self) -> int:
+        """Tasks queued or running."""
+        with self._lock:
+            return len(self._live)
+
     def _finished(self, fut: cf.Future) -> None:
         with self._lock:
             self._live.discard(fut)

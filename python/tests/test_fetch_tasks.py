@@ -76,6 +76,25 @@ class TaskScheduleTest(unittest.TestCase):
         self.assertLess(sum(t[-4:]), 128 * MiB, t)
         self.assertTrue(all(a >= b for a, b in zip(t[t.index(128 * MiB):], t[t.index(128 * MiB) + 1:])), t)
 
+    def test_a_start_behind_a_full_pipeline_goes_in_whole_tasks(self):
+        # A read-ahead's refill: the I/O has a task queued or running for
+        # each of its threads, so this start's first task waits for them
+        # whatever its size, and its last ones do not end alone.
+        io = Recorder(threads=4)
+        io.pending = lambda: 4
+        f = fetcher([4 * MiB] * 256, io)  # 1 GiB
+        for p in f.start([f.plan(t.name) for t in f.header.tensors], flush_bytes=128 * MiB):
+            p.result()
+        self.assertEqual(io.tasks, [128 * MiB] * 8)
+        # Not a caller's urgent read, nor a start beside a pipeline with room.
+        for urgent, pending in ((True, 4), (False, 3)):
+            io.tasks, io.pending = [], (lambda n: lambda: n)(pending)
+            f = fetcher([4 * MiB] * 256, io)
+            for p in f.start([f.plan(t.name) for t in f.header.tensors], flush_bytes=128 * MiB, urgent=urgent):
+                p.result()
+            self.assertEqual(io.tasks[0], FIRST_TASK, (urgent, pending, io.tasks))
+            self.assertEqual(sum(io.tasks), 1 << 30)
+
     def test_the_caller_task_size_bounds_every_task(self):
         # PHXMOUNT_HOOK_TASK=1 (hook tests): every tensor its own task.
         io = Recorder()
