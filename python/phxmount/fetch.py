@@ -178,23 +178,25 @@ class Fetcher:
 
     def start(self, plans: Iterable[Plan], timeout: Optional[float] = None,
               flush_bytes: Optional[int] = None, into: Optional[list] = None,
-              urgent: bool = False) -> List[Pending]:
+              urgent: bool = False, ahead: bool = False) -> List[Pending]:
         """Starts every plan; the reads of the first overlap the allocation
         and registration of the next. flush_bytes: the reads go in tasks
         of about that many bytes (default the fetcher's): smaller tasks
         land the first plans sooner, larger ones cost fewer ioctls. into:
         each plan's memory, given (its Pending's result is that memory),
         or None (the backend's). urgent: a caller waits for these now: not
-        behind reads started ahead (batchio: a thread of their own)."""
+        behind reads started ahead (batchio: a thread of their own). ahead:
+        reads ahead of the caller (a read-ahead's refill), which go in
+        whole tasks where the I/O is full already (task_bytes)."""
         plans = list(plans)
         self.backend.prepare(plans if into is None else ())
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         b, out = _Batch(sum(p.read_bytes for p in plans)), []
         b.urgent = urgent
-        # Tasks that join a full pipeline (the I/O has a task queued or
-        # running for each of its threads: a read-ahead's refill behind the
-        # window it holds) go in whole task sizes (task_bytes).
-        b.behind = not urgent and self.io_pending() >= getattr(self.io, "threads", 4)
+        # Reads ahead that join a full pipeline (the I/O has a task queued
+        # or running for each of its threads: a read-ahead's refill behind
+        # the window it holds) go in whole task sizes (task_bytes).
+        b.behind = ahead and not urgent and self.io_pending() >= getattr(self.io, "threads", 4)
         for i, p in enumerate(plans):
             mem = into[i] if into is not None else None
             pend = Pending(self, p, self.backend.alloc(p) if mem is None else mem, deadline, mem is not None)

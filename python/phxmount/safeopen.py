@@ -84,7 +84,7 @@ class SafeOpen:
             return self._land(plans, flush_bytes)
 
     def _land(self, plans: List[Plan], flush_bytes: Optional[int]) -> List[Plan]:
-        for p, pend in zip(plans, self.fetcher.start(plans, flush_bytes=flush_bytes)):
+        for p, pend in zip(plans, self.fetcher.start(plans, flush_bytes=flush_bytes, ahead=True)):
             self._landing.setdefault(p.key, []).append(pend)
         return plans
 

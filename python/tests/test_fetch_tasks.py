@@ -83,16 +83,18 @@ class TaskScheduleTest(unittest.TestCase):
         io = Recorder(threads=4)
         io.pending = lambda: 4
         f = fetcher([4 * MiB] * 256, io)  # 1 GiB
-        for p in f.start([f.plan(t.name) for t in f.header.tensors], flush_bytes=128 * MiB):
+        for p in f.start([f.plan(t.name) for t in f.header.tensors], flush_bytes=128 * MiB, ahead=True):
             p.result()
         self.assertEqual(io.tasks, [128 * MiB] * 8)
-        # Not a caller's urgent read, nor a start beside a pipeline with room.
-        for urgent, pending in ((True, 4), (False, 3)):
+        # Not a start a caller waits on (not ahead: a narrowed region's
+        # own read), nor an urgent one, nor one beside a pipeline with room.
+        for ahead, urgent, pending in ((False, False, 4), (True, True, 4), (True, False, 3)):
             io.tasks, io.pending = [], (lambda n: lambda: n)(pending)
             f = fetcher([4 * MiB] * 256, io)
-            for p in f.start([f.plan(t.name) for t in f.header.tensors], flush_bytes=128 * MiB, urgent=urgent):
+            for p in f.start([f.plan(t.name) for t in f.header.tensors], flush_bytes=128 * MiB, urgent=urgent,
+                             ahead=ahead):
                 p.result()
-            self.assertEqual(io.tasks[0], FIRST_TASK, (urgent, pending, io.tasks))
+            self.assertEqual(io.tasks[0], FIRST_TASK, (ahead, urgent, pending, io.tasks))
             self.assertEqual(sum(io.tasks), 1 << 30)
 
     def test_the_caller_task_size_bounds_every_task(self):
