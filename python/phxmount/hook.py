@@ -142,8 +142,13 @@ class HookedFile(Routed, Warming):
 
     @staticmethod
     def open_next(args: tuple, kwargs: dict) -> Optional["HookedFile"]:
-        """The hook's own open of the next file of a loop (hook_next)."""
-        return _open_warm(args, kwargs)
+        """The hook's own open of the next file of a loop (hook_next):
+        marked warming until the caller claims it."""
+        inst = _installed
+        f = _open(inst, args, kwargs) if inst is not None else None
+        if f is not None:
+            f.warming = True
+        return f
 
     @if_installed
     def get_tensors(self):
@@ -352,15 +357,6 @@ def _open(inst: Installed, args: tuple, kwargs: dict) -> Optional[HookedFile]:
         os.close(fd)
         raise
     return HookedFile(call, r.device, args, kwargs, header, fd, inst, _mode, _open_reader)
-
-
-def _open_warm(args: tuple, kwargs: dict) -> Optional[HookedFile]:
-    """The hooked file of the next file of a loop, opened by the hook (hook_next)."""
-    inst = _installed
-    f = _open(inst, args, kwargs) if inst is not None else None
-    if f is not None:
-        f.warming = True
-    return f
 
 
 def _open_reader(path: str, dev: int, availability=None, header=None, fd=None):

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import types
+from unittest import mock
 
 from mountutil import Mount, make_file, why_not
 
@@ -264,20 +265,13 @@ def engine_rows(backing, m, reps):
     # emulated device's results cannot be deferred, and a file that tries
     # reads one role's first tensor alone. Deferral off is what the GPU
     # loop gets after its first tensors.
-    defer = os.environ.get("PHXMOUNT_HOOK_DEFER")
-    os.environ["PHXMOUNT_HOOK_DEFER"] = "0"
-    try:
+    with mock.patch.dict(os.environ, {"PHXMOUNT_HOOK_DEFER": "0"}):
         for _ in range(3):
             b.bulk(whole), b.engine()
         bulk, loops = [], []
         for _ in range(reps):
             bulk.append(b.bulk(whole))
             loops.append(b.engine())
-    finally:
-        if defer is None:
-            os.environ.pop("PHXMOUNT_HOOK_DEFER")
-        else:
-            os.environ["PHXMOUNT_HOOK_DEFER"] = defer
     nb, nl = statistics.median(bulk), statistics.median(loops)
     print(f"engines' loop: {len(specs)} expert tensors of {specs[0][2]} BF16 in 2 files (a series), "
           f"emulated staged device, hot, medians of {reps}; on both sides each file's reader is opened and "
