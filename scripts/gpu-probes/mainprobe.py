@@ -1,0 +1,138 @@
+"""Is the hooked engines' loop bound by its main thread? One fresh process:
+
+    PHXMOUNT_HOOK=cuda:0 python3 mainprobe.py engine|narrow8|load_file DIR
+
+runs the loop (shapes_children / tploops, the same as the issue27 rows)
+with only perf_counter around each get_tensor and copy_ (no wrapped hook
+functions: smallprof's tallies inflate what they time), and prints one
+JSON line: the loop's wall time; the main thread's CPU time
+(time.thread_time) against it; the wall time in get_tensor, in its waits
+for reads (Pending.result where the read had not landed at the call) and
+in copy_; and every thread's CPU time over the loop (/proc/self/task: the
+I/O threads' Python and system time). If the main thread's CPU is near
+the loop's wall time and its waits are short, the loop is its Python.
+"""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../python/tools"))
+import torch  # noqa: E402
+import tploops  # noqa: E402
+from benchlib import hook_stats  # noqa: E402
+from phxmount.dtypes import torch_dtype  # noqa: E402
+from phxmount.stformat import read_header  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+WAIT = [0, 0.0]  # waits for a read not yet landed: count, seconds
+
+
+def threads_cpu() -> dict:
+    """{tid: (name, CPU seconds)} of this process's threads."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                s = f.read()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        fields = s[s.rindex(")") + 2:].split()
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / TICK)
+    return out
+
+
+def watch_waits():
+    from phxmount import fetch
+    orig = fetch.Pending.result
+
+    def result(self):
+        if self._done or all(f.done() for f in self.futures):
+            return orig(self)
+        t = time.perf_counter()
+        try:
+            return orig(self)
+        finally:
+            WAIT[0] += 1
+            WAIT[1] += time.perf_counter() - t
+    fetch.Pending.result = result
+
+
+def loop(case: str, d: str):
+    from safetensors import safe_open
+    files = tploops.files_of(d)
+    if case == "engine":
+        params = {t.name: torch.empty(t.shape, dtype=torch_dtype(t.dtype), device="cuda:0")
+                  for f in files for t in read_header(f).tensors}
+        take = {k: (None, k) for k in params}
+    else:
+        w = int(case[6:])
+        plan, params = tploops.narrow_params(d, w - 1, w)
+        take = {k: (t, t.param) for k, t in plan.items()}
+    torch.cuda.synchronize()
+    got = cp = 0.0
+    n = 0
+    cpu0, thr0, t0 = time.thread_time(), threads_cpu(), time.perf_counter()
+    for p in files:
+        with safe_open(p, framework="pt", device="cpu") as f:
+            for k in f.keys():
+                tk = take.get(k)
+                if tk is None:
+                    continue
+                a = time.perf_counter()
+                x = f.get_tensor(k)
+                b = time.perf_counter()
+                t, param = tk
+                dst = params[param]
+                if t is not None:
+                    if t.dim is not None:
+                        x = x.narrow(t.dim, t.start, t.size)
+                    if t.dst_rows is not None:
+                        dst = dst.narrow(0, t.dst_start, t.dst_rows)
+                dst.copy_(x)
+                c = time.perf_counter()
+                got += b - a
+                cp += c - b
+                n += 1
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return dict(wall=wall, main_cpu=time.thread_time() - cpu0, get_tensor=got, copy=cp, n=n), thr0
+
+
+def load_file_loop(d: str):
+    from safetensors.torch import load_file
+    torch.cuda.synchronize()
+    cpu0, thr0, t0 = time.thread_time(), threads_cpu(), time.perf_counter()
+    n = 0
+    for p in tploops.files_of(d):
+        n += len(load_file(p, device="cuda:0"))
+    torch.cuda.synchronize()
+    return dict(wall=time.perf_counter() - t0, main_cpu=time.thread_time() - cpu0, n=n), thr0
+
+
+def main():
+    case, d = sys.argv[1], sys.argv[2]
+    torch.empty(1, device="cuda:0")
+    watch_waits()
+    out, thr0 = load_file_loop(d) if case == "load_file" else loop(case, d)
+    thr1 = threads_cpu()
+    per = {}
+    for tid, (name, c) in thr1.items():
+        was = thr0.get(tid, (name, 0.0))[1]
+        if c - was > 0.0:
+            per[f"{name}:{tid}"] = round(c - was, 3)
+    out.update(case=case, waits=WAIT[0], wait_s=round(WAIT[1], 4), threads_cpu=per,
+               env={k: v for k, v in os.environ.items() if k.startswith("PHXMOUNT_")})
+    for k in ("wall", "main_cpu", "get_tensor", "copy"):
+        if k in out:
+            out[k] = round(out[k], 4)
+    h = hook_stats()
+    out["hook"] = h and h.get("summary")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

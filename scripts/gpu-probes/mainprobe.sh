@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Is the hooked engines' loop bound by its main thread (issue 27)? Fresh
+# processes of mainprobe.py on the MoE checkpoint (the engines' loop with
+# deferral on, off, and a 4 GiB window; load_file) and the Qwen2 (the
+# world-8 narrow loop), each printing its main thread's CPU against the
+# loop's wall time, its waits for reads and every thread's CPU. ~90 s on a
+# bare machine (the checkpoints are generated first). Carry [".devcarry"].
+set -u
+W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt "$OUT"
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python > $W/pip.log 2>&1
+python3 python/tools/ckpt_gen.py gen --root $C --only moe,qwen2 --sync > $W/gen.log 2>&1 || { tail $W/gen.log; exit 1; }
+cat $C/*/*.safetensors > /dev/null
+echo "setup $(( $(date +%s) - T0 )) s"
+./.devcarry/phxmount --vendor nvidia $W/backing $W/mnt > $OUT/daemon.log 2>&1 &
+D=$!
+./.devcarry/phxmount wait --timeout 10 $W/mnt >> $OUT/daemon.log 2>&1 || { echo "no mount"; exit 1; }
+Q=$W/mnt/ckpt27/$(basename "$(ls -d $C/qwen2-* | head -1)"); M=$W/mnt/ckpt27/$(basename "$(ls -d $C/moe-* | head -1)")
+P=scripts/gpu-probes/mainprobe.py
+for c in "engine $M" "load_file $M" "engine $M" "load_file $M" "narrow8 $Q" "narrow8 $Q" \
+	"engine $M PHXMOUNT_HOOK_DEFER=0" "engine $M PHXMOUNT_HOOK_WINDOW=4294967296" "engine $M PHXMOUNT_HOOK_DEFER=0"; do
+	set -- $c
+	env PHXMOUNT_HOOK=cuda:0 ${3:-} timeout 60 python3 $P $1 $2 2>&1 | grep '^{' || echo "{\"case\": \"$1\", \"failed\": true}"
+done | tee $OUT/mainprobe.jsonl
+umount $W/mnt; wait $D
+echo "total $(( $(date +%s) - T0 )) s"
