@@ -5,6 +5,11 @@
 # world-8 narrow loop), each printing its main thread's CPU against the
 # loop's wall time, its waits for reads and every thread's CPU. ~90 s on a
 # bare machine (the checkpoints are generated first). Carry [".devcarry"].
+# With .devcarry/pyold/python (an older tree of python/, made here with
+# `mkdir -p .devcarry/pyold && git archive COMMIT python | tar -x -C
+# .devcarry/pyold`), every case runs again with that tree first on
+# PYTHONPATH (the .pth hook imports whichever phxmount comes first): an A/B
+# of the two in the same call, each line's "tree" says which.
 set -u
 W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt "$OUT"
 T0=$(date +%s)
@@ -20,7 +25,16 @@ P=scripts/gpu-probes/mainprobe.py
 for c in "engine $M" "load_file $M" "engine $M" "load_file $M" "narrow8 $Q" "narrow8 $Q" \
 	"engine $M PHXMOUNT_HOOK_DEFER=0" "engine $M PHXMOUNT_HOOK_WINDOW=4294967296" "engine $M PHXMOUNT_HOOK_DEFER=0"; do
 	set -- $c
-	env PHXMOUNT_HOOK=cuda:0 ${3:-} timeout 60 python3 $P $1 $2 2>&1 | grep '^{' || echo "{\"case\": \"$1\", \"failed\": true}"
+	for tree in new old; do
+		pp=
+		if [ $tree = old ]; then
+			[ -d .devcarry/pyold/python ] || continue
+			pp=$PWD/.devcarry/pyold/python
+		fi
+		line=$(env PYTHONPATH=$pp PHXMOUNT_HOOK=cuda:0 ${3:-} timeout 60 python3 $P $1 $2 2>$W/mainprobe.err | grep '^{')
+		[ -n "$line" ] || { line="{\"case\": \"$1\", \"failed\": true}"; tail -3 $W/mainprobe.err >&2; }
+		echo "{\"tree\": \"$tree\", ${line#\{}"
+	done
 done | tee $OUT/mainprobe.jsonl
 umount $W/mnt; wait $D
 echo "total $(( $(date +%s) - T0 )) s"
