@@ -27,6 +27,8 @@ from phxmount.stformat import read_header  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 WAIT = [0, 0.0]  # waits for a read not yet landed: count, seconds
+CALLS = []  # (name, at, get_tensor seconds, copy_ seconds) of each call
+TASKS = []  # (start, end, bytes, thread name) of each read task
 
 
 def threads_cpu() -> dict:
@@ -59,6 +61,28 @@ def watch_waits():
             WAIT[0] += 1
             WAIT[1] += time.perf_counter() - t
     fetch.Pending.result = result
+    import threading
+    from phxmount import batchio
+    rh = batchio._Submitter._run_holding
+
+    def run_holding(self, cols, keep):
+        t = time.perf_counter()
+        try:
+            return rh(self, cols, keep)
+        finally:
+            TASKS.append((t, time.perf_counter(), cols.nbytes, threading.current_thread().name))
+    batchio._Submitter._run_holding = run_holding
+
+
+def story(t0: float) -> dict:
+    """The loop's first calls and tasks, its slowest calls, in ms after t0."""
+    ms = lambda t: round((t - t0) * 1e3, 2)  # noqa: E731
+    short = lambda n: n.replace("model.layers.", "L").replace("mlp.experts.", "x")[-40:]  # noqa: E731
+    calls = [(short(n), ms(a), round(g * 1e3, 2), round(c * 1e3, 2)) for n, a, g, c in CALLS]
+    slow = sorted(calls, key=lambda x: -x[2])[:20]
+    tasks = sorted((ms(a), ms(b), round(nb / 1e6, 1), th.split("_")[0]) for a, b, nb, th in TASKS)
+    return dict(first_calls=calls[:40], slowest_calls=slow, first_tasks=tasks[:30], n_tasks=len(tasks),
+                urgent_tasks=sum(1 for t in tasks if t[3].startswith("phx-io-now")))
 
 
 def loop(case: str, d: str):
@@ -97,9 +121,10 @@ def loop(case: str, d: str):
                 got += b - a
                 cp += c - b
                 n += 1
+                CALLS.append((k, a, b - a, c - b))
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    return dict(wall=wall, main_cpu=time.thread_time() - cpu0, get_tensor=got, copy=cp, n=n), thr0
+    return dict(wall=wall, main_cpu=time.thread_time() - cpu0, get_tensor=got, copy=cp, n=n, t0=t0), thr0
 
 
 def load_file_loop(d: str):
@@ -110,7 +135,7 @@ def load_file_loop(d: str):
     for p in tploops.files_of(d):
         n += len(load_file(p, device="cuda:0"))
     torch.cuda.synchronize()
-    return dict(wall=time.perf_counter() - t0, main_cpu=time.thread_time() - cpu0, n=n), thr0
+    return dict(wall=time.perf_counter() - t0, main_cpu=time.thread_time() - cpu0, n=n, t0=t0), thr0
 
 
 def main():
@@ -119,6 +144,7 @@ def main():
     watch_waits()
     out, thr0 = load_file_loop(d) if case == "load_file" else loop(case, d)
     thr1 = threads_cpu()
+    out.update(story(out.pop("t0")))
     per = {}
     for tid, (name, c) in thr1.items():
         was = thr0.get(tid, (name, 0.0))[1]
