@@ -85,17 +85,16 @@ class Pending:
             return self._result
         try:
             if all(f.done() for f in self.futures):  # landed: no waiter to set up (per tensor of thousands)
-                for f in self.futures:
-                    f.result()
+                ends = [f.result() for f in self.futures]
             else:
                 what = f"phx read of {self.plan.name}" + ("" if self.plan.index is None else f"[{self.plan.index}]")
                 wait_all(self.futures, max(0.0, self.deadline - time.monotonic()), what)
+                ends = [f.result() for f in self.futures]
         except PhxError as e:
             raise PhxError(e.errno, f"{self.plan.name}: {e.strerror}") from None
         # Landed: in the destination memory, which for a read started ahead
         # is before the caller asked (the tasks' results are their ends).
-        self.landed_at = max((r for r in (f.result() for f in self.futures) if r is not None),
-                             default=self._made)
+        self.landed_at = max([r for r in ends if r is not None], default=self._made)
         self._result = self.mem if self.given else self.fetcher.backend.finish(self.mem, self.plan)
         self._done, self.mem = True, None
         return self._result

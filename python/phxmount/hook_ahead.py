@@ -31,9 +31,31 @@ class ReadAhead:
         self.order: deque = deque()  # the names read ahead, in key order (some taken since)
 
     def reached_end(self) -> bool:
-        """Whether every key has been read ahead (or asked)."""
+        """Whether every key has been read ahead (or asked). (Per
+        get_tensor, without the lock: ahead_to only grows.)"""
+        return self.ahead_to >= len(self.keys)
+
+    def moved_on(self, name: str, ahead: Ahead) -> bool:
+        """get_tensor(name) in key order where after() would only move on:
+        nothing passed over to drop, and the window not yet due for a
+        refill. Then the position moves and True; else False, and after()
+        does the rest (the keys taken before name are forgotten either
+        way). The per-call path of an engine's loop: no callbacks made."""
         with self.lock:
-            return self.ahead_to >= len(self.keys)
+            i = self.index[name]
+            if i != self.expect:
+                return False
+            order, held = self.order, ahead.held
+            while order and self.index[order[0]] < i:
+                h = held.get(order[0])
+                if h is not None and h.kind in ("ahead", "deferred"):
+                    return False  # passed over: after() drops it
+                order.popleft()
+            done = self.ahead_to >= len(self.keys)  # every key read ahead: nothing left to refill with
+            if not done and not (self.ahead_to > i + 1 and ahead.room() < ahead.window // REFILL):
+                return False
+            self.expect = i + 1
+            return True
 
     def after(self, name: Optional[str], dev: int, ahead: Ahead, defer: Callable[[str], None],
               drop: Callable[[str, Held], None], whole: Optional[Callable[[str], bool]] = None,

@@ -303,7 +303,10 @@ class RegionReads:
         tensors deferred to the next read and the guessed regions of the
         next keys started, with name's own (src: its deferred tensor's
         Source, where one was made), in one start."""
-        f, d = self.f, self.f._defer
+        f = self.f
+        if src is None and name is not None and f._read_ahead.moved_on(name, f._ahead):
+            return  # in order, nothing to drop, no refill due
+        d = f._defer
         own = d.region(name, dev) if src is not None else None  # first: name scouts its role, not a later key
         made = f._read_ahead.after(name, dev, f._ahead, lambda k: f.defer(dev, k), f._drop,
                                    lambda k: d.reads_ahead(k, dev), lambda k: d.region_bytes(k, dev))

@@ -35,6 +35,11 @@ class Starts:
         lock while it looks)."""
         return self.started.get(dev, ()), self.deferred.get(dev, ())
 
+    def waiting(self, dev: int) -> bool:
+        """Whether names wait to start onto dev (a look without the lock:
+        a name deferred meanwhile starts with the deferring thread's read)."""
+        return bool(self.deferred.get(dev))
+
     def reads(self, dev: int, name: str) -> bool:
         """Whether name's whole read onto dev started, or starts with the next read."""
         with self.lock:

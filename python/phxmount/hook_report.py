@@ -33,6 +33,8 @@ class Report:
         print(f"phxmount hook: {msg}", file=self.out or sys.stderr, flush=True)
 
     def asked(self) -> None:
+        if self.first is not None:  # (set once: per tensor of thousands, no lock)
+            return
         with self.lock:
             if self.first is None:
                 self.first = time.perf_counter()

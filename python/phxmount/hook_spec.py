@@ -92,6 +92,8 @@ class OpenFiles:
     def bound_to(self, dev: int) -> List:
         """The open files with binds onto dev, in the order they were
         opened, no longer marked (a later bind marks a file again)."""
+        if not self.marked:  # (per get_tensor, a look without the lock: a file marked meanwhile starts with the next read)
+            return []
         with self.lock:
             if not self.marked:
                 return []

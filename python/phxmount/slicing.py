@@ -23,6 +23,7 @@ coalesced (extents.coalesce).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from dataclasses import dataclass, field
@@ -239,8 +240,10 @@ class Plan:
             n *= c
         return n
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple:
+        """(name, selection[, "in place"]): what requests of the same bytes
+        share (made once: looked up several times per request)."""
         return (self.info.name, self.sel, "in place") if self.in_place else (self.info.name, self.sel)
 
     @property

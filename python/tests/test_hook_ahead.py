@@ -50,6 +50,33 @@ class ReadAheadTest(unittest.TestCase):
         self.assertEqual(groups[0][0], ["k001", "k002", "k003", "k004"])
         self.assertEqual(groups[0][1], [])
 
+    def test_moving_on_agrees_with_after(self):
+        """get_tensor's per-call path (moved_on, then after() only where it
+        says False) leaves the read-ahead as after() alone does, call by
+        call: in order, passing keys over, out of order, to the end."""
+        calls = self.keys[:50] + self.keys[60:70] + self.keys[65:66] + self.keys[70:]
+
+        def run(fast: bool):
+            ra = ReadAhead(self.keys, {k: 10 for k in self.keys}, self.lock)
+            ahead = Ahead(300, self.lock)
+            states, dropped, fast_calls = [], [], 0
+            for k in calls:
+                ahead.take(k)
+                deferred: list = []
+                if fast and ra.moved_on(k, ahead):
+                    fast_calls += 1
+                else:
+                    ra.after(k, 0, ahead, deferred.append, lambda n, h: dropped.append(n))
+                states.append((ra.expect, ra.ahead_to, list(ra.order), sorted(ahead.held), ahead.bytes, deferred,
+                               list(dropped)))
+            return states, fast_calls
+
+        slow, _ = run(False)
+        fast, n = run(True)
+        self.assertGreater(n, len(calls) // 2, "the per-call path was rarely taken")
+        for i, (a, b) in enumerate(zip(slow, fast)):
+            self.assertEqual(a, b, f"after call {i} ({calls[i]})")
+
 
 if __name__ == "__main__":
     unittest.main()
