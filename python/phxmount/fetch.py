@@ -196,6 +196,9 @@ class Fetcher:
         # or running for each of its threads: a read-ahead's refill behind
         # the window it holds) go in whole task sizes (task_bytes).
         b.behind = ahead and not urgent and self.io_pending() >= getattr(self.io, "threads", 4)
+        # What makes the next task: its bytes, or a whole ioctl's extents
+        # (_flush), looked at per plan, the size worked out per task.
+        limit, te = self.task_bytes(b, flush_bytes), self.task_extents
         for i, p in enumerate(plans):
             mem = into[i] if into is not None else None
             pend = Pending(self, p, self.backend.alloc(p) if mem is None else mem, deadline, mem is not None)
@@ -207,7 +210,9 @@ class Fetcher:
             p.cols(buf_id, off, self.header.data_start, self.chunk, into=b.cols)
             b.nbytes += p.read_bytes
             b.waiting.append(pend)
-            self._flush(b, final=False, flush_bytes=flush_bytes)
+            if b.nbytes >= limit or len(b.cols) >= te:
+                self._flush(b, final=False, flush_bytes=flush_bytes)
+                limit = self.task_bytes(b, flush_bytes)
         self._flush(b, final=True)
         return out
 

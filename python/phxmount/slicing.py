@@ -233,7 +233,7 @@ class Plan:
     def out_shape(self) -> Tuple[int, ...]:
         return self.sel.out_shape
 
-    @property
+    @functools.cached_property
     def out_bytes(self) -> int:
         n = DTYPE_SIZES[self.info.dtype]
         for c in self.sel.counts:

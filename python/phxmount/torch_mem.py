@@ -286,7 +286,7 @@ class CudaBackend:
         that same allocation, and the driver is not asked again (tensors
         cut from a few segments, a whole file's of them: one
         cuPointerGetAttributes a segment, not one a tensor)."""
-        ptr, n = mem.data_ptr(), mem.numel() * mem.element_size()
+        ptr, n = mem.data_ptr(), mem.nbytes
         for a, alive, e in self._recent:
             if a.base <= ptr and ptr + n <= a.base + a.size and alive() is not None:
                 if ptr + n <= e.base + e.size and self.cache.current(e):

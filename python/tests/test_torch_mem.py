@@ -25,6 +25,10 @@ class FakeTensor:
     def element_size(self):
         return 1
 
+    @property
+    def nbytes(self):
+        return self.n
+
 
 class FakeCache:
     """RegCache's answers: an allocation's registration is its key."""
