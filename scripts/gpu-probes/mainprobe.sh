@@ -22,8 +22,11 @@ D=$!
 ./.devcarry/phxmount wait --timeout 10 $W/mnt >> $OUT/daemon.log 2>&1 || { echo "no mount"; exit 1; }
 Q=$W/mnt/ckpt27/$(basename "$(ls -d $C/qwen2-* | head -1)"); M=$W/mnt/ckpt27/$(basename "$(ls -d $C/moe-* | head -1)")
 P=scripts/gpu-probes/mainprobe.py
-for c in "engine $M" "load_file $M" "engine $M" "load_file $M" "narrow8 $Q" "narrow8 $Q" \
-	"engine $M PHXMOUNT_HOOK_DEFER=0" "engine $M PHXMOUNT_HOOK_WINDOW=4294967296" "engine $M PHXMOUNT_HOOK_DEFER=0"; do
+# (AB=1: the cases an A/B needs, fewer)
+CASES=("engine $M" "load_file $M" "engine $M" "load_file $M" "narrow8 $Q" "narrow8 $Q"
+	"engine $M PHXMOUNT_HOOK_DEFER=0" "engine $M PHXMOUNT_HOOK_WINDOW=4294967296" "engine $M PHXMOUNT_HOOK_DEFER=0")
+[ -n "${AB:-}" ] && CASES=("engine $M" "load_file $M" "narrow8 $Q" "engine $M" "load_file $M" "engine $M PHXMOUNT_HOOK_DEFER=0")
+for c in "${CASES[@]}"; do
 	set -- $c
 	for tree in new old; do
 		pp=
