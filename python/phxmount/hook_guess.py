@@ -39,8 +39,9 @@ class RoleMemory:
         self.index: Dict[tuple, object] = {}
 
     def get(self, role: str, shape: tuple, dev: int):
-        with self.lock:
-            return self.index.get((role, shape, dev))
+        # No lock: one dict lookup is atomic, and learn() replaces a value
+        # whole (asked per key of every read-ahead).
+        return self.index.get((role, shape, dev))
 
     def learn(self, role: str, shape: tuple, dev: int, index) -> None:
         with self.lock:
