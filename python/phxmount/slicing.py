@@ -23,7 +23,6 @@ coalesced (extents.coalesce).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 from dataclasses import dataclass, field
@@ -233,18 +232,24 @@ class Plan:
     def out_shape(self) -> Tuple[int, ...]:
         return self.sel.out_shape
 
-    @functools.cached_property
+    @property
     def out_bytes(self) -> int:
-        n = DTYPE_SIZES[self.info.dtype]
-        for c in self.sel.counts:
-            n *= c
+        n = self.__dict__.get("_out_bytes")  # made once (not functools.cached_property: it locks, in 3.11)
+        if n is None:
+            n = DTYPE_SIZES[self.info.dtype]
+            for c in self.sel.counts:
+                n *= c
+            self.__dict__["_out_bytes"] = n
         return n
 
-    @functools.cached_property
+    @property
     def key(self) -> tuple:
         """(name, selection[, "in place"]): what requests of the same bytes
         share (made once: looked up several times per request)."""
-        return (self.info.name, self.sel, "in place") if self.in_place else (self.info.name, self.sel)
+        k = self.__dict__.get("_key")
+        if k is None:
+            k = self.__dict__["_key"] = (self.info.name, self.sel, "in place") if self.in_place else (self.info.name, self.sel)
+        return k
 
     @property
     def extents(self) -> int:

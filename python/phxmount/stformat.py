@@ -13,7 +13,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 # Bytes per element of each safetensors dtype.
 DTYPE_SIZES = {
@@ -31,8 +31,10 @@ class SafetensorsError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
+    """One tensor of a header. A named tuple, not a frozen dataclass: a
+    header of thousands of tensors makes one per tensor at every open, and
+    a frozen dataclass's __init__ costs four times a tuple's."""
     name: str
     dtype: str
     shape: Tuple[int, ...]
