@@ -1,6 +1,6 @@
 """Is the hooked engines' loop bound by its main thread? One fresh process:
 
-    PHXMOUNT_HOOK=cuda:0 python3 mainprobe.py engine|narrow8|load_file DIR
+    PHXMOUNT_HOOK=cuda:0 python3 mainprobe.py engine|narrow8|load_file|whole DIR
 
 runs the loop (shapes_children / tploops, the same as the issue27 rows)
 with only perf_counter around each get_tensor and copy_ (no wrapped hook
@@ -138,11 +138,24 @@ def load_file_loop(d: str):
     return dict(wall=time.perf_counter() - t0, main_cpu=time.thread_time() - cpu0, n=n, t0=t0), thr0
 
 
+def whole_file(d: str):
+    """phxmount.load_safetensors of the first file of d (the whole_file
+    row's call; the hook is not in its way)."""
+    from phxmount import load_safetensors
+    f = tploops.files_of(d)[0]
+    torch.cuda.synchronize()
+    cpu0, thr0, t0 = time.thread_time(), threads_cpu(), time.perf_counter()
+    n = len(load_safetensors(f, 0))
+    torch.cuda.synchronize()
+    return dict(wall=time.perf_counter() - t0, main_cpu=time.thread_time() - cpu0, n=n, t0=t0), thr0
+
+
 def main():
     case, d = sys.argv[1], sys.argv[2]
     torch.empty(1, device="cuda:0")
     watch_waits()
-    out, thr0 = load_file_loop(d) if case == "load_file" else loop(case, d)
+    runs = {"load_file": load_file_loop, "whole": whole_file}
+    out, thr0 = runs[case](d) if case in runs else loop(case, d)
     thr1 = threads_cpu()
     out.update(story(out.pop("t0")))
     per = {}

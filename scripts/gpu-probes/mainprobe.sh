@@ -25,7 +25,8 @@ P=scripts/gpu-probes/mainprobe.py
 # (AB=1: the cases an A/B needs, fewer)
 CASES=("engine $M" "load_file $M" "engine $M" "load_file $M" "narrow8 $Q" "narrow8 $Q"
 	"engine $M PHXMOUNT_HOOK_DEFER=0" "engine $M PHXMOUNT_HOOK_WINDOW=4294967296" "engine $M PHXMOUNT_HOOK_DEFER=0")
-[ -n "${AB:-}" ] && CASES=("engine $M" "load_file $M" "narrow8 $Q" "engine $M" "load_file $M" "engine $M PHXMOUNT_HOOK_DEFER=0")
+[ -n "${AB:-}" ] && CASES=("engine $M" "load_file $M" "narrow8 $Q" "whole $Q" "engine $M" "load_file $M" "whole $Q"
+	"engine $M PHXMOUNT_HOOK_DEFER=0" "narrow8 $Q")
 for c in "${CASES[@]}"; do
 	set -- $c
 	for tree in new old; do
