@@ -202,15 +202,16 @@ class Fetcher:
         # What makes the next task: its bytes, or a whole ioctl's extents
         # (_flush), looked at per plan, the size worked out per task.
         limit, te = self.task_bytes(b, flush_bytes), self.task_extents
+        alloc, locate, data_start, chunk = self.backend.alloc, self.backend.locate, self.header.data_start, self.chunk
         for i, p in enumerate(plans):
             mem = into[i] if into is not None else None
-            pend = Pending(self, p, self.backend.alloc(p) if mem is None else mem, deadline, mem is not None)
+            pend = Pending(self, p, alloc(p) if mem is None else mem, deadline, mem is not None)
             out.append(pend)
             self.plans.append(p)
             if p.read_bytes == 0:
                 continue
-            buf_id, off = self.backend.locate(pend.mem)
-            p.cols(buf_id, off, self.header.data_start, self.chunk, into=b.cols)
+            buf_id, off = locate(pend.mem)
+            p.cols(buf_id, off, data_start, chunk, into=b.cols)
             b.nbytes += p.read_bytes
             b.waiting.append(pend)
             if b.nbytes >= limit or len(b.cols) >= te:

@@ -279,7 +279,12 @@ class Plan:
 
     def cols(self, buf_id: int, buf_off: int, data_start: int, chunk: int, into: Cols = None) -> Cols:
         """The plan's extents into buffer buf_id from buf_off."""
-        return to_cols(cut(self.runs, chunk), buf_id, buf_off, data_start + self.info.begin, into)
+        runs = self.runs
+        if into is not None and len(runs) == 1 and runs[0].length <= chunk:  # a whole tensor: nothing to cut
+            r = runs[0]
+            into.add_run(buf_id, r.count, buf_off + r.dst, r.dst_step, r.length, data_start + self.info.begin + r.src, r.src_step)
+            return into
+        return to_cols(cut(runs, chunk), buf_id, buf_off, data_start + self.info.begin, into)
 
 
 def describe(sel: Selection, es: int, L: int, exact: int) -> str:
