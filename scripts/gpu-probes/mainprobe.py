@@ -22,13 +22,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../
 import torch  # noqa: E402
 import tploops  # noqa: E402
 from benchlib import hook_stats  # noqa: E402
+from probetasks import record_tasks  # noqa: E402
 from phxmount.dtypes import torch_dtype  # noqa: E402
 from phxmount.stformat import read_header  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 WAIT = [0, 0.0]  # waits for a read not yet landed: count, seconds
 CALLS = []  # (name, at, get_tensor seconds, copy_ seconds) of each call
-TASKS = []  # (start, end, bytes, thread name) of each read task
+TASKS = []  # (start, end, bytes, file, thread name) of each read task (probetasks)
 
 
 def threads_cpu() -> dict:
@@ -61,17 +62,7 @@ def watch_waits():
             WAIT[0] += 1
             WAIT[1] += time.perf_counter() - t
     fetch.Pending.result = result
-    import threading
-    from phxmount import batchio
-    rh = batchio._Submitter._run_holding
-
-    def run_holding(self, cols, keep):
-        t = time.perf_counter()
-        try:
-            return rh(self, cols, keep)
-        finally:
-            TASKS.append((t, time.perf_counter(), cols.nbytes, threading.current_thread().name))
-    batchio._Submitter._run_holding = run_holding
+    record_tasks(TASKS)
 
 
 def story(t0: float) -> dict:
@@ -80,7 +71,7 @@ def story(t0: float) -> dict:
     short = lambda n: n.replace("model.layers.", "L").replace("mlp.experts.", "x")[-40:]  # noqa: E731
     calls = [(short(n), ms(a), round(g * 1e3, 2), round(c * 1e3, 2)) for n, a, g, c in CALLS]
     slow = sorted(calls, key=lambda x: -x[2])[:20]
-    tasks = sorted((ms(a), ms(b), round(nb / 1e6, 1), th.split("_")[0]) for a, b, nb, th in TASKS)
+    tasks = sorted((ms(a), ms(b), round(nb / 1e6, 1), th.split("_")[0]) for a, b, nb, _, th in TASKS)
     return dict(first_calls=calls[:40], slowest_calls=slow, first_tasks=tasks[:30], n_tasks=len(tasks),
                 urgent_tasks=sum(1 for t in tasks if t[3].startswith("phx-io-now")))
 

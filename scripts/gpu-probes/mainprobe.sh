@@ -11,16 +11,7 @@
 # PYTHONPATH (the .pth hook imports whichever phxmount comes first): an A/B
 # of the two in the same call, each line's "tree" says which.
 set -u
-W=/var/tmp/phxgpu; C=$W/backing/ckpt27; mkdir -p $W/mnt "$OUT"
-T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python > $W/pip.log 2>&1
-python3 python/tools/ckpt_gen.py gen --root $C --only moe,qwen2 --sync > $W/gen.log 2>&1 || { tail $W/gen.log; exit 1; }
-cat $C/*/*.safetensors > /dev/null
-echo "setup $(( $(date +%s) - T0 )) s"
-./.devcarry/phxmount --vendor nvidia $W/backing $W/mnt > $OUT/daemon.log 2>&1 &
-D=$!
-./.devcarry/phxmount wait --timeout 10 $W/mnt >> $OUT/daemon.log 2>&1 || { echo "no mount"; exit 1; }
-Q=$W/mnt/ckpt27/$(basename "$(ls -d $C/qwen2-* | head -1)"); M=$W/mnt/ckpt27/$(basename "$(ls -d $C/moe-* | head -1)")
+. "$(dirname "$0")/moeqwen.sh"
 P=scripts/gpu-probes/mainprobe.py
 # (AB=1: the cases an A/B needs, fewer)
 CASES=("engine $M" "load_file $M" "engine $M" "load_file $M" "narrow8 $Q" "narrow8 $Q"

@@ -22,6 +22,7 @@ import tploops  # noqa: E402
 from benchlib import hook_stats  # noqa: E402
 from phxmount.dtypes import torch_dtype  # noqa: E402
 from phxmount.stformat import read_header  # noqa: E402
+from probetasks import record_tasks  # noqa: E402
 
 TALLY = {}
 TIMELINE = {}
@@ -105,15 +106,7 @@ def timeline():
         fut.add_done_callback(lambda f: EVENTS["task_done"].append(time.perf_counter()))
         return fut
     batchio._Submitter.submit = submit
-    rh = batchio._Submitter._run_holding
-
-    def run_holding(self, cols, keep):
-        t = time.perf_counter()
-        try:
-            return rh(self, cols, keep)
-        finally:
-            EVENTS["task"].append((t, time.perf_counter(), cols.nbytes, os.path.basename(self.path).rsplit(".", 1)[0][-20:]))
-    batchio._Submitter._run_holding = run_holding
+    record_tasks(EVENTS["task"])
     rs = hook.HookedFile.read_slice
 
     def read_slice(self, info, index, bound):
@@ -138,7 +131,7 @@ def timeline_summary(t0):
     files = {}
     for t, f in EVENTS["ask"]:
         files.setdefault(f, {"first_ask": ms(t)})
-    for t0_, t1, nb, f in EVENTS["task"]:
+    for t0_, t1, nb, f, _ in EVENTS["task"]:
         e = files.setdefault(f, {})
         e["tasks"] = e.get("tasks", 0) + 1
         e["task_first"] = min(e.get("task_first", 1e9), ms(t0_))
@@ -147,7 +140,7 @@ def timeline_summary(t0):
         e["MB"] = e.get("MB", 0) + nb // 1000000
     out["files"] = files
     # How many tasks ran at once, over the I/O's span (ms at each count).
-    edges = sorted([(a, 1) for a, _, _, _ in EVENTS["task"]] + [(b, -1) for _, b, _, _ in EVENTS["task"]])
+    edges = sorted([(a, 1) for a, _, _, _, _ in EVENTS["task"]] + [(b, -1) for _, b, _, _, _ in EVENTS["task"]])
     at, prev, conc = 0, None, {}
     for t, d in edges:
         if prev is not None:
