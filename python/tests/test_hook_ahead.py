@@ -55,27 +55,33 @@ class ReadAheadTest(unittest.TestCase):
         says False) leaves the read-ahead as after() alone does, call by
         call: in order, passing keys over, out of order, to the end."""
         calls = self.keys[:50] + self.keys[60:70] + self.keys[65:66] + self.keys[70:]
+        narrow = lambda k: int(k[1:]) % 3 == 1  # noqa: E731: held for a guessed region (hook_defer)
+        stop = lambda k: k in ("k120", "k121")  # noqa: E731: no guess: the read-ahead stops there
 
-        def run(fast: bool):
+        def run(fast: bool, deferring: bool):
             ra = ReadAhead(self.keys, {k: 10 for k in self.keys}, self.lock)
             ahead = Ahead(300, self.lock)
+            whole = (lambda k: not narrow(k) and not stop(k)) if deferring else None
+            region = (lambda k: None if stop(k) else 4) if deferring else None
             states, dropped, fast_calls = [], [], 0
             for k in calls:
                 ahead.take(k)
                 deferred: list = []
+                made: list = []
                 if fast and ra.moved_on(k, ahead):
                     fast_calls += 1
                 else:
-                    ra.after(k, 0, ahead, deferred.append, lambda n, h: dropped.append(n))
+                    made = ra.after(k, 0, ahead, deferred.append, lambda n, h: dropped.append(n), whole, region)
                 states.append((ra.expect, ra.ahead_to, list(ra.order), sorted(ahead.held), ahead.bytes, deferred,
-                               list(dropped)))
+                               made, list(dropped)))
             return states, fast_calls
 
-        slow, _ = run(False)
-        fast, n = run(True)
-        self.assertGreater(n, len(calls) // 2, "the per-call path was rarely taken")
-        for i, (a, b) in enumerate(zip(slow, fast)):
-            self.assertEqual(a, b, f"after call {i} ({calls[i]})")
+        for deferring in (False, True):
+            slow, _ = run(False, deferring)
+            fast, n = run(True, deferring)
+            self.assertGreater(n, len(calls) // 2, "the per-call path was rarely taken")
+            for i, (a, b) in enumerate(zip(slow, fast)):
+                self.assertEqual(a, b, f"deferring={deferring}: after call {i} ({calls[i]})")
 
 
 if __name__ == "__main__":
