@@ -31,5 +31,25 @@ for c in "${CASES[@]}"; do
 		echo "{\"tree\": \"$tree\", ${line#\{}"
 	done
 done | tee $OUT/mainprobe.jsonl
+# KV=1: gpu_kv.py's 16 KiB restore through the mount (1 and 4 client
+# threads, 4 ioctls in flight each, 1 GiB a run, every block verified) with
+# each tree in turn: the client's Python per ioctl (encode, decode, the
+# submission) is the interpreter's lock's, whatever the threads.
+if [ -n "${KV:-}" ]; then
+	[ -f $W/backing/kvab.bin ] || head -c 1073741824 /dev/urandom > $W/backing/kvab.bin
+	cat $W/backing/kvab.bin > /dev/null
+	for tree in new old new old; do
+		pp=
+		if [ $tree = old ]; then
+			[ -d .devcarry/pyold/python ] || continue
+			pp=$PWD/.devcarry/pyold/python
+		fi
+		(cd python/tools && env PYTHONPATH=$pp timeout 120 python3 gpu_kv.py --mount-file $W/mnt/kvab.bin \
+			--backing-file $W/backing/kvab.bin --out $OUT/kv-$tree.json --sizes 16 --threads 1,4 --directions read \
+			--total 1GiB > $W/kv-$tree.log 2>&1) || tail -3 $W/kv-$tree.log
+		python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], [(r['name'], round(r['gbps'], 2)) for r in d['results']])" \
+			$OUT/kv-$tree.json $tree
+	done | tee $OUT/kv.txt
+fi
 umount $W/mnt; wait $D
 echo "total $(( $(date +%s) - T0 )) s"
