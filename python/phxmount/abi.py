@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno as _errno
 import struct
+from operator import lt as _lt
 from array import array
 from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
@@ -335,12 +336,22 @@ def encode_strided_batch_cols(capacity: int, cols) -> bytearray:
     # Below 2^56 (offsets, lengths, buffer strides), 2^24 pieces and 2^32
     # file strides nothing can pass 2^63; the rest is checked one by one.
     if (_wide(raw, STRIDED_EXTENT_SIZE, ((1, 7), (2, 7), (3, 7), (6, 7), (4, 3), (5, 4))) or 0 in cols.counts
-            or any(c > 1 and (ln == 0 or f < ln or bs < ln) for c, f, bs, ln in zip(cols.counts, cols.fsteps, cols.bsteps, cols.lens))):
+            or (_maybe_overlapping(cols) and any(c > 1 and (ln == 0 or f < ln or bs < ln)
+                                                 for c, f, bs, ln in zip(cols.counts, cols.fsteps, cols.bsteps, cols.lens)))):
         for i in range(n):
             _check_strided(cols.bufs[i], cols.lens[i], cols.files[i], cols.counts[i], cols.fsteps[i], cols.bsteps[i])
     if sum(cols.counts) > MAX_PIECES:
         raise ValueError(f"{sum(cols.counts)} pieces: one strided batch moves at most {MAX_PIECES}")
     return b
+
+
+def _maybe_overlapping(cols) -> bool:
+    """Whether some extent could have pieces of no length or overlapping
+    ones (a stride below the length): looked at in C loops over whole
+    columns, so that a batch of well-formed extents (every stride at
+    least its length, as plans make them) skips the exact Python loop,
+    some 75 us of a 255-extent batch."""
+    return 0 in cols.lens or any(map(_lt, cols.fsteps, cols.lens)) or any(map(_lt, cols.bsteps, cols.lens))
 
 
 def _check_strided(buf_offset: int, length: int, file_offset: int, count: int, fstep: int, bstep: int) -> None:
