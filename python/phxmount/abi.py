@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import errno as _errno
 import struct
-from operator import lt as _lt
 from array import array
+from operator import lt as _lt
 from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
