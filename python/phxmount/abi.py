@@ -9,8 +9,8 @@ from __future__ import annotations
 import errno as _errno
 import struct
 from array import array
-from operator import lt as _lt
 from dataclasses import dataclass, field
+from operator import lt as _lt
 from typing import List, Sequence, Tuple
 
 MAGIC = 0x4D584850  # the bytes "PHXM"
