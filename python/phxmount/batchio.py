@@ -170,7 +170,8 @@ class BatchIO(_Submitter):
 
     def run(self, cols: Cols) -> None:
         f = self._handle()
-        if cols.strided and self.strided:
+        strided = cols.strided  # (a pass over the counts: once per task)
+        if strided and self.strided:
             try:
                 for part in cols.split_pieces(abi.MAX_STRIDED_EXTENTS, abi.MAX_PIECES):
                     self.calls += 1
@@ -180,7 +181,7 @@ class BatchIO(_Submitter):
                 if e.errno != errno.ENOTTY:
                     raise
                 self.strided = False  # an older daemon (it refuses the first one): the pieces one by one
-        for part in cols.expanded().split(abi.MAX_EXTENTS):
+        for part in (cols.expanded() if strided else cols).split(abi.MAX_EXTENTS):
             self.calls += 1
             f.batch_cols(part, self.write)
 

@@ -97,7 +97,11 @@ class Cols:
         return Cols(*(getattr(self, name)[i:j] for name in self.__slots__))
 
     def split(self, n: int) -> Iterator["Cols"]:
-        """Consecutive parts of at most n extents."""
+        """Consecutive parts of at most n extents (self, not a copy, where
+        it fits in one: the parts are read, never changed)."""
+        if 0 < len(self) <= n:
+            yield self
+            return
         for i in range(0, len(self), n):
             yield self.part(i, i + n)
 
