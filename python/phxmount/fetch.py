@@ -85,14 +85,10 @@ class Pending:
             return self._result
         fs = self.futures
         try:
-            if len(fs) == 1 and fs[0].done():  # one task, landed: most of a loop's thousands of tensors
-                ends = [fs[0].result()]
-            elif all(f.done() for f in fs):  # landed: no waiter to set up
-                ends = [f.result() for f in fs]
-            else:
+            if not all(f.done() for f in fs):  # (landed: no waiter to set up, per tensor of thousands)
                 what = f"phx read of {self.plan.name}" + ("" if self.plan.index is None else f"[{self.plan.index}]")
                 wait_all(fs, max(0.0, self.deadline - time.monotonic()), what)
-                ends = [f.result() for f in fs]
+            ends = [f.result() for f in fs]
         except PhxError as e:
             raise PhxError(e.errno, f"{self.plan.name}: {e.strerror}") from None
         # Landed: in the destination memory, which for a read started ahead

@@ -132,7 +132,7 @@ class HookedFile(Routed, Warming):
                 t, src = made
                 self._drop(name, had)  # a slice guessed for it: the deferred tensor reads its own
                 self._defer.handed(t)
-        if t is None and not (had is not None and had.kind == "ahead" and had.key is not None):  # (started: nothing to defer)
+        if t is None:
             self.defer(dev, name)
         self._regions.ahead_of(name, dev, src)
         if t is None:  # the next file starts once this one's reads have (hook_next)
@@ -271,8 +271,7 @@ class HookedFile(Routed, Warming):
             # Not under the file's lock: a whole file's start plans and
             # allocates hundreds of tensors, and the other threads of a
             # pool (transformers') would wait for it in every _take.
-            if self._starts.waiting(dev):  # (the read-ahead's refill: most calls have none)
-                self._ahead.started(self._starts.start(reader, dev, self.task))
+            self._ahead.started(self._starts.start(reader, dev, self.task))
             for g in hook_spec.open_files.bound_to(dev):  # the other files' bound tensors, after this one's
                 if g is not self:
                     g.start_deferred(dev)
@@ -298,7 +297,7 @@ class HookedFile(Routed, Warming):
             r.drop(had.key)
 
     def _reader(self, dev: int):
-        r = self._res.readers.get(dev)  # (the one open: what Resources.reader answers first, without its lock)
+        r = self._res.opened(dev)
         if r is not None:
             return r
         r, new = self._res.reader(dev, lambda fd: self._open_new(dev, fd), lambda: self._fallen)

@@ -60,6 +60,12 @@ class Resources:
         with self.lock:
             return os.dup(self.fd) if self.fd is not None else None
 
+    def opened(self, dev: int):
+        """The reader onto dev where one is open (what reader() answers
+        first; without the lock, and without the callbacks reader() takes:
+        asked per tensor), else None."""
+        return self.readers.get(dev)
+
     def reader(self, dev: int, open_new, refused) -> tuple:
         """(the reader onto dev, whether it is new): the one open, else
         open_new(a duplicate of the descriptor), kept unless refused() gives

@@ -26,6 +26,8 @@ class Starts:
 
     def defer(self, dev: int, name: str) -> None:
         """name will be read onto dev: it starts with the next read there."""
+        if name in self.started.get(dev, ()):  # (a look first: get_tensor of a key read ahead, per tensor)
+            return
         with self.lock:
             if name not in self.started.get(dev, ()):
                 self.deferred.setdefault(dev, {})[name] = None
@@ -35,11 +37,6 @@ class Starts:
         lock while it looks)."""
         return self.started.get(dev, ()), self.deferred.get(dev, ())
 
-    def waiting(self, dev: int) -> bool:
-        """Whether names wait to start onto dev (a look without the lock:
-        a name deferred meanwhile starts with the deferring thread's read)."""
-        return bool(self.deferred.get(dev))
-
     def reads(self, dev: int, name: str) -> bool:
         """Whether name's whole read onto dev started, or starts with the next read."""
         with self.lock:
@@ -48,6 +45,8 @@ class Starts:
     def start(self, reader, dev: int, task: int) -> List:
         """Starts what is deferred onto dev, in tasks of task bytes (0: the
         reader's in-order task); returns the plans started."""
+        if not self.deferred.get(dev):  # (a look first, per read: a name deferred meanwhile starts with its own thread's read)
+            return []
         with self.lock:
             names = list(self.deferred.pop(dev, {}))
             self.started.setdefault(dev, set()).update(names)
@@ -116,6 +115,8 @@ class Ahead:
 
     def started(self, plans) -> None:
         """The plans of held reads have started: their keys."""
+        if not plans:
+            return
         with self.lock:
             for p in plans:
                 h = self.held.get(p.name)
