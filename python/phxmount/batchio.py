@@ -163,10 +163,6 @@ class BatchIO(_Submitter):
         self.write = write
         self.strided = True  # until the daemon says otherwise
 
-    def sibling(self) -> "BatchIO":
-        """Another BatchIO of the file, one thread wide, with a descriptor of its own."""
-        return BatchIO(self.path, 1, self.write)
-
     def _open(self, fd: Optional[int]) -> PhxFile:
         return PhxFile(self.path, os.O_WRONLY if self.write else os.O_RDONLY, fd=fd)
 
@@ -201,10 +197,6 @@ class PreadIO(_Submitter):
                  fd: Optional[int] = None):
         super().__init__(path, threads, fd)
         self.views = views
-
-    def sibling(self) -> "PreadIO":
-        """Another PreadIO of the file, one thread wide, with a descriptor of its own."""
-        return PreadIO(self.path, self.views, 1)
 
     def _open(self, fd: Optional[int]) -> int:
         return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC) if fd is None else fd

@@ -30,7 +30,6 @@ import timeit
 from collections import deque
 from typing import Dict, Iterable, List, Optional, Union
 
-from . import workers
 from .batchio import wait_all
 from .client import PhxError
 from .extents import Cols, Run
@@ -63,11 +62,6 @@ _costs: Dict[tuple, CostModel] = {}
 # the first's model (a lock per key: a stuck mount holds up only its own).
 _measuring: Dict[tuple, threading.Lock] = {}
 _measuring_lock = threading.Lock()
-# Keys being measured aside (Fetcher measure_aside), and the failed tries
-# of each: a plan whose pieces cannot measure (too few, uneven) gives way
-# to a later one, three times.
-_aside_running: set = set()
-_aside_failed: Dict[tuple, int] = {}
 _DEFAULT_COST = CostModel()
 
 
@@ -120,13 +114,8 @@ class Fetcher:
     def __init__(self, path: Union[str, os.PathLike], backend, io, *, chunk: int = DEFAULT_CHUNK,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, strategy: str = "auto",
                  flush_bytes: int = 512 << 20, task_extents: int = 4 * MAX_EXTENTS,
-                 max_temp: int = 1 << 30, header: Optional[Header] = None, measure_aside: bool = False):
+                 max_temp: int = 1 << 30, header: Optional[Header] = None):
         self.path = os.fspath(path)
-        # Where no model is measured yet: plan with the defaults and measure
-        # on a worker (the hook: a caller's first sliced read does not wait
-        # the measurement's 5 ms, its later plans use the model), rather
-        # than before the plan.
-        self.measure_aside = measure_aside
         self.backend, self.io = backend, io
         self.chunk, self.strategy, self.max_temp = chunk, strategy, max_temp
         self.timeout = 1e9 if timeout is None else timeout
@@ -174,9 +163,6 @@ class Fetcher:
         p = self._choose(info, index, in_place, strategy)
         if (strategy == "auto" and len(p.alternatives) > 1 and self._cost_key not in _costs
                 and self._probes < 3):
-            if self.measure_aside:
-                self._measure_aside(p)
-                return p
             with _measuring_lock:
                 once = _measuring.setdefault(self._cost_key, threading.Lock())
             with once:  # fetchers of several files at once (a rank's files in threads) measure once
@@ -277,42 +263,11 @@ class Fetcher:
             b.nbytes = b.cols.nbytes
             b.waiting = b.waiting[-1:]  # only the last request can have extents left
 
-    def _measure_aside(self, plan: Plan) -> None:
-        """Measures with plan on a worker, on an I/O of its own (this
-        fetcher's may close meanwhile), unless one is under way or three
-        tries of the key failed; the defaults meanwhile."""
-        key = self._cost_key
-        with _measuring_lock:
-            if key in _costs or key in _aside_running or _aside_failed.get(key, 0) >= 3:
-                return
-            _aside_running.add(key)
-            once = _measuring.setdefault(key, threading.Lock())
-
-        def measure():
-            ok = False
-            io = self.io.sibling()
-            try:
-                with once:
-                    ok = key in _costs or self.calibrate(plan, io)
-            except Exception:  # noqa: BLE001: the defaults stay, a later plan tries again
-                pass
-            finally:
-                io.close()
-                with _measuring_lock:
-                    _aside_running.discard(key)
-                    _aside_failed[key] = _aside_failed.get(key, 0) + (not ok)
-        try:
-            workers.run(measure)
-        except RuntimeError:  # the interpreter is finalizing
-            with _measuring_lock:
-                _aside_running.discard(key)
-
-    def calibrate(self, plan: Plan, io=None) -> bool:
+    def calibrate(self, plan: Plan) -> bool:
         """Measures the cost per extent and bandwidth of this file's file
         system and I/O by reading the first pieces of plan's exact
         extents, then the one extent that covers them (a few MiB at most),
-        each the best of two; on io where given, else this fetcher's."""
-        io = io or self.io
+        each the best of two."""
         self._probes += 1
         self.backend.prepare(())
         es = DTYPE_SIZES[plan.dtype]
@@ -336,11 +291,11 @@ class Fetcher:
             for k, (src, n) in enumerate(pieces):
                 small.add(buf_id, off + k * n, n, base + src)
         big.add(buf_id, off, span, base + pieces[0][0])
-        t_small = min(timeit.timeit(lambda: io.run(small), number=1) for _ in range(2))
-        t_big = min(timeit.timeit(lambda: io.run(big), number=1) for _ in range(2))
+        t_small = min(timeit.timeit(lambda: self.io.run(small), number=1) for _ in range(2))
+        t_big = min(timeit.timeit(lambda: self.io.run(big), number=1) for _ in range(2))
         self.backend.release(mem)
         _costs[self._cost_key] = fit(len(pieces), length, t_small, span, t_big,
-                                     f"{os.path.basename(self.path)}: {plan.name}, {io.kind} I/O")
+                                     f"{os.path.basename(self.path)}: {plan.name}, {self.io.kind} I/O")
         return True
 
     def close(self) -> None:

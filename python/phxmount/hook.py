@@ -364,9 +364,7 @@ def _open(inst: Installed, args: tuple, kwargs: dict) -> Optional[HookedFile]:
 
 def _open_reader(path: str, dev: int, availability=None, header=None, fd=None):
     from .torch_load import open_reader
-    # measure_aside: a loop's first sliced read does not wait for the
-    # planner's measurement (5 ms on the GPU machine, run 66).
-    return open_reader(path, dev, owned=True, availability=availability, header=header, fd=fd, measure_aside=True)
+    return open_reader(path, dev, owned=True, availability=availability, header=header, fd=fd)
 
 
 # --- installing -------------------------------------------------------------------------

@@ -65,8 +65,7 @@ def route(path: PathLike, kind: str, index: int, fd: Optional[int] = None) -> Av
 def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Optional[Dict[str, object]] = None,
                 threads: int = 4, strategy: str = "auto", chunk: int = DEFAULT_CHUNK,
                 timeout: Optional[float] = DEFAULT_TIMEOUT, flush_bytes: int = 512 << 20,
-                availability: Optional[Availability] = None, header=None, fd: Optional[int] = None,
-                measure_aside: bool = False) -> SafeOpen:
+                availability: Optional[Availability] = None, header=None, fd: Optional[int] = None) -> SafeOpen:
     """A SafeOpen of path onto device with the torch backend the case
     needs: owned tensors, one arena (owned=False), or the caller's tensors.
     availability: what available() said of path's mount and this device,
@@ -75,8 +74,7 @@ def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Option
     path for the reads (the reader closes it, even when this fails). The
     file is opened once (an open of a file on the mount is a FUSE round
     trip): that descriptor answers the availability check, gives the
-    header, and carries the reads. measure_aside: the planner's first
-    measurement goes on a worker (Fetcher)."""
+    header, and carries the reads."""
     try:
         if fd is None:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -101,8 +99,7 @@ def open_reader(path: PathLike, device=0, *, owned: bool = True, tensors: Option
         raise
     try:
         fetcher = Fetcher(path, backend, io, chunk=chunk, timeout=timeout, flush_bytes=flush_bytes, header=header,
-                          strategy="exact" if isinstance(backend, ArenaBackend) else strategy,
-                          measure_aside=measure_aside)
+                          strategy="exact" if isinstance(backend, ArenaBackend) else strategy)
     except BaseException:
         io.close()
         raise

@@ -217,7 +217,7 @@ class HookedCase(MountedCase):
         self.readers, self.reader_devs = [], []
 
         def open_reader(path, dev, availability=None, header=None, fd=None):  # the emulated device stands in for cuda:dev
-            r = open_emu(path, fd=fd, header=header, availability=availability, measure_aside=True)  # as the hook's
+            r = open_emu(path, fd=fd, header=header, availability=availability)
             self.readers.append(r)
             self.reader_devs.append(dev)
             return r

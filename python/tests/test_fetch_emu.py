@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import threading
-import time
 import unittest
 from unittest import mock
 
@@ -190,35 +189,6 @@ class FetchEmuTest(MountedCase):
             self.assertTrue(same(g.get_slice("wide")[idx], self.arrays["wide"][idx]))
             self.assertEqual(self.counters()["lib_batches"] - b0, 1)
             self.assertEqual(g.explain("wide", idx).why, p.why)
-
-    def test_measured_aside_the_first_plan_does_not_wait(self):
-        # The hook's readers (measure_aside): the first plan that needs the
-        # model is made with the defaults at once and the model measured on
-        # a worker, on a descriptor of its own; later plans use it.
-        fetch._costs.pop((os.stat(self.path).st_dev, "mount"), None)
-        fetch._aside_failed.clear()
-        idx = (slice(None), slice(0, 1000))
-        real = fetch.Fetcher.calibrate
-
-        def slow(f, plan, io=None):
-            time.sleep(0.3)
-            return real(f, plan, io)
-        with open_emu(self.path, measure_aside=True) as f, \
-                mock.patch.object(fetch.Fetcher, "calibrate", autospec=True, side_effect=slow) as measured:
-            t0 = time.perf_counter()
-            first = f.fetcher.plan("wide", idx)
-            self.assertLess(time.perf_counter() - t0, 0.2, "the plan waited for the measurement")
-            self.assertFalse(f.fetcher.cost.source.startswith("measured"), "measured before the plan returned")
-            self.assertTrue(same(f.get_slice("wide")[idx], self.arrays["wide"][idx]), "the defaults' plan read wrong")
-            deadline = time.monotonic() + 10
-            while not f.fetcher.cost.source.startswith("measured") and time.monotonic() < deadline:
-                f.fetcher.plan("wide", idx)  # asking again while one is under way starts no second one
-                time.sleep(0.02)
-            self.assertTrue(f.fetcher.cost.source.startswith("measured: "), f.fetcher.cost.source)
-            self.assertEqual(measured.call_count, 1)
-            self.assertIsNot(measured.call_args.args[2], f.fetcher.io, "measured on the reader's own I/O")
-            self.assertTrue(same(f.get_slice("wide")[idx], self.arrays["wide"][idx]))
-            self.assertIsNotNone(first)
 
     def test_fetchers_of_one_mount_measure_once(self):
         # A rank's files opened together and asked at once from threads:
