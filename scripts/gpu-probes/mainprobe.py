@@ -13,6 +13,7 @@ I/O threads' Python and system time). If the main thread's CPU is near
 the loop's wall time and its waits are short, the loop is its Python.
 """
 
+import gc
 import json
 import os
 import sys
@@ -141,12 +142,37 @@ def whole_file(d: str):
     return dict(wall=time.perf_counter() - t0, main_cpu=time.thread_time() - cpu0, n=n, t0=t0), thr0
 
 
+GC = {}  # generation -> [collections, seconds] during the loop
+_gc_at = [0.0]
+
+
+def watch_gc():
+    """Times the interpreter's cyclic collections (gc.callbacks): a full
+    one over torch's and transformers' objects is tens of ms, in whatever
+    call allocated last."""
+    def cb(phase, info):
+        if phase == "start":
+            _gc_at[0] = time.perf_counter()
+        else:
+            c = GC.setdefault(info["generation"], [0, 0.0])
+            c[0] += 1
+            c[1] += time.perf_counter() - _gc_at[0]
+    gc.callbacks.append(cb)
+
+
 def main():
     case, d = sys.argv[1], sys.argv[2]
     torch.empty(1, device="cuda:0")
     watch_waits()
     runs = {"load_file": load_file_loop, "whole": whole_file}
+    if os.environ.get("MAINPROBE_FREEZE"):  # what gc.freeze() before the loop would save
+        gc.collect()
+        gc.freeze()
+    watch_gc()
     out, thr0 = runs[case](d) if case in runs else loop(case, d)
+    gc.callbacks.clear()
+    out["gc"] = {g: [n, round(s * 1e3, 2)] for g, (n, s) in sorted(GC.items())}
+    out["gc_tracked"] = len(gc.get_objects()) + gc.get_freeze_count()
     thr1 = threads_cpu()
     out.update(story(out.pop("t0")))
     per = {}
