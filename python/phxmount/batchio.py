@@ -48,7 +48,6 @@ class _Submitter:
         # at once on this file's reads: a pool of its own started a thread
         # per task on the caller's thread, each a wait behind the others.
         self._pool = workers.Lane(self.threads, "phx-io")
-        workers.reserve(2 * (self.threads + 1))  # this file's lanes and the next one's (hook_next)
         self._lock = threading.Lock()
         self._fd = fd  # not yet wrapped in a handle
         self._h = None

@@ -16,9 +16,6 @@ before is busy.
   workers at once: a reader's own pool of that many threads, as far as
   its tasks can tell (batchio's submitters keep one for their reads and
   one, one wide, for the reads a caller waits for).
-* `reserve(n)` starts workers up to n before they are needed, while
-  the interpreter is idle (a reader's first use reserves room for two
-  readers' lanes: the file read and the next one started ahead).
 * `later(seconds, fn)` runs fn after seconds unless cancelled, on one
   timer thread for the process.
 
@@ -44,7 +41,6 @@ MAX_WORKERS = 256
 _lock = threading.Lock()
 _pool: Optional[cf.ThreadPoolExecutor] = None
 _timers: Optional["_Timers"] = None
-_reserved = 0  # reserve()'s most
 
 
 def _workers() -> cf.ThreadPoolExecutor:
@@ -56,26 +52,6 @@ def _workers() -> cf.ThreadPoolExecutor:
                 _pool = cf.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="phx-worker")
             p = _pool
     return p
-
-
-def reserve(n: int) -> None:
-    """At least n workers exist from now on: started here, where the
-    caller is about to start reads and nothing else runs yet (0.1 ms a
-    thread), rather than one by one beside busy readers. Once a process
-    has reserved n, asking again for n or fewer costs nothing."""
-    global _reserved
-    with _lock:
-        if n <= _reserved:
-            return
-        _reserved = n
-    gate = threading.Event()
-    try:
-        # n tasks that wait at once: the idle workers take some, and the
-        # pool starts a thread for each of the others.
-        holds = [run(gate.wait) for _ in range(n)]
-    finally:
-        gate.set()
-    cf.wait(holds)
 
 
 def run(fn: Callable, *args) -> cf.Future:
@@ -189,8 +165,8 @@ class _Timers:
 
 
 def _forget_parents() -> None:
-    global _lock, _pool, _timers, _reserved
-    _lock, _pool, _timers, _reserved = threading.Lock(), None, None, 0  # (the lock may have been held at the fork)
+    global _lock, _pool, _timers
+    _lock, _pool, _timers = threading.Lock(), None, None  # (the lock may have been held at the fork)
 
 
 os.register_at_fork(after_in_child=_forget_parents)
