@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Union
 
-from . import abi, workers
+from . import abi
 from .client import PhxError, PhxFile
 from .extents import Cols
 
@@ -44,17 +44,14 @@ class _Submitter:
     def __init__(self, path: Union[str, os.PathLike], threads: int, fd: Optional[int] = None):
         self.path = os.fspath(path)
         self.threads = max(1, threads)
-        # The process's workers (phxmount.workers), at most threads of them
-        # at once on this file's reads: a pool of its own started a thread
-        # per task on the caller's thread, each a wait behind the others.
-        self._pool = workers.Lane(self.threads, "phx-io")
+        self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="phx-io")
         self._lock = threading.Lock()
         self._fd = fd  # not yet wrapped in a handle
         self._h = None
         # Requests not finished yet (each leaves at its end: a KV client
         # queues hundreds, and a scan per submit made queueing quadratic).
         self._live: set = set()
-        self._urgent = workers.Lane(1, "phx-io-now")
+        self._urgent: Optional[cf.ThreadPoolExecutor] = None  # made at the first urgent task
         self.calls = 0  # ioctls (or preads) issued
         self.closed = False
 
@@ -94,7 +91,8 @@ class _Submitter:
         by the queued task until its ioctls have returned. urgent: a caller
         is waiting for them now; they go to a thread of their own rather
         than behind the tasks queued ahead (the daemon serves both at once)."""
-        fut = (self._urgent if urgent else self._pool).submit(self._run_holding, cols, keep)
+        pool = self._urgent_pool() if urgent else self._pool
+        fut = pool.submit(self._run_holding, cols, keep)
         with self._lock:
             self._live.add(fut)
         fut.add_done_callback(self._finished)  # (at once when it is done already)
@@ -109,29 +107,31 @@ class _Submitter:
         with self._lock:
             self._live.discard(fut)
 
+    def _urgent_pool(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self.closed:  # as the pool's own submit after shutdown
+                raise RuntimeError(f"{self.path}: submit after close")
+            if self._urgent is None:
+                self._urgent = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="phx-io-now")
+            return self._urgent
+
     def close(self) -> None:
         """Stops the pools; the descriptors close when the last request has
         finished (at once when none is in flight)."""
         if self.closed:
             return
         self.closed = True
-        self._pool.shutdown()
-        self._urgent.shutdown()
+        self._pool.shutdown(wait=False)
+        with self._lock:
+            if self._urgent is not None:
+                self._urgent.shutdown(wait=False)
         with self._lock:
             pending = [f for f in self._live if not f.done()]
         if not pending:
             self._close_all()
             return
-        left = [len(pending)]
-
-        def one_done(_):  # the last request's end closes the descriptors (no thread waits for them)
-            with self._lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                self._close_all()
-        for f in pending:
-            f.add_done_callback(one_done)
+        threading.Thread(target=lambda: (cf.wait(pending), self._close_all()), daemon=True,
+                         name="phx-io-close").start()
 
     def _close_all(self) -> None:
         with self._lock:

@@ -7,36 +7,34 @@ collection."""
 from __future__ import annotations
 
 import atexit
-import concurrent.futures as cf
 import os
 import threading
 from typing import Dict, List, Optional
 
-from . import workers
-
 
 class Closing:
-    """Closes readers off the caller's thread, on the process's workers
-    (phxmount.workers); drain() waits for them (tests, before they
-    unmount; interpreter exit, through atexit)."""
+    """Closes readers off the caller's thread; drain() waits for them
+    (tests, before they unmount; interpreter exit, through atexit)."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.pending: List[cf.Future] = []
+        self.threads: List[threading.Thread] = []
 
     def run(self, fn) -> None:
-        try:
-            fut = workers.run(fn)
-        except RuntimeError:  # no new work (the interpreter is finalizing): here, then
-            fn()
-            return
+        t = threading.Thread(target=fn, name="phxmount-close", daemon=True)
         with self.lock:
-            self.pending = [f for f in self.pending if not f.done()] + [fut]
+            self.threads = [x for x in self.threads if x.is_alive()] + [t]
+        try:
+            t.start()
+        except RuntimeError:  # no new threads (the interpreter is finalizing): here, then
+            fn()
 
     def drain(self, timeout: float = 30) -> None:
         with self.lock:
-            fs, self.pending = self.pending, []
-        cf.wait(fs, timeout)
+            ts, self.threads = self.threads, []
+        for t in ts:
+            if t.ident is not None:
+                t.join(timeout)
 
 
 closing = Closing()
