@@ -11,7 +11,7 @@ import unittest
 from unittest import mock
 
 from hookutil import LAYERS, HookedCase
-from mountutil import np, torch_or_none
+from mountutil import as_array, make_file, np, torch_or_none
 
 torch = torch_or_none()
 WHY = None if torch is not None and np is not None else "torch or numpy is not importable (scripts/deps.sh installs them)"
@@ -272,6 +272,49 @@ class DeferTest(HookedCase):
         self.assertEqual(kinds[3:], [False] * (len(keys) - 3), "a role used whole is not deferred again")
         self.assertGreater(self.readers[0].served_from_prefetch, len(keys) // 2, "whole tensors not read ahead")
 
+    def many_roles(self):
+        """A file of WHOLE_PRIOR roles of one small tensor each, on the
+        mount (removed at the test's end): (its path, {name: tensor})."""
+        specs = [(f"model.extra.r{i}.weight", "BF16", (16, 8)) for i in range(hook_defer.WHOLE_PRIOR)]
+        path = os.path.join(self.backing, "many.safetensors")
+        _, ts = make_file(path, seed=11, specs=specs)
+        self.addCleanup(os.remove, path)
+        return self.m.path("many.safetensors"), {n: as_torch(as_array(*v), v[0]) for n, v in ts.items()}
+
+    def copy_all(self, path, want):
+        """The engines' loop over path: get_tensor, copy_ whole; whether each was deferred."""
+        kinds = []
+        with self.fake.safe_open(path, "pt") as f:
+            for k in f.keys():
+                t = f.get_tensor(k)
+                kinds.append(deferred.is_deferred(t))
+                p = torch.empty(t.shape, dtype=t.dtype)
+                p.copy_(t)
+                self.assertTrue(same(p, want(k)), k)
+        return kinds
+
+    def test_unmet_roles_after_whole_ones_are_read_ahead_whole(self):
+        # An engine that has copied WHOLE_PRIOR roles whole (and narrowed
+        # none) gets a role it has not met yet read ahead whole, not
+        # deferred and read inside its copy_ (the head after the experts).
+        path, many = self.many_roles()
+        self.assertTrue(all(self.copy_all(path, many.get)), "a role met for the first time is deferred")
+        kinds = self.copy_all(self.m.path("layers.safetensors"), self.want)
+        self.assertEqual(kinds, [False] * len(kinds), "an unmet role was deferred after only whole uses")
+        self.assertGreater(self.readers[-1].served_from_prefetch, len(kinds) // 2, "whole tensors not read ahead")
+
+    def test_a_narrow_keeps_unmet_roles_deferred(self):
+        # One narrow anywhere before, and every role met later is deferred
+        # (vLLM narrows its first tensor): only what the caller keeps is read.
+        with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
+            self.vllm_loop(f)
+        path, many = self.many_roles()
+        self.copy_all(path, many.get)
+        kinds = self.copy_all(path, many.get)  # met now: used whole, read ahead
+        self.assertEqual(kinds, [False] * len(kinds))
+        self.assertEqual(hook.uses_seen.whole_run.get(0), -1)
+        self.assertIsNone(hook.uses_seen.guess("model.extra.unmet.weight", (16, 8), 0))
+
     def test_a_caller_that_collects_stops_the_deferral(self):
         with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
             got = {k: f.get_tensor(k) for k in f.keys()}
@@ -287,6 +330,28 @@ class DeferTest(HookedCase):
             with self.fake.safe_open(self.m.path("layers.safetensors"), "pt") as f:
                 got = [f.get_tensor(k) for k in f.keys()]
         self.assertFalse(any(deferred.is_deferred(t) for t in got))
+
+
+class UsesTest(unittest.TestCase):
+    """hook_defer.Uses without a mount: the whole-use prior's counting."""
+
+    def test_the_prior_counts_whole_roles_until_a_narrow(self):
+        u = hook_defer.Uses()
+        for i in range(hook_defer.WHOLE_PRIOR - 1):
+            u.learn(f"r{i}", (4,), 0, hook_defer.WHOLE)
+        self.assertIsNone(u.guess("unmet", (4,), 0), "the prior before WHOLE_PRIOR roles")
+        u.learn("last", (4,), 0, hook_defer.WHOLE)
+        self.assertEqual(u.guess("unmet", (4,), 0), hook_defer.WHOLE)
+        self.assertIsNone(u.guess("unmet", (4,), 1), "another device's uses count for it")
+        u.learn("q", (8, 4), 0, hook_defer.NARROW)
+        self.assertEqual(u.guess("q", (8, 4), 0), hook_defer.NARROW, "what was learned wins")
+        self.assertIsNone(u.guess("unmet", (4,), 0), "the prior after a narrow")
+        for i in range(2 * hook_defer.WHOLE_PRIOR):
+            u.learn(f"more{i}", (4,), 0, hook_defer.WHOLE)
+        self.assertIsNone(u.guess("unmet", (4,), 0), "a narrow ends the prior for good")
+        u.forget()
+        self.assertIsNone(u.guess("r0", (4,), 0))
+        self.assertEqual(u.whole_run, {})
 
 
 class DeferExactTest(DeferTest):
