@@ -11,6 +11,16 @@ same mount, readers and page cache (hot: each side runs several times
 first). The ratio is what the hook's guessing, planning and waiting cost
 over the bytes themselves.
 
+Then vLLM's narrow loop (get_tensor, narrow to the rank, copy_ into the
+rank's parameter) with get_tensor's deferral on, which needs torch: torch's
+CPU tensors cut from one registered emu buffer stand in for GPU memory
+(TorchArena), so deferred tensors, their in-place region reads and the
+caller's copies run as on a GPU, over a small Llama of many tensors (a
+CPU's torch copies strided columns far slower than a GPU's, so bytes are
+kept few and the loop's cost is its cost per tensor, as the GPU loop's is).
+The baseline reads the same slices as one plan a file and copies each into
+the same parameters; every parameter is compared after the clock.
+
 Then the engines' default loop (get_tensor of every key, whole) over a
 MoE-shaped series of two files (one tensor per expert matrix, hundreds of
 small tensors a file), against the same tensors read as one plan a file:
@@ -36,17 +46,20 @@ import time
 import types
 from unittest import mock
 
-from mountutil import Mount, make_file, why_not
+from mountutil import Mount, make_file, torch_or_none, why_not
 
-from phxmount import abi, hook  # noqa: E402
+from phxmount import abi, hook, hook_defer  # noqa: E402
 from phxmount.availability import Availability, known  # noqa: E402
 from phxmount.batchio import BatchIO  # noqa: E402
 from phxmount.client import EmuBuffer  # noqa: E402
+from phxmount.dtypes import torch_dtype  # noqa: E402
 from phxmount.fetch import Fetcher  # noqa: E402
 from phxmount.safeopen import SafeOpen  # noqa: E402
 from phxmount.hostbackends import emu_alloc  # noqa: E402
 from phxmount.regcache import cache_for  # noqa: E402
 from phxmount.slicing import shard_index  # noqa: E402
+from phxmount.stformat import read_header  # noqa: E402
+from phxmount.torch_mem import to_tensor  # noqa: E402
 
 RANK, WORLD = 7, 8
 DIM0 = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
@@ -234,6 +247,9 @@ def main():
               f"{statistics.median(s[1] for s in sums) * 1e3:.1f} ms ({statistics.median(w[1] for w in waits):.0f})")
         print(f"  a get_slice call, median: {served * 1e6:.0f} us")
         b.close()
+        b = narrow_rows(backing, m, args.reps)
+        if b is not None:
+            b.close()
         b = engine_rows(backing, m, args.reps)
     finally:
         if b is not None:
@@ -279,6 +295,160 @@ def engine_rows(backing, m, reps):
     print(f"  bulk (every tensor, one plan a file, no hook): {nb * 1e3:.1f} ms")
     print(f"  hooked engines' loop (get_tensor in key order, roles used whole): {nl * 1e3:.1f} ms = {nl / nb:.2f}x the bulk read, "
           f"{(nl - nb) / len(specs) * 1e6:.0f} us a tensor over it")
+    return b
+
+
+class TorchArena:
+    """The GPU backend's part with torch's CPU tensors standing in for
+    device memory: tensors cut from one registered emu buffer, round robin
+    (CudaBackend's allocations from torch's cached segments, located
+    without asking the driver), so that get_tensor's deferral runs as on a
+    GPU: deferred tensors over unread memory of their full shape, regions
+    read into it in place, the caller's narrow and copy_ (Debian's torch)."""
+
+    def __init__(self, torch, cache, buf: EmuBuffer):
+        self.torch, self.at = torch, 0
+        self.arena = torch.frombuffer(buf.map, dtype=torch.uint8, count=buf.size)
+        a = emu_alloc(buf)
+        self.id, self.base = cache.locate(a, a.base, buf.size)
+
+    def take(self, nbytes: int):
+        n = -(-max(nbytes, 1) // 256) * 256
+        if self.at + n > self.arena.numel():
+            self.at = 0
+        at, self.at = self.at, self.at + n
+        return self.arena[at:at + nbytes]
+
+    def tensor(self, shape, dtype):
+        n = dtype_bytes(self.torch, dtype)
+        for x in shape:
+            n *= x
+        return self.take(n).view(dtype).reshape(shape)
+
+    def prepare(self, plans):
+        pass
+
+    def alloc(self, plan):
+        if plan.trivial and plan.out_bytes == plan.read_bytes > 0:
+            return self.tensor(plan.out_shape, torch_dtype(plan.dtype))
+        return self.scratch(plan.read_bytes)
+
+    def scratch(self, nbytes):
+        return self.take(nbytes)
+
+    def locate(self, mem):
+        return self.id, self.base + mem.data_ptr() - self.arena.data_ptr()
+
+    def finish(self, mem, plan):
+        return to_tensor(mem, plan)
+
+    def release(self, mem):
+        pass
+
+
+def dtype_bytes(torch, dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class NarrowBench(Bench):
+    """vLLM's narrow loop (get_tensor, narrow to the rank, copy_ into the
+    rank's parameter) with the hook's deferral on, over TorchArena."""
+
+    def __init__(self, files, torch, pool_bytes=1 << 30):
+        super().__init__(files, pool_bytes)
+        self.torch = torch
+        self.arena = TorchArena(torch, cache_for(files[0], abi.VENDOR_EMU, 0), self.buf)
+        self.storage = mock.patch.object(hook_defer, "_storage",
+                                         lambda shape, st_dtype, dev: (lambda t: (t, t))(
+                                             self.arena.tensor(shape, torch_dtype(st_dtype))))
+        self.storage.start()
+        self.params = {}
+        for p in files:
+            for t in read_header(p).tensors:
+                n = narrow_of(t.name, tuple(t.shape))
+                shape = list(t.shape)
+                if n is not None:
+                    shape[n[0]] = n[2]
+                self.params[t.name] = torch.empty(shape, dtype=torch_dtype(t.dtype))
+
+    def open_reader(self, path, dev, availability=None, header=None, fd=None):
+        return SafeOpen(Fetcher(path, self.arena, BatchIO(path, 4, fd=fd), header=header), availability)
+
+    def narrow(self):
+        """One hooked narrow loop: its seconds, and whether every parameter
+        holds the rank's bytes (checked after the clock)."""
+        def loop(f):
+            for k in f.keys():
+                t = f.get_tensor(k)
+                n = narrow_of(k, tuple(t.shape))
+                self.params[k].copy_(t.narrow(*n) if n is not None else t)
+        return self.fresh(loop)
+
+    def bulk_copied(self):
+        """The same slices read as one plan a file (no hook), each copied
+        into its parameter as the loop's caller copies its narrow."""
+        t0 = time.perf_counter()
+        for p in self.files:
+            r = self.open_reader(p, 0)
+            ts = r.fetcher.header.tensors
+            plans = [r.fetcher.plan(t.name, rank_index(t.name, tuple(t.shape))) for t in ts]
+            for t, x in zip(ts, r.fetcher.start(plans)):
+                self.params[t.name].copy_(x.result())
+            r.close()
+        return time.perf_counter() - t0
+
+    def close(self):
+        self.storage.stop()
+        super().close()
+
+
+def narrow_of(name, shape):
+    """(dim, start, length) of the rank's narrow, or None (used whole)."""
+    idx = rank_index(name, shape)
+    if idx is Ellipsis:
+        return None
+    d = len(idx) - 1
+    return d, idx[d].start, idx[d].stop - idx[d].start
+
+
+def narrow_rows(backing, m, reps):
+    """vLLM's narrow loop with deferral over a two-file series of a small
+    Llama (many tensors, few bytes each: a CPU's torch copies strided
+    columns far slower than a GPU, so the tensors are kept small and the
+    loop's cost is per tensor, as on the GPU), against the bulk read of the
+    same slices copied into the same parameters, interleaved; prints the
+    rows; returns its Bench."""
+    torch = torch_or_none()
+    if torch is None:
+        print("vLLM's narrow loop: not run (torch is not importable: scripts/deps.sh installs python3-torch)")
+        return None
+    if not hasattr(torch.Tensor, "nbytes"):  # Debian's 1.13 predates it; the hook's report reads it
+        torch.Tensor.nbytes = property(lambda t: t.numel() * t.element_size())
+    specs = llama(hidden=256, inter=704, layers=24, vocab=2048)
+    half = len(specs) // 2
+    names = ["small-00001-of-00002.safetensors", "small-00002-of-00002.safetensors"]
+    make_file(os.path.join(backing, names[0]), seed=5, specs=specs[:half])
+    make_file(os.path.join(backing, names[1]), seed=6, specs=specs[half:])
+    b = NarrowBench([m.path(n) for n in names], torch)
+    for _ in range(3):
+        b.bulk_copied(), b.narrow()
+    want = {k: v.clone() for k, v in b.params.items()}  # what the bulk read put there
+    bulk, loops = [], []
+    for _ in range(reps):
+        bulk.append(b.bulk_copied())
+        for v in b.params.values():
+            v.zero_()
+        loops.append(b.narrow())
+    bad = [k for k, v in b.params.items() if not torch.equal(v.view(torch.uint8), want[k].view(torch.uint8))]
+    nb, nl = statistics.median(bulk), statistics.median(loops)
+    n = len(b.params)
+    print(f"vLLM's narrow loop: world {WORLD}, rank {RANK}, {n} tensors of a small Llama in 2 files (a series), "
+          f"deferral on, torch's CPU tensors cut from one registered emu buffer standing in for GPU memory, hot, "
+          f"medians of {reps}; on both sides each file's reader is opened and closed inside the clock")
+    print(f"  bulk (the rank's slices, one plan a file, no hook, each copied into its parameter): {nb * 1e3:.1f} ms")
+    print(f"  hooked narrow loop (get_tensor, narrow, copy_):                                 {nl * 1e3:.1f} ms = "
+          f"{nl / nb:.2f}x the bulk read, {(nl - nb) / n * 1e6:.0f} us a tensor over it; "
+          + ("every parameter equal to the bulk read's" if not bad else f"DIFFERENT: {bad[:3]}"))
     return b
 
 
