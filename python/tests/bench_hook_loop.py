@@ -151,11 +151,12 @@ class Bench:
         hook.install(hook.Mode(True, "cuda:0"))
         stands_in = Availability(True, "the emulated device stands in for cuda:0", on_mount=True, transport="staged")
         known._answers[(os.stat(self.files[0]).st_dev, 0)] = stands_in
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for p in self.files:
             with self.fake.safe_open(p, "pt") as f:
                 loop(f)
         secs = time.perf_counter() - t0
+        self.cpu = time.thread_time() - c0  # the calling thread's CPU over the same span
         hook.closing.drain()
         hook.uninstall()
         known.forget()
@@ -387,7 +388,7 @@ class NarrowBench(Bench):
     def bulk_copied(self):
         """The same slices read as one plan a file (no hook), each copied
         into its parameter as the loop's caller copies its narrow."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for p in self.files:
             r = self.open_reader(p, 0)
             ts = r.fetcher.header.tensors
@@ -395,6 +396,7 @@ class NarrowBench(Bench):
             for t, x in zip(ts, r.fetcher.start(plans)):
                 self.params[t.name].copy_(x.result())
             r.close()
+        self.cpu = time.thread_time() - c0
         return time.perf_counter() - t0
 
     def close(self):
@@ -433,14 +435,17 @@ def narrow_rows(backing, m, reps):
     for _ in range(3):
         b.bulk_copied(), b.narrow()
     want = {k: v.clone() for k, v in b.params.items()}  # what the bulk read put there
-    bulk, loops = [], []
+    bulk, loops, cpu_b, cpu_l = [], [], [], []
     for _ in range(reps):
         bulk.append(b.bulk_copied())
+        cpu_b.append(b.cpu)
         for v in b.params.values():
             v.zero_()
         loops.append(b.narrow())
+        cpu_l.append(b.cpu)
     bad = [k for k, v in b.params.items() if not torch.equal(v.view(torch.uint8), want[k].view(torch.uint8))]
     nb, nl = statistics.median(bulk), statistics.median(loops)
+    cb, cl = statistics.median(cpu_b), statistics.median(cpu_l)
     n = len(b.params)
     print(f"vLLM's narrow loop: world {WORLD}, rank {RANK}, {n} tensors of a small Llama in 2 files (a series), "
           f"deferral on, torch's CPU tensors cut from one registered emu buffer standing in for GPU memory, hot, "
@@ -449,6 +454,9 @@ def narrow_rows(backing, m, reps):
     print(f"  hooked narrow loop (get_tensor, narrow, copy_):                                 {nl * 1e3:.1f} ms = "
           f"{nl / nb:.2f}x the bulk read, {(nl - nb) / n * 1e6:.0f} us a tensor over it; "
           + ("every parameter equal to the bulk read's" if not bad else f"DIFFERENT: {bad[:3]}"))
+    print(f"  the calling thread's CPU: bulk {cb * 1e3:.1f} ms, hooked {cl * 1e3:.1f} ms = {cl / cb:.2f}x, "
+          f"{(cl - cb) / n * 1e6:.0f} us a tensor over it (the rest of the wall time: waits, for reads and for the "
+          f"interpreter's lock)")
     return b
 
 
