@@ -36,6 +36,7 @@ GPU machine measures the loop against stock safetensors (gpu_tp.py).
 """
 
 import argparse
+import gc
 import io
 import os
 import shutil
@@ -441,10 +442,15 @@ def narrow_rows(backing, m, reps):
     want = {k: v.clone() for k, v in b.params.items()}  # what the bulk read put there
     bulk, loops, cpu_b, cpu_l = [], [], [], []
     for _ in range(reps):
+        # A full cyclic collection over torch's objects (50-60 ms here) falls
+        # in one loop of several otherwise; on the GPU machine a loop in a
+        # fresh process made none (run 68): collected before each side.
+        gc.collect()
         bulk.append(b.bulk_copied())
         cpu_b.append(b.cpu)
         for v in b.params.values():
             v.zero_()
+        gc.collect()
         loops.append(b.narrow())
         cpu_l.append(b.cpu)
     bad = [k for k, v in b.params.items() if not torch.equal(v.view(torch.uint8), want[k].view(torch.uint8))]
