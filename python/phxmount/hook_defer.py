@@ -96,22 +96,22 @@ class Uses(RoleMemory):
         self.whole_run: Dict[int, int] = {}  # dev -> roles learned whole, or -1 once one was narrowed
 
     def learn(self, role: str, shape: tuple, dev: int, use) -> None:
+        super().learn(role, shape, dev, use)
         with self.lock:
-            self.index[(role, shape, dev)] = use
             run = self.whole_run.get(dev, 0)
             self.whole_run[dev] = -1 if use != WHOLE or run < 0 else run + 1
 
     def guess(self, role: str, shape: tuple, dev: int):
         """The use learned of role, else WHOLE where the caller used every
         role whole so far (at least WHOLE_PRIOR of them), else None."""
-        use = self.index.get((role, shape, dev))
+        use = self.get(role, shape, dev)
         if use is None and self.whole_run.get(dev, 0) >= WHOLE_PRIOR:
             return WHOLE
         return use
 
     def forget(self) -> None:
+        super().forget()
         with self.lock:
-            self.index.clear()
             self.whole_run.clear()
 
 

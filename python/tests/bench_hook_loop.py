@@ -59,7 +59,7 @@ from phxmount.safeopen import SafeOpen  # noqa: E402
 from phxmount.hostbackends import emu_alloc  # noqa: E402
 from phxmount.regcache import cache_for  # noqa: E402
 from phxmount.slicing import shard_index  # noqa: E402
-from phxmount.stformat import read_header  # noqa: E402
+from phxmount.stformat import DTYPE_SIZES, read_header  # noqa: E402
 from phxmount.torch_mem import to_tensor  # noqa: E402
 
 RANK, WORLD = 7, 8
@@ -300,39 +300,32 @@ def engine_rows(backing, m, reps):
     return b
 
 
-class TorchArena:
+class TorchArena(Pool):
     """The GPU backend's part with torch's CPU tensors standing in for
-    device memory: tensors cut from one registered emu buffer, round robin
-    (CudaBackend's allocations from torch's cached segments, located
-    without asking the driver), so that get_tensor's deferral runs as on a
-    GPU: deferred tensors over unread memory of their full shape, regions
-    read into it in place, the caller's narrow and copy_ (Debian's torch)."""
+    device memory: Pool's round robin over its registered emu buffer, each
+    piece a tensor (CudaBackend's allocations from torch's cached segments,
+    located without asking the driver), so that get_tensor's deferral runs
+    as on a GPU: deferred tensors over unread memory of their full shape,
+    regions read into it in place, the caller's narrow and copy_ (Debian's
+    torch)."""
 
     def __init__(self, torch, cache, buf: EmuBuffer):
-        self.torch, self.at = torch, 0
+        super().__init__(cache, buf)
         self.arena = torch.frombuffer(buf.map, dtype=torch.uint8, count=buf.size)
-        a = emu_alloc(buf)
-        self.id, self.base = cache.locate(a, a.base, buf.size)
 
     def take(self, nbytes: int):
-        n = -(-max(nbytes, 1) // 256) * 256
-        if self.at + n > self.arena.numel():
-            self.at = 0
-        at, self.at = self.at, self.at + n
-        return self.arena[at:at + nbytes]
+        at, n = Pool.alloc(self, types.SimpleNamespace(read_bytes=nbytes))
+        return self.arena[at:at + n]
 
-    def tensor(self, shape, dtype):
-        n = dtype_bytes(self.torch, dtype)
+    def tensor(self, shape, st_dtype: str):
+        n = DTYPE_SIZES[st_dtype]
         for x in shape:
             n *= x
-        return self.take(n).view(dtype).reshape(shape)
-
-    def prepare(self, plans):
-        pass
+        return self.take(n).view(torch_dtype(st_dtype)).reshape(shape)
 
     def alloc(self, plan):
         if plan.trivial and plan.out_bytes == plan.read_bytes > 0:
-            return self.tensor(plan.out_shape, torch_dtype(plan.dtype))
+            return self.tensor(plan.out_shape, plan.dtype)
         return self.scratch(plan.read_bytes)
 
     def scratch(self, nbytes):
@@ -344,13 +337,6 @@ class TorchArena:
     def finish(self, mem, plan):
         return to_tensor(mem, plan)
 
-    def release(self, mem):
-        pass
-
-
-def dtype_bytes(torch, dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
 
 class NarrowBench(Bench):
     """vLLM's narrow loop (get_tensor, narrow to the rank, copy_ into the
@@ -358,7 +344,6 @@ class NarrowBench(Bench):
 
     def __init__(self, files, torch, pool_bytes=1 << 30):
         super().__init__(files, pool_bytes)
-        self.torch = torch
         self.arena = TorchArena(torch, cache_for(files[0], abi.VENDOR_EMU, 0), self.buf)
         self.storage = mock.patch.object(hook_defer, "_storage", self.deferred_storage)
         self.storage.start()
@@ -374,7 +359,7 @@ class NarrowBench(Bench):
     def deferred_storage(self, shape, st_dtype, dev):
         """hook_defer._storage's answer: (tensor, what the backend locates),
         the same tensor here, as on a GPU."""
-        t = self.arena.tensor(shape, torch_dtype(st_dtype))
+        t = self.arena.tensor(shape, st_dtype)
         return t, t
 
     def open_reader(self, path, dev, availability=None, header=None, fd=None):
