@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"runtime/trace"
 	"slices"
 	"syscall"
 	"time"
@@ -87,7 +88,11 @@ func (s *ControlServer) serve(ctx context.Context, c Caller, f *OpenFile, cmd ui
 	case pc.Nr != client.NrDeregister && len(out) != len(in):
 		return unix.EINVAL
 	}
-	return h(s, request{ctx, c, f, pc.Nr, in, out})
+	// A region of the daemon's runtime trace (PHXMOUNT_TRACE): each
+	// ioctl's service, around the library's own steps inside it.
+	var e unix.Errno
+	trace.WithRegion(ctx, "fusefs.ioctl", func() { e = h(s, request{ctx, c, f, pc.Nr, in, out}) })
+	return e
 }
 
 func (s *ControlServer) serveRegister(r request) unix.Errno {

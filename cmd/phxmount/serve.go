@@ -1,9 +1,11 @@
 package main
 
 import (
+	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"syscall"
 	"time"
 
@@ -37,7 +39,7 @@ func serve(c *config) int {
 	}
 	c.fs.Log = log
 	giveUpCapabilities(log) // re-executes the daemon without them, once
-	defer cpuProfile(log)()
+	defer profile(log)()
 
 	src := &metricsSource{}
 	m, observe, err := newMetrics(c, src)
@@ -178,27 +180,54 @@ func newMetrics(c *config, src metrics.Source) (*metrics.Metrics, func(string, t
 // a machine with no profiler of its own.
 const EnvCPUProfile = "PHXMOUNT_CPUPROFILE"
 
-// cpuProfile starts the profile EnvCPUProfile asks for and returns what
-// stops it (nothing to stop when none is asked for or it cannot start).
-func cpuProfile(log *logrus.Entry) func() {
-	path := os.Getenv(EnvCPUProfile)
-	if path == "" {
-		return func() {}
-	}
-	f, err := os.Create(path)
-	if err == nil {
-		err = pprof.StartCPUProfile(f)
-	}
-	if err != nil {
-		log.Warnf("%s=%s: no CPU profile: %v", EnvCPUProfile, path, err)
-		if f != nil {
-			f.Close()
+// EnvTrace names a file for a runtime trace of the whole daemon, from
+// mount to exit (go tool trace FILE): when each ioctl's batch ran
+// (fusefs.batch) and, inside it, the library's steps (phxfs.prepare,
+// phxfs.gather, phxfs.scatter, phxfs.await), where a CPU profile only
+// says how much CPU each took.
+const EnvTrace = "PHXMOUNT_TRACE"
+
+// recorders is each whole-daemon recording the environment can ask for.
+var recorders = []struct {
+	env, what string
+	start     func(io.Writer) error
+	stop      func()
+}{
+	{EnvCPUProfile, "CPU profile", pprof.StartCPUProfile, pprof.StopCPUProfile},
+	{EnvTrace, "runtime trace", trace.Start, trace.Stop},
+}
+
+// profile starts the recordings the environment asks for and returns what
+// stops them (nothing to stop where none is asked for or one cannot
+// start: a warning, never a failure to serve).
+func profile(log *logrus.Entry) func() {
+	var stops []func()
+	for _, r := range recorders {
+		path := os.Getenv(r.env)
+		if path == "" {
+			continue
 		}
-		return func() {}
+		f, err := os.Create(path)
+		if err == nil {
+			err = r.start(f)
+		}
+		if err != nil {
+			log.Warnf("%s=%s: no %s: %v", r.env, path, r.what, err)
+			if f != nil {
+				f.Close()
+			}
+			continue
+		}
+		log.Infof("%s of the daemon to %s (%s)", r.what, path, r.env)
+		stop := r.stop
+		stops = append(stops, func() {
+			stop()
+			f.Close()
+		})
 	}
-	log.Infof("CPU profile of the daemon to %s (%s)", path, EnvCPUProfile)
 	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
+		for _, stop := range stops {
+			stop()
+		}
 	}
 }

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Issue 27 item 4: where one 16 KiB KV batch's time goes (~90 s). Through
+# the mount a lone batch of 409 blocks took 1.15 ms (5.7 GB/s, run 66) and
+# four in flight gave ~16 GB/s however many client threads sent them, where
+# the library in-process reached 32.7 with 4 x 4 (run 55). This runs, on
+# one hot 4 GiB file, each with a runtime trace whose regions time every
+# step of every batch (fusefs.ioctl around phxfs.prepare, phxfs.execute,
+# phxfs.gather, phxfs.scatter, phxfs.await):
+#   1. kv_blocks.cu at 16 KiB (the reference), built here;
+#   2. phxbench-gpu kv in-process, 1 thread x 1 and 4 batches in flight;
+#   3. gpu_kv.py through the mount, 1 thread x 4 and x 1 in flight, a
+#      daemon with PHXMOUNT_TRACE (gathers from the file's mapping, the
+#      default), then a daemon with PHX_GATHER=off (every block read by
+#      the engine).
+# Here afterwards: python3 scripts/gpu-probes/traceregions.py on the
+# traces of raw.tgz.
+#
+#   bash scripts/gpu-probes/kvlat.sh     on the GPU machine after
+#                                        `gpu-test.sh build` here (carry
+#                                        [".devcarry"]): $OUT gets kvlat.txt
+#                                        and raw.tgz
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT" || exit 1
+C=$ROOT/.devcarry
+OUT=${OUT:-$C/out}
+W=/var/tmp/phxgpu R=/var/tmp/phxgpu/kvlat KV=/var/tmp/phxgpu/backing/kv.bin
+mkdir -p "$OUT" "$R" "$W/backing" "$W/mnt"
+T=$OUT/kvlat.txt
+: >"$T"
+T0=$(date +%s)
+say() { echo "$*" | tee -a "$T"; }
+el() { echo "$(($(date +%s) - T0)) s"; }
+pack() { tar -czf "$OUT/raw.tgz" -C "$R" . 2>/dev/null; }
+for b in phxmount phxbench-gpu; do
+	[ -x "$C/$b" ] || { say "no .devcarry/$b: run 'bash scripts/gpu-test.sh build' where Go is"; exit 1; }
+done
+say "=== kvlat $(date -u +%FT%TZ) commit $(cat "$C/commit" 2>/dev/null) $(nvidia-smi -L 2>&1 | head -1)"
+
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+NV=
+if [ -n "$NVCC" ] && [ -f "$C/ref/kv_blocks.cu" ]; then
+	(cd "$C/ref" && { [ kv_blocks -nt kv_blocks.cu ] || timeout 90 "$NVCC" -O2 -std=c++17 -arch=sm_90 -o kv_blocks kv_blocks.cu -lpthread; }) >"$R/nvcc.log" 2>&1 &
+	NV=$!
+fi
+[ -f "$KV" ] || head -c 4G /dev/urandom >"$KV"
+cat "$KV" >/dev/null
+say "file $(stat -c %s "$KV") bytes, hot ($(el))"
+python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 || say "pip install ./python failed (pip.log)"
+
+say "--- 2. in-process: phxbench-gpu kv, 16 KiB, 1 thread x 1 and 4 in flight ($(el))"
+timeout 60 "$C/phxbench-gpu" kv -file "$KV" -blocks 16 -threads 1 -inflight 1,4 -rules spread -scatter auto \
+	-trace "$R/inproc.trace" -out "$R/inproc.json" >"$R/inproc.txt" 2>&1 || say "phxbench-gpu kv failed"
+grep -E "GB/s|per batch|rror" "$R/inproc.txt" | tee -a "$T"
+pack
+
+say "--- 3. through the mount: gpu_kv.py, 16 KiB, 1 thread x 4 and x 1 in flight ($(el))"
+for v in gather:auto nogather:off; do
+	name=${v%%:*} gather=${v#*:}
+	PHX_GATHER=$gather PHXMOUNT_TRACE=$R/daemon-$name.trace "$C/phxmount" --vendor nvidia "$W/backing" "$W/mnt" >"$R/daemon-$name.log" 2>&1 &
+	D=$!
+	if "$C/phxmount" wait --timeout 10 "$W/mnt" >>"$R/daemon-$name.log" 2>&1; then
+		timeout 60 python3 python/tools/gpu_kv.py --mount-file "$W/mnt/kv.bin" --backing-file "$KV" --out "$R/kv-$name.json" \
+			--sizes 16 --threads 1 --total 1GiB --directions read --timeout 30 >"$R/kv-$name.txt" 2>&1
+		grep -E "GB/s|PASS|FAIL" "$R/kv-$name.txt" | sed "s/^/  $name: /" | cut -c1-160 | tee -a "$T"
+		umount "$W/mnt" 2>/dev/null || umount -l "$W/mnt"
+	else
+		say "$name: no mount"; tail -3 "$R/daemon-$name.log" | tee -a "$T"
+		kill "$D" 2>/dev/null
+	fi
+	wait "$D"
+	pack
+done
+
+say "--- 1. kv_blocks.cu 16 ($(el))"
+[ -n "$NV" ] && wait "$NV"
+if [ -x "$C/ref/kv_blocks" ]; then
+	timeout 40 "$C/ref/kv_blocks" "$KV" 16 >"$R/ref-kv_blocks.txt" 2>&1
+	tee -a "$T" <"$R/ref-kv_blocks.txt"
+else
+	say "kv_blocks not built"; tail -3 "$R/nvcc.log" 2>/dev/null | tee -a "$T"
+fi
+say "=== kvlat done in $(el)"
+pack
+ls -la "$OUT"
