@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Union
 
-from . import abi
+from . import abi, threadpools
 from .client import PhxError, PhxFile
 from .extents import Cols
 
@@ -39,12 +39,18 @@ def wait_all(futures: List[cf.Future], timeout: Optional[float], what: str) -> N
 class _Submitter:
     """A pool of client threads sharing one descriptor of the file: fd
     when given (it is closed with the pool), else opened at first use;
-    closed once every request has finished."""
+    closed once every request has finished, when its pools go back to
+    the process for the next reader (threadpools: no thread started per
+    file)."""
+
+    # False: the pools are this submitter's own, shut down at its end (a
+    # test that waits for a pool's threads to exit).
+    shares_pools = True
 
     def __init__(self, path: Union[str, os.PathLike], threads: int, fd: Optional[int] = None):
         self.path = os.fspath(path)
         self.threads = max(1, threads)
-        self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="phx-io")
+        self._pool = self._take(self.threads)
         self._lock = threading.Lock()
         self._fd = fd  # not yet wrapped in a handle
         self._h = None
@@ -54,6 +60,7 @@ class _Submitter:
         self._urgent: Optional[cf.ThreadPoolExecutor] = None  # made at the first urgent task
         self.calls = 0  # ioctls (or preads) issued
         self.closed = False
+        self._retired = False  # the descriptor closed, the pools given back
 
     def _handle(self):
         h = self._h
@@ -90,10 +97,14 @@ class _Submitter:
         """Queues the extents of cols. keep (the memory they name) is held
         by the queued task until its ioctls have returned. urgent: a caller
         is waiting for them now; they go to a thread of their own rather
-        than behind the tasks queued ahead (the daemon serves both at once)."""
-        pool = self._urgent_pool() if urgent else self._pool
-        fut = pool.submit(self._run_holding, cols, keep)
+        than behind the tasks queued ahead (the daemon serves both at once).
+        RuntimeError after close (the pools serve another reader by then)."""
         with self._lock:
+            if self.closed:
+                raise RuntimeError(f"{self.path}: submit after close")
+            if urgent and self._urgent is None:
+                self._urgent = self._take(1)
+            fut = (self._urgent if urgent else self._pool).submit(self._run_holding, cols, keep)
             self._live.add(fut)
         fut.add_done_callback(self._finished)  # (at once when it is done already)
         return fut
@@ -106,32 +117,45 @@ class _Submitter:
     def _finished(self, fut: cf.Future) -> None:
         with self._lock:
             self._live.discard(fut)
+            last = self._last()
+        if last:
+            self._retire()
 
-    def _urgent_pool(self) -> cf.ThreadPoolExecutor:
-        with self._lock:
-            if self.closed:  # as the pool's own submit after shutdown
-                raise RuntimeError(f"{self.path}: submit after close")
-            if self._urgent is None:
-                self._urgent = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="phx-io-now")
-            return self._urgent
+    def _last(self) -> bool:
+        """Whether the reader is closed with nothing in flight and not yet
+        retired (then it is, by the caller); self._lock is held."""
+        if not self.closed or self._live or self._retired:
+            return False
+        self._retired = True
+        return True
+
+    def _retire(self) -> None:
+        """Closes the descriptor and gives the pools back, their every task
+        ended (on the thread that ended the last one, or close's)."""
+        self._close_all()
+        for pool, width in ((self._pool, self.threads), (self._urgent, 1)):
+            if pool is None:
+                continue
+            if self.shares_pools:
+                threadpools.give(pool, width)
+            else:
+                pool.shutdown(wait=False)
+
+    def _take(self, width: int) -> cf.ThreadPoolExecutor:
+        if self.shares_pools:
+            return threadpools.take(width)
+        return cf.ThreadPoolExecutor(max_workers=width, thread_name_prefix="phx-io")
 
     def close(self) -> None:
-        """Stops the pools; the descriptors close when the last request has
-        finished (at once when none is in flight)."""
-        if self.closed:
-            return
-        self.closed = True
-        self._pool.shutdown(wait=False)
+        """No new requests; the descriptor closes and the pools go back when
+        the last request has finished (at once when none is in flight)."""
         with self._lock:
-            if self._urgent is not None:
-                self._urgent.shutdown(wait=False)
-        with self._lock:
-            pending = [f for f in self._live if not f.done()]
-        if not pending:
-            self._close_all()
-            return
-        threading.Thread(target=lambda: (cf.wait(pending), self._close_all()), daemon=True,
-                         name="phx-io-close").start()
+            if self.closed:
+                return
+            self.closed = True
+            last = self._last()
+        if last:
+            self._retire()
 
     def _close_all(self) -> None:
         with self._lock:

@@ -8,33 +8,24 @@ from __future__ import annotations
 
 import atexit
 import os
-import threading
-from typing import Dict, List, Optional
+from typing import Dict, Optional
+
+from . import threadpools
 
 
 class Closing:
-    """Closes readers off the caller's thread; drain() waits for them
-    (tests, before they unmount; interpreter exit, through atexit)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.threads: List[threading.Thread] = []
+    """Closes readers off the caller's thread (the process's chores
+    thread: threadpools, no thread started per close); drain() waits for
+    them (tests, before they unmount; interpreter exit, through atexit)."""
 
     def run(self, fn) -> None:
-        t = threading.Thread(target=fn, name="phxmount-close", daemon=True)
-        with self.lock:
-            self.threads = [x for x in self.threads if x.is_alive()] + [t]
         try:
-            t.start()
+            threadpools.soon(fn)
         except RuntimeError:  # no new threads (the interpreter is finalizing): here, then
             fn()
 
     def drain(self, timeout: float = 30) -> None:
-        with self.lock:
-            ts, self.threads = self.threads, []
-        for t in ts:
-            if t.ident is not None:
-                t.join(timeout)
+        threadpools.drain(timeout)
 
 
 closing = Closing()

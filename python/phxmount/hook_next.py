@@ -39,7 +39,7 @@ import re
 import threading
 from typing import Callable, Dict, Optional, Tuple
 
-from . import hook_spec
+from . import hook_spec, threadpools
 from .hook_report import report
 from .hook_whole import start_whole
 
@@ -86,7 +86,7 @@ class Warm:
 
     def __init__(self, f, ident: tuple):
         self.f, self.ident = f, ident
-        self.timer: Optional[threading.Timer] = None
+        self.timer: Optional[threadpools.Later] = None
 
 
 class NextFiles:
@@ -156,9 +156,7 @@ class NextFiles:
             w = self.warm.get(nxt) if nxt is not None else None
             if w is None or w.timer is not None:
                 return
-            w.timer = threading.Timer(CLAIM_WITHIN, self._expire, (nxt, w))
-            w.timer.daemon = True
-            w.timer.start()
+            w.timer = threadpools.later(CLAIM_WITHIN, lambda: self._expire(nxt, w))
 
     def _expire(self, path: str, w: Warm) -> None:
         with self.lock:

@@ -38,6 +38,7 @@ class GatedIO(_Submitter):
     fails when it carries an extent at a file offset in fail_at."""
 
     kind = "gated"
+    shares_pools = False  # the tests wait for its pool's threads to exit
 
     def __init__(self, path, threads=1):
         super().__init__(path, threads)

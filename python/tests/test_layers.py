@@ -10,7 +10,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 # Lowest first; a module may import only modules of earlier layers.
 LAYERS = [
-    ["abi", "cuda", "stformat", "extents", "dtypes", "deferred"],
+    ["abi", "cuda", "stformat", "extents", "dtypes", "deferred", "threadpools"],
     ["client", "slicing", "sharded"],
     ["plans"],
     ["batchio", "regcache", "loader", "availability"],

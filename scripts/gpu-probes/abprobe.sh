@@ -5,7 +5,7 @@
 # start to the last end), and the hooked from_pretrained of the MoE
 # checkpoint (smallprof.py fp: the call's seconds and the hook's span),
 # each tree in turn, twice (TREES to choose); GC=1: mainprobe.py's cyclic
-# collections first. The old tree is .devcarry/pyold/python (made
+# collections first; LOOPS=1: the single-process loops (below). The old tree is .devcarry/pyold/python (made
 # here with `git archive COMMIT python | tar -x -C .devcarry/pyold`),
 # first on PYTHONPATH. ~150 s after moeqwen.sh's setup. Carry [".devcarry"].
 set -u
@@ -46,6 +46,19 @@ if [ -n "${GC:-}" ]; then
 				python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print(d['case'], 'freeze' if sys.argv[1] else 'as is', d['wall'], d['main_cpu'], 'gc', d['gc'], d['gc_tracked'])" "$fz"
 		done
 	done | tee $OUT/gc.txt
+fi
+# LOOPS=1: each tree's single-process loops first, alternating, a fresh
+# process each (mainprobe.py: wall and main-thread CPU): vLLM's narrow loop
+# at world 4 and 8 on the Qwen2, the engines' loop on the MoE.
+if [ -n "${LOOPS:-}" ]; then
+	for c in "narrow4 $Q" "narrow8 $Q" "engine $M" "narrow4 $Q" "narrow8 $Q" "engine $M" "narrow4 $Q" "narrow8 $Q"; do
+		set -- $c
+		for tree in ${TREES:-new old}; do
+			pp=; [ $tree = old ] && pp=$PWD/.devcarry/pyold/python
+			env PYTHONPATH=$pp PHXMOUNT_HOOK=cuda:0 timeout 60 python3 scripts/gpu-probes/mainprobe.py $1 $2 2>/dev/null | \
+				python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print(sys.argv[1], d['case'], 'wall', round(d['wall'], 4), 'main_cpu', round(d['main_cpu'], 4))" $tree
+		done
+	done | tee $OUT/loops.txt
 fi
 for tree in ${TREES:-new old new old}; do procs8 $tree; done | tee $OUT/ab.txt
 for tree in ${TREES:-new old new old}; do fp $tree; done | tee -a $OUT/ab.txt
