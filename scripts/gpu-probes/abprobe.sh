@@ -5,7 +5,7 @@
 # start to the last end), and the hooked from_pretrained of the MoE
 # checkpoint (smallprof.py fp: the call's seconds and the hook's span),
 # each tree in turn, twice (TREES to choose); GC=1: mainprobe.py's cyclic
-# collections first; LOOPS=1: the single-process loops (below). The old tree is .devcarry/pyold/python (made
+# collections first; LOOPS=1: the single-process loops (below); NOFP=1: no from_pretrained. The old tree is .devcarry/pyold/python (made
 # here with `git archive COMMIT python | tar -x -C .devcarry/pyold`),
 # first on PYTHONPATH. ~150 s after moeqwen.sh's setup. Carry [".devcarry"].
 set -u
@@ -51,7 +51,7 @@ fi
 # process each (mainprobe.py: wall and main-thread CPU): vLLM's narrow loop
 # at world 4 and 8 on the Qwen2, the engines' loop on the MoE.
 if [ -n "${LOOPS:-}" ]; then
-	for c in "narrow4 $Q" "narrow8 $Q" "engine $M" "narrow4 $Q" "narrow8 $Q" "engine $M" "narrow4 $Q" "narrow8 $Q"; do
+	for c in "narrow4 $Q" "narrow8 $Q" "engine $M" "narrow4 $Q" "narrow8 $Q" "engine $M"; do
 		set -- $c
 		for tree in ${TREES:-new old}; do
 			pp=; [ $tree = old ] && pp=$PWD/.devcarry/pyold/python
@@ -61,6 +61,6 @@ if [ -n "${LOOPS:-}" ]; then
 	done | tee $OUT/loops.txt
 fi
 for tree in ${TREES:-new old new old}; do procs8 $tree; done | tee $OUT/ab.txt
-for tree in ${TREES:-new old new old}; do fp $tree; done | tee -a $OUT/ab.txt
+[ -n "${NOFP:-}" ] || for tree in ${TREES:-new old new old}; do fp $tree; done | tee -a $OUT/ab.txt
 umount $W/mnt; wait $D
 echo "total $(( $(date +%s) - T0 )) s"
