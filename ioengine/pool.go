@@ -227,7 +227,7 @@ func (p *Pool) Run(ops []Op) error {
 	for i := range jobs {
 		jobs[i] = job{ops: ops, stride: len(p.workers), b: b}
 	}
-	if err := p.submit(b, jobs, 0); err != nil {
+	if err := p.submit(b, jobs, func(i int) int { return i }); err != nil {
 		return err
 	}
 	b.wg.Wait()
@@ -246,24 +246,34 @@ func (p *Pool) Each(fn func(worker int, e Engine)) error {
 // (n is clamped to 1..Workers). Small jobs on a few workers leave the
 // others to concurrent callers.
 func (p *Pool) EachOn(start, n int, fn func(worker int, e Engine)) error {
+	return p.EachIn(0, len(p.workers), start, n, fn)
+}
+
+// EachIn is EachOn inside the part [base, base+size) of the pool: workers
+// base+start, base+start+1, ... wrapping around inside the part (size is
+// clamped to the pool, n to 1..size), so that the plans of one part
+// cover all of its workers alike, the first ones as often as the last.
+func (p *Pool) EachIn(base, size, start, n int, fn func(worker int, e Engine)) error {
 	w := len(p.workers)
-	n = min(max(n, 1), w)
-	start = (start%w + w) % w
+	base = min(max(base, 0), w-1)
+	size = min(max(size, 1), w-base)
+	n = min(max(n, 1), size)
+	start = (start%size + size) % size
 	b := &batch{}
 	jobs := make([]job, n)
 	for i := range jobs {
 		jobs[i] = job{fn: fn, b: b}
 	}
-	if err := p.submit(b, jobs, start); err != nil {
+	if err := p.submit(b, jobs, func(i int) int { return base + (start+i)%size }); err != nil {
 		return err
 	}
 	b.wg.Wait()
 	return b.err
 }
 
-// submit queues jobs[i] on worker start+i (mod Workers), in FIFO order
-// behind earlier jobs.
-func (p *Pool) submit(b *batch, jobs []job, start int) error {
+// submit queues jobs[i] on worker at(i), in FIFO order behind earlier
+// jobs.
+func (p *Pool) submit(b *batch, jobs []job, at func(i int) int) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
@@ -273,7 +283,7 @@ func (p *Pool) submit(b *batch, jobs []job, start int) error {
 	for i := range jobs {
 		// Workers keep draining while we hold the shared lock, so a full
 		// queue only delays this send.
-		p.workers[(start+i)%len(p.workers)].jobs <- &jobs[i]
+		p.workers[at(i)].jobs <- &jobs[i]
 	}
 	return nil
 }

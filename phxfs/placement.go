@@ -42,15 +42,28 @@ func (ld *loading) leave(dev int) {
 	}
 }
 
-// place returns the first worker and the number of workers of a plan that
-// wants want workers, for device rank of k loading: inside the device's
-// part of the pool, starting where the previous plan stopped, so that
-// small concurrent batches spread over the part.
-func (l *Lib) place(rank, k, want int) (start, n int) {
+// crew is the workers of a plan: n of them from base+start, wrapping
+// around inside the device's part [base, base+size) of the pool.
+type crew struct{ base, size, start, n int }
+
+// worker is the plan's i-th worker.
+func (c crew) worker(i int) int { return c.base + (c.start+i)%c.size }
+
+// index is which of the plan's workers w is (its i: worker(i) == w).
+func (c crew) index(w int) int { return ((w-c.base-c.start)%c.size + c.size) % c.size }
+
+// place returns the workers of a plan that wants want of them, for device
+// rank of k loading: inside the device's part of the pool, starting where
+// the previous plan stopped and wrapping around inside the part, so that
+// small concurrent batches spread over the whole part alike. (Starts kept
+// inside the part without wrapping gave its middle workers seven times the
+// jobs of its first and last: four KV batches in flight of seven workers
+// each queued three deep on workers 7-10 of 16 while 0 and 15 idled.)
+func (l *Lib) place(rank, k, want int) crew {
 	base, part := l.part(rank, k)
-	n = min(want, part)
-	rot := int(l.rotor.Add(uint64(n)) % uint64(part-n+1))
-	return base + rot, n
+	n := min(want, part)
+	rot := int(l.rotor.Add(uint64(n)) % uint64(part))
+	return crew{base: base, size: part, start: rot, n: n}
 }
 
 // stagedDevice is the device of a plan's first staged xfer.
@@ -86,37 +99,34 @@ func (l *Lib) part(rank, k int) (base, size int) {
 	return min(rank*size, l.pool.Workers()-size), size
 }
 
-// mayLeave says whether worker w, one of the plan's n workers from start,
-// would leave its plan of dev: the placement now gives w to another
-// device, and a worker of the plan is inside dev's part to go on with it.
-// Ranks shift while other loads start and finish, so every worker of a
-// plan can see this at one time or another: the claimer keeps the last
-// one (leaves).
-func (l *Lib) mayLeave(dev, w, start, n int) bool {
+// mayLeave says whether worker w, one of the plan's crew, would leave its
+// plan of dev: the placement now gives w to another device, and a worker
+// of the plan is inside dev's part to go on with it. Ranks shift while
+// other loads start and finish, so every worker of a plan can see this at
+// one time or another: the claimer keeps the last one (leaves).
+func (l *Lib) mayLeave(dev, w int, c crew) bool {
 	rank, k := l.loading.rankOf(dev)
 	if k <= 1 {
 		return false
 	}
-	workers := l.pool.Workers()
 	base, part := l.part(rank, k)
 	inside := func(x int) bool { return x >= base && x < base+part }
 	if inside(w) {
 		return false
 	}
-	for i := range n {
-		if inside((start + i) % workers) {
+	for i := range c.n {
+		if inside(c.worker(i)) {
 			return true
 		}
 	}
 	return false
 }
 
-// leaves says whether worker w leaves its plan (of dev, n workers from
-// start) now: the placement wants it elsewhere (mayLeave) and it is not
-// the plan's last worker, which claims what is left whatever the
-// placement says.
-func (l *Lib) leaves(c *claimer, dev, w, start, n int) bool {
-	return l.mayLeave(dev, w, start, n) && c.leave()
+// leaves says whether worker w leaves its plan (of dev, its crew c) now:
+// the placement wants it elsewhere (mayLeave) and it is not the plan's
+// last worker, which claims what is left whatever the placement says.
+func (l *Lib) leaves(cl *claimer, dev, w int, c crew) bool {
+	return l.mayLeave(dev, w, c) && cl.leave()
 }
 
 // claimer hands a plan's xfers out in order, a chunk at a time, to the

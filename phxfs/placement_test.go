@@ -2,6 +2,7 @@ package phxfs
 
 import (
 	"bytes"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,8 +20,8 @@ func TestPlacementSplitsThePool(t *testing.T) {
 	if r0 != 0 || k != 1 {
 		t.Fatalf("one device loading: rank %d of %d", r0, k)
 	}
-	if start, n := l.place(r0, k, 100); start != 0 || n != 8 {
-		t.Fatalf("alone: workers %d+%d, want 0+8", start, n)
+	if c := l.place(r0, k, 100); c.base != 0 || c.size != 8 || c.n != 8 {
+		t.Fatalf("alone: %+v, want all 8 workers", c)
 	}
 	r1, k, _ := l.loading.enter(1)
 	if r1 != 1 || k != 2 {
@@ -28,9 +29,14 @@ func TestPlacementSplitsThePool(t *testing.T) {
 	}
 	for i := range 20 {
 		for rank, lo := range []int{0, 4} {
-			start, n := l.place(rank, 2, 1+i%6)
-			if start < lo || start+n > lo+4 || n != min(1+i%6, 4) {
-				t.Fatalf("rank %d of 2, %d wanted: workers %d+%d, outside [%d, %d)", rank, 1+i%6, start, n, lo, lo+4)
+			c := l.place(rank, 2, 1+i%6)
+			if c.n != min(1+i%6, 4) {
+				t.Fatalf("rank %d of 2, %d wanted: %d workers", rank, 1+i%6, c.n)
+			}
+			for j := range c.n {
+				if w := c.worker(j); w < lo || w >= lo+4 || c.index(w) != j {
+					t.Fatalf("rank %d of 2, %d wanted: worker %d of %+v is %d, outside [%d, %d)", rank, 1+i%6, j, c, w, lo, lo+4)
+				}
 			}
 		}
 	}
@@ -42,6 +48,33 @@ func TestPlacementSplitsThePool(t *testing.T) {
 	l.loading.leave(1)
 	if len(l.loading.active) != 0 {
 		t.Fatalf("active left: %v", l.loading.active)
+	}
+}
+
+// TestPlacementCoversThePartAlike: the plans of one device wrap around
+// its part of the pool, so that each worker gets as many jobs as any
+// other (a KV client's batches in flight: seven workers each of sixteen).
+// Starts kept inside the part without wrapping gave workers 6-9 seven
+// jobs for each one of workers 0 and 15.
+func TestPlacementCoversThePartAlike(t *testing.T) {
+	l, _ := newLib(t, setup{"sync", Staged}, 0, func(c *Config) { c.Workers = 16 })
+	for _, tc := range []struct{ rank, k, want, lo, size int }{{0, 1, 7, 0, 16}, {1, 2, 3, 8, 8}} {
+		jobs := make([]int, 16)
+		for range 16 * tc.size {
+			c := l.place(tc.rank, tc.k, tc.want)
+			for i := range c.n {
+				jobs[c.worker(i)]++
+			}
+		}
+		part := jobs[tc.lo : tc.lo+tc.size]
+		if slices.Min(part) != slices.Max(part) || slices.Min(part) == 0 {
+			t.Errorf("rank %d of %d, plans of %d workers: jobs per worker of its part %v, want all alike", tc.rank, tc.k, tc.want, part)
+		}
+		for w, n := range jobs {
+			if (w < tc.lo || w >= tc.lo+tc.size) && n != 0 {
+				t.Errorf("rank %d of %d: worker %d outside its part got %d jobs", tc.rank, tc.k, w, n)
+			}
+		}
 	}
 }
 
@@ -102,14 +135,14 @@ func TestClaimerAndLeaving(t *testing.T) {
 
 	l, _ := newLib(t, setup{"sync", Staged}, 2, func(c *Config) { c.Workers = 8 })
 	l.loading.enter(1) // device 1 alone: its plan took every worker
-	if l.mayLeave(1, 2, 0, 8) {
+	if l.mayLeave(1, 2, crew{0, 8, 0, 8}) {
 		t.Error("a worker left with one device loading")
 	}
 	l.loading.enter(0) // device 0 arrives: it gets workers 0-3
-	if !l.mayLeave(1, 2, 0, 8) || l.mayLeave(1, 5, 0, 8) {
+	if !l.mayLeave(1, 2, crew{0, 8, 0, 8}) || l.mayLeave(1, 5, crew{0, 8, 0, 8}) {
 		t.Error("device 1's plan should give back workers 0-3, and keep 4-7")
 	}
-	if l.mayLeave(1, 2, 0, 3) {
+	if l.mayLeave(1, 2, crew{0, 8, 0, 3}) {
 		t.Error("a plan with no worker left in its part must keep its workers")
 	}
 }
@@ -123,22 +156,22 @@ func TestLastWorkerNeverLeaves(t *testing.T) {
 	l, _ := newLib(t, setup{"sync", Staged}, 0, func(c *Config) { c.Workers = 8 })
 	const dev = 1
 	rank, k, _ := l.loading.enter(dev) // device 1 alone: its plan takes every worker
-	start, n := l.place(rank, k, 8)
-	if start != 0 || n != 8 {
-		t.Fatalf("alone: workers %d+%d, want 0+8", start, n)
+	cr := l.place(rank, k, 8)
+	if cr.base != 0 || cr.size != 8 || cr.n != 8 {
+		t.Fatalf("alone: %+v, want all 8 workers", cr)
 	}
 	xs := make([]xfer, 64)
 	for i := range xs {
 		xs[i].len = 4096
 	}
-	c := newClaimer(xs, n, 4096)
+	c := newClaimer(xs, cr.n, 4096)
 	var stayed []int
 	ask := func(workers ...int) {
 		for _, w := range workers {
-			if !l.mayLeave(dev, w, start, n) {
+			if !l.mayLeave(dev, w, cr) {
 				t.Fatalf("worker %d: the placement keeps it; the test wants every worker asked to leave", w)
 			}
-			if !l.leaves(c, dev, w, start, n) {
+			if !l.leaves(c, dev, w, cr) {
 				stayed = append(stayed, w)
 			}
 		}

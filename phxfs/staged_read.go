@@ -145,23 +145,22 @@ func sharePieces(share int64) int64 {
 // striped round-robin. Host transfers of the plan run through the
 // worker's engine as they come.
 func (l *Lib) runStriped(p *plan) {
-	workers := l.pool.Workers()
 	dev := stagedDevice(p.xfers)
 	rank, k, plans := l.loading.enter(dev)
 	defer l.loading.leave(dev)
-	start, n := l.place(rank, k, l.stagedWorkers(p.xfers, plans))
+	cr := l.place(rank, k, l.stagedWorkers(p.xfers, plans))
 	mode := l.ODirectPolicy()
 	bf := newBatchFiles(p, &l.maps)
 	defer bf.close()
-	c := newClaimer(p.xfers, n, l.cfg.BounceSize)
-	err := l.pool.EachOn(start, n, func(w int, eng ioengine.Engine) {
+	c := newClaimer(p.xfers, cr.n, l.cfg.BounceSize)
+	err := l.pool.EachIn(cr.base, cr.size, cr.start, cr.n, func(w int, eng ioengine.Engine) {
 		if !p.write {
 			// This worker's claims, one array, kept for its next plan (a
 			// worker runs one plan at a time).
 			buf := l.staged.claims[w]
 			defer func() { l.staged.claims[w] = buf }()
 			src := func() []int {
-				if l.leaves(c, dev, w, start, n) {
+				if l.leaves(c, dev, w, cr) {
 					return nil
 				}
 				idx := c.claim(buf)
@@ -175,7 +174,7 @@ func (l *Lib) runStriped(p *plan) {
 			return
 		}
 		var mine []int
-		for i := (w - start + workers) % workers; i < len(p.xfers); i += n {
+		for i := cr.index(w); i < len(p.xfers); i += cr.n {
 			mine = append(mine, i)
 		}
 		l.stagedWrite(w, eng, p.xfers, l.hostFirst(eng, p, mine))
