@@ -10,8 +10,9 @@
 #   2. phxbench-gpu kv in-process, 1 thread x 1 and 4 batches in flight;
 #   3. gpu_kv.py through the mount, 1 thread x 4 and x 1 in flight, a
 #      daemon with PHXMOUNT_TRACE (gathers from the file's mapping, the
-#      default), then a daemon with PHX_GATHER=off (every block read by
-#      the engine).
+#      default), then .devcarry/phxmount-old where carried (an older
+#      daemon: an A/B), then a daemon with PHX_GATHER=off (every block
+#      read by the engine).
 # Here afterwards: python3 scripts/gpu-probes/traceregions.py on the
 # traces of raw.tgz.
 #
@@ -55,9 +56,10 @@ grep -E "GB/s|per batch|rror" "$R/inproc.txt" | tee -a "$T"
 pack
 
 say "--- 3. through the mount: gpu_kv.py, 16 KiB, 1 thread x 4 and x 1 in flight ($(el))"
-for v in gather:auto nogather:off; do
-	name=${v%%:*} gather=${v#*:}
-	PHX_GATHER=$gather PHXMOUNT_TRACE=$R/daemon-$name.trace "$C/phxmount" --vendor nvidia "$W/backing" "$W/mnt" >"$R/daemon-$name.log" 2>&1 &
+for v in gather:auto:phxmount old:auto:phxmount-old gather2:auto:phxmount old2:auto:phxmount-old nogather:off:phxmount; do
+	IFS=: read -r name gather bin <<<"$v"
+	[ -x "$C/$bin" ] || continue
+	PHX_GATHER=$gather PHXMOUNT_TRACE=$R/daemon-$name.trace "$C/$bin" --vendor nvidia "$W/backing" "$W/mnt" >"$R/daemon-$name.log" 2>&1 &
 	D=$!
 	if "$C/phxmount" wait --timeout 10 "$W/mnt" >>"$R/daemon-$name.log" 2>&1; then
 		timeout 60 python3 python/tools/gpu_kv.py --mount-file "$W/mnt/kv.bin" --backing-file "$KV" --out "$R/kv-$name.json" \
