@@ -1,7 +1,6 @@
 package phxfs
 
 import (
-	"cmp"
 	"math"
 	"slices"
 
@@ -179,22 +178,47 @@ func (r *region) target(i int, addr uint64) target {
 // on every KV-cache ioctl: the key is compared directly, without
 // reflection, and a sorted batch (a file read front to back) is left as is.
 func order(reqs []Request, targets []target) {
+	keys := make([]orderKey, len(targets))
 	for k := range targets {
 		t := &targets[k]
 		t.fd, t.off = reqs[t.i].Fd, reqs[t.i].FileOffset
+		// A descriptor is a C int, and a batch is MaxBatchPieces requests
+		// at most: both fit 32 bits.
+		keys[k] = orderKey{off: t.off, fd: int32(t.fd), k: int32(k)}
 	}
-	less := func(a, b target) int {
-		switch {
-		case a.fd != b.fd:
-			return cmp.Compare(a.fd, b.fd)
-		case a.off != b.off:
-			return cmp.Compare(a.off, b.off)
-		}
-		return cmp.Compare(a.i, b.i)
+	if slices.IsSortedFunc(keys, orderKey.compare) {
+		return
 	}
-	if !slices.IsSortedFunc(targets, less) {
-		slices.SortFunc(targets, less)
+	slices.SortFunc(keys, orderKey.compare)
+	sorted := make([]target, len(targets))
+	for j, key := range keys {
+		sorted[j] = targets[key.k]
 	}
+	copy(targets, sorted)
+}
+
+// orderKey is a target's place in the order, packed: 16 bytes where a
+// target is 56, so that sorting a KV batch's 409 scattered blocks moves
+// and compares a third of the bytes (the sort was a third of a batch's
+// planning). k is the target's index, which follows its request's.
+type orderKey struct {
+	off int64
+	fd  int32
+	k   int32
+}
+
+// compare orders by file, offset and index. (cmp.Or of three
+// cmp.Compare calls computes all three every time.)
+func (a orderKey) compare(b orderKey) int {
+	switch {
+	case a.fd != b.fd:
+		return int(a.fd) - int(b.fd)
+	case a.off < b.off:
+		return -1
+	case a.off > b.off:
+		return 1
+	}
+	return int(a.k) - int(b.k)
 }
 
 // limit is the largest engine transfer for a transport.

@@ -1,7 +1,9 @@
 package phxfs
 
 import (
+	"cmp"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -30,5 +32,40 @@ func BenchmarkPrepare409(b *testing.B) {
 			l.release(h)
 		}
 		l.mu.Unlock()
+	}
+}
+
+// TestOrderIsByFileOffsetAndRequest: planning's order (by descriptor,
+// then file offset, requests at the same place in their own order) for
+// batches of random targets, against a plain sort of the targets
+// themselves; an already sorted batch stays as it is.
+func TestOrderIsByFileOffsetAndRequest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 200 {
+		n := 1 + rng.IntN(500)
+		reqs := make([]Request, n)
+		targets := make([]target, n)
+		for i := range reqs {
+			reqs[i] = Request{Fd: 3 + rng.IntN(3), FileOffset: int64(rng.IntN(64)) * 4096}
+			targets[i] = target{i: i, devAddr: uint64(i)}
+		}
+		if round%10 == 0 { // sorted already
+			slices.SortStableFunc(reqs, func(a, b Request) int {
+				return cmp.Or(cmp.Compare(a.Fd, b.Fd), cmp.Compare(a.FileOffset, b.FileOffset))
+			})
+		}
+		want := slices.Clone(targets)
+		for k := range want {
+			want[k].fd, want[k].off = reqs[want[k].i].Fd, reqs[want[k].i].FileOffset
+		}
+		slices.SortStableFunc(want, func(a, b target) int {
+			return cmp.Or(cmp.Compare(a.fd, b.fd), cmp.Compare(a.off, b.off))
+		})
+		order(reqs, targets)
+		for k := range want {
+			if targets[k].i != want[k].i || targets[k].devAddr != want[k].devAddr || targets[k].off != want[k].off {
+				t.Fatalf("round %d: place %d holds request %d, want %d", round, k, targets[k].i, want[k].i)
+			}
+		}
 	}
 }
