@@ -132,14 +132,16 @@ class _Submitter:
     def _retire(self) -> None:
         """Closes the descriptor and gives the pools back, their every task
         ended (on the thread that ended the last one, or close's)."""
-        self._close_all()
-        for pool, width in ((self._pool, self.threads), (self._urgent, 1)):
-            if pool is None:
-                continue
-            if self.shares_pools:
-                threadpools.give(pool, width)
-            else:
-                pool.shutdown(wait=False)
+        try:
+            self._close_all()
+        finally:  # a close that fails must not keep the threads from the next reader
+            for pool, width in ((self._pool, self.threads), (self._urgent, 1)):
+                if pool is None:
+                    continue
+                if self.shares_pools:
+                    threadpools.give(pool, width)
+                else:
+                    pool.shutdown(wait=False)
 
     def _take(self, width: int) -> cf.ThreadPoolExecutor:
         if self.shares_pools:

@@ -14,8 +14,8 @@ from . import threadpools
 
 
 class Closing:
-    """Closes readers off the caller's thread (the process's chores
-    thread: threadpools, no thread started per close); drain() waits for
+    """Closes readers off the caller's thread (the process's chore
+    threads: threadpools, no thread started per close); drain() waits for
     them (tests, before they unmount; interpreter exit, through atexit)."""
 
     def run(self, fn) -> None:

@@ -1,5 +1,5 @@
-"""Thread pools kept for the process's next reader, and one thread for
-what runs later or off the caller's thread.
+"""Thread pools kept for the process's next reader, and a few reused
+threads for what runs later or off the caller's thread.
 
 Why. `Thread.start` returns only once the new thread has run, and beside
 threads that take and give the interpreter's lock at every ioctl that
@@ -16,9 +16,9 @@ readers of a process:
   own pool while it is open (its reads are served exactly as before, by
   its own threads, as wide as it asked), only the threads outlive it. At
   most KEEP pools of each width are kept; more are shut down.
-* `later(seconds, fn)` runs fn after seconds unless cancelled, and
-  `soon(fn)` runs it as soon as may be, both on one thread of the process
-  (the hook's closes, the next file's expiry): short work, in order.
+* `soon(fn)` runs fn on one of a few reused threads of the process, and
+  `later(seconds, fn)` hands it to them after seconds unless cancelled
+  (one timer thread): the hook's closes and the next file's expiry.
 
 A child made by fork has none of its parent's threads: what was kept is
 forgotten in the child (os.register_at_fork), which starts its own.
@@ -81,25 +81,47 @@ class Later:
         self.cancelled = True
 
 
+# Threads that run the chores: a close is a FLUSH round trip, and one on a
+# mount that stopped answering must hold up only itself and as many
+# others as there are threads, never every later close and expiry.
+CHORE_THREADS = 4
+
+
 class _Chores:
-    """One thread, started at the first call, that runs calls at their
-    time, in order of it."""
+    """Calls run as soon as may be on a few reused threads, and calls set
+    for later handed to them at their time by one timer thread; both
+    started at the first call."""
 
     def __init__(self):
         self.cond = threading.Condition(threading.Lock())
         self.heap: list = []
         self.order = itertools.count()  # ties: in the order asked
-        self.thread: Optional[threading.Thread] = None
-        self.running = 0  # calls taken off the heap, not yet returned
+        self.timer: Optional[threading.Thread] = None
+        self.pool: Optional[cf.ThreadPoolExecutor] = None
+        self.running: set = set()  # futures of calls handed to the pool, not yet ended
+
+    def run(self, fn: Callable[[], None]) -> None:
+        """fn on the pool; RuntimeError once the interpreter is finalizing."""
+        with self.cond:
+            if self.pool is None:
+                self.pool = cf.ThreadPoolExecutor(max_workers=CHORE_THREADS, thread_name_prefix="phxmount-chore")
+            fut = self.pool.submit(_quietly, fn)
+            self.running.add(fut)
+        fut.add_done_callback(self._ended)
+
+    def _ended(self, fut: cf.Future) -> None:
+        with self.cond:
+            self.running.discard(fut)
+            self.cond.notify_all()
 
     def add(self, delay: float, fn: Callable[[], None]) -> Later:
         c = Later(time.monotonic() + max(0.0, delay), fn)
         with self.cond:
             heapq.heappush(self.heap, (c.when, next(self.order), c))
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._serve, name="phxmount-chores", daemon=True)
-                self.thread.start()
-            self.cond.notify()
+            if self.timer is None:
+                self.timer = threading.Thread(target=self._serve, name="phxmount-timer", daemon=True)
+                self.timer.start()
+            self.cond.notify_all()
         return c
 
     def _serve(self) -> None:
@@ -108,20 +130,16 @@ class _Chores:
                 while not self.heap or self.heap[0][0] > time.monotonic():
                     self.cond.wait(None if not self.heap else self.heap[0][0] - time.monotonic())
                 c = heapq.heappop(self.heap)[2]
-                self.running += 1
-            try:
-                if not c.cancelled:
-                    c.fn()
-            except Exception:  # noqa: BLE001: a chore's failure is its own (closes report nothing either)
-                pass
-            finally:
-                with self.cond:
-                    self.running -= 1
-                    self.cond.notify_all()
+            if not c.cancelled:
+                try:
+                    self.run(c.fn)
+                except RuntimeError:  # the interpreter is finalizing: nothing runs later any more
+                    return
 
     def drain(self, timeout: float) -> bool:
-        """Waits until every call due now has run (those set for later and
-        cancelled ones do not count); False after timeout seconds."""
+        """Waits until every call asked to run now has run (those set for
+        later and cancelled ones do not count); False after timeout
+        seconds."""
         end = time.monotonic() + timeout
         with self.cond:
             while self.running or any(not c.cancelled and c.when <= time.monotonic() for _, _, c in self.heap):
@@ -132,17 +150,25 @@ class _Chores:
         return True
 
 
+def _quietly(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001: a chore's failure is its own (closes report nothing either)
+        pass
+
+
 _chores = _Chores()
 
 
 def later(seconds: float, fn: Callable[[], None]) -> Later:
-    """fn() after seconds on the process's chores thread, unless cancelled."""
+    """fn() after seconds on a chore thread, unless cancelled."""
     return _chores.add(seconds, fn)
 
 
-def soon(fn: Callable[[], None]) -> Later:
-    """fn() on the process's chores thread, after what is due before it."""
-    return _chores.add(0.0, fn)
+def soon(fn: Callable[[], None]) -> None:
+    """fn() on a chore thread as soon as one is free; RuntimeError once
+    the interpreter is finalizing (the caller runs it itself then)."""
+    _chores.run(fn)
 
 
 def drain(timeout: float = 30) -> bool:
