@@ -6,7 +6,6 @@ Pure data: command numbers and the packing and unpacking of every struct
 
 from __future__ import annotations
 
-import errno as _errno
 import struct
 from array import array
 from dataclasses import dataclass, field
@@ -449,7 +448,3 @@ EMU_HANDLE_MAGIC = b"PHXEMU01"
 def emu_handle(pid: int, fd: int, size: int, inode: int, device: int) -> bytes:
     h = struct.pack("<8sIIQQI", EMU_HANDLE_MAGIC, pid, fd, size, inode, device)
     return h + bytes(HANDLE_SIZE - len(h))
-
-
-def errno_name(e: int) -> str:
-    return _errno.errorcode.get(e, str(e))

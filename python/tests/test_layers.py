@@ -61,6 +61,17 @@ class LayersTest(unittest.TestCase):
                     bad.append(f"{m} (layer {i}) imports {dep} (layer {level[dep]})")
         self.assertEqual(bad, [])
 
+    def test_no_module_over_450_lines(self):
+        # Issue 27, item 6: one place per concern, no file over 450 lines.
+        long = {}
+        for name in os.listdir(PKG):
+            if name.endswith(".py"):
+                with open(os.path.join(PKG, name)) as f:
+                    n = sum(1 for _ in f)
+                if n > 450:
+                    long[name] = n
+        self.assertEqual(long, {})
+
 
 if __name__ == "__main__":
     unittest.main()
