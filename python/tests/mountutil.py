@@ -5,6 +5,7 @@ numpy (need_numpy), and a safetensors file of varied tensors (make_file)."""
 import contextlib
 import os
 import random
+import signal
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,27 @@ from phxmount.client import mount_counters  # noqa: E402
 from phxmount.regcache import close_caches  # noqa: E402
 
 PHXMOUNT = os.environ.get("PHXMOUNT_BIN", os.path.join(ROOT, "bin", "phxmount"))
+
+
+def in_child(fn, seconds: int = 20) -> bool:
+    """Runs fn() in a child made by fork and returns its truth: False when
+    it raised, returned false, or outlived seconds (a child stuck on a
+    lock held at the fork dies, and the test fails rather than hangs)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            signal.alarm(seconds)
+            ok = bool(fn())
+        finally:
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got == b"1"
 
 
 def why_not():

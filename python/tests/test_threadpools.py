@@ -3,12 +3,11 @@ started per file), never while its tasks run; soon and later on a few
 reused chore threads, one stuck chore holding up no other; a forked
 child starts its own. No mount needed."""
 
-import os
 import threading
 import time
 import unittest
 
-from mountutil import HERE  # noqa: F401: puts the package on the path
+from mountutil import in_child
 
 from phxmount import threadpools
 from phxmount.batchio import _Submitter
@@ -99,25 +98,16 @@ class PoolsTest(unittest.TestCase):
         a.submit(Cols()).result(10)
         a.close()
         self.assertEqual(threadpools.kept(), 1)
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: its parent's pools have no threads here
-            ok = 0
-            try:
-                if threadpools.kept() == 0:
-                    b = EchoIO(threads=2)
-                    b.submit(Cols()).result(5)
-                    done = threading.Event()
-                    threadpools.soon(done.set)
-                    ok = int(done.wait(5))
-            finally:
-                os.write(w, bytes([ok]))
-                os._exit(0)
-        os.close(w)
-        got = os.read(r, 1)
-        os.close(r)
-        os.waitpid(pid, 0)
-        self.assertEqual(got, b"\x01", "the child forgot nothing, or its reads or chores did not run")
+        def child():  # its parent's pools have no threads here
+            if threadpools.kept() != 0:
+                return False
+            b = EchoIO(threads=2)
+            b.submit(Cols()).result(5)
+            done = threading.Event()
+            threadpools.soon(done.set)
+            return done.wait(5)
+
+        self.assertTrue(in_child(child), "the child forgot nothing, or its reads or chores did not run")
 
 
 class ChoresTest(unittest.TestCase):

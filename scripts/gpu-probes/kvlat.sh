@@ -24,29 +24,8 @@ set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
 C=$ROOT/.devcarry
-OUT=${OUT:-$C/out}
-W=/var/tmp/phxgpu R=/var/tmp/phxgpu/kvlat KV=/var/tmp/phxgpu/backing/kv.bin
-mkdir -p "$OUT" "$R" "$W/backing" "$W/mnt"
-T=$OUT/kvlat.txt
-: >"$T"
-T0=$(date +%s)
-say() { echo "$*" | tee -a "$T"; }
-el() { echo "$(($(date +%s) - T0)) s"; }
-pack() { tar -czf "$OUT/raw.tgz" -C "$R" . 2>/dev/null; }
-for b in phxmount phxbench-gpu; do
-	[ -x "$C/$b" ] || { say "no .devcarry/$b: run 'bash scripts/gpu-test.sh build' where Go is"; exit 1; }
-done
-say "=== kvlat $(date -u +%FT%TZ) commit $(cat "$C/commit" 2>/dev/null) $(nvidia-smi -L 2>&1 | head -1)"
-
-NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-NV=
-if [ -n "$NVCC" ] && [ -f "$C/ref/kv_blocks.cu" ]; then
-	(cd "$C/ref" && { [ kv_blocks -nt kv_blocks.cu ] || timeout 90 "$NVCC" -O2 -std=c++17 -arch=sm_90 -o kv_blocks kv_blocks.cu -lpthread; }) >"$R/nvcc.log" 2>&1 &
-	NV=$!
-fi
-[ -f "$KV" ] || head -c 4G /dev/urandom >"$KV"
-cat "$KV" >/dev/null
-say "file $(stat -c %s "$KV") bytes, hot ($(el))"
+PROBE=kvlat NEED="phxmount phxbench-gpu" HOW="bash scripts/gpu-test.sh build"
+. scripts/gpu-probes/kvsetup.sh
 python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 || say "pip install ./python failed (pip.log)"
 
 say "--- 2. in-process: phxbench-gpu kv, 16 KiB, 1 thread x 1 and 4 in flight ($(el))"

@@ -32,34 +32,8 @@ if [ "${1:-}" = build ]; then
 	du -sh "$C"
 	exit 0
 fi
-OUT=${OUT:-$C/out}
-W=/var/tmp/phxgpu R=/var/tmp/phxgpu/kvprof KV=/var/tmp/phxgpu/backing/kv.bin
-mkdir -p "$OUT" "$R" "$W/backing" "$W/mnt"
-T=$OUT/kvprof.txt
-: >"$T"
-T0=$(date +%s)
-say() { echo "$*" | tee -a "$T"; }
-el() { echo "$(($(date +%s) - T0)) s"; }
-pack() { tar -czf "$OUT/raw.tgz" -C "$R" . 2>/dev/null; }
-for b in phxmount phxbench-gpu pprof; do
-	[ -x "$C/$b" ] || { say "no .devcarry/$b: run 'bash scripts/gpu-probes/kvprof.sh build' where Go is"; exit 1; }
-done
-say "=== kvprof $(date -u +%FT%TZ) commit $(cat "$C/commit" 2>/dev/null) $(nvidia-smi -L 2>&1 | head -1)"
-
-# The reference builds while the file is made and read.
-NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-NV=
-if [ -n "$NVCC" ] && [ -f "$C/ref/kv_blocks.cu" ]; then
-	(cd "$C/ref" && { [ kv_blocks -nt kv_blocks.cu ] || timeout 90 "$NVCC" -O2 -std=c++17 -arch=sm_90 -o kv_blocks kv_blocks.cu -lpthread; }) >"$R/nvcc.log" 2>&1 &
-	NV=$!
-else
-	say "no nvcc or no .devcarry/ref/kv_blocks.cu: no reference row"
-fi
-# Any bytes do (gpu-test.sh's kv.bin is random too); urandom is quicker
-# than phxbench-gpu gen, and leaves the file in the page cache (hot).
-[ -f "$KV" ] || head -c 4G /dev/urandom >"$KV"
-cat "$KV" >/dev/null
-say "file $(stat -c %s "$KV") bytes, hot ($(el))"
+PROBE=kvprof NEED="phxmount phxbench-gpu pprof" HOW="bash scripts/gpu-probes/kvprof.sh build"
+. scripts/gpu-probes/kvsetup.sh
 [ -n "$NV" ] && wait "$NV"
 
 say "--- 1. kv_blocks.cu 16 64 ($(el))"
