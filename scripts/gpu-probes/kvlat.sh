@@ -38,18 +38,7 @@ say "--- 3. through the mount: gpu_kv.py, 16 KiB, 1 thread x 4 and x 1 in flight
 for v in gather:auto:phxmount old:auto:phxmount-old gather2:auto:phxmount old2:auto:phxmount-old nogather:off:phxmount; do
 	IFS=: read -r name gather bin <<<"$v"
 	[ -x "$C/$bin" ] || continue
-	PHX_GATHER=$gather PHXMOUNT_TRACE=$R/daemon-$name.trace "$C/$bin" --vendor nvidia "$W/backing" "$W/mnt" >"$R/daemon-$name.log" 2>&1 &
-	D=$!
-	if "$C/phxmount" wait --timeout 10 "$W/mnt" >>"$R/daemon-$name.log" 2>&1; then
-		timeout 60 python3 python/tools/gpu_kv.py --mount-file "$W/mnt/kv.bin" --backing-file "$KV" --out "$R/kv-$name.json" \
-			--sizes 16 --threads 1 --total 1GiB --directions read --timeout 30 >"$R/kv-$name.txt" 2>&1
-		grep -E "GB/s|PASS|FAIL" "$R/kv-$name.txt" | sed "s/^/  $name: /" | cut -c1-160 | tee -a "$T"
-		umount "$W/mnt" 2>/dev/null || umount -l "$W/mnt"
-	else
-		say "$name: no mount"; tail -3 "$R/daemon-$name.log" | tee -a "$T"
-		kill "$D" 2>/dev/null
-	fi
-	wait "$D"
+	mounted_kv "$name" "$bin" 16 1 60 PHX_GATHER="$gather" PHXMOUNT_TRACE="$R/daemon-$name.trace"
 	pack
 done
 

@@ -98,18 +98,7 @@ say "--- 3. through the mount: gpu_kv.py reads, a daemon per rule: spread, slot 
 python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 || say "pip install ./python failed (pip.log)"
 for rule in spread slot load; do
 	[ $(($(date +%s) - T0)) -lt "${KV_STEP3_BY_S:-260}" ] || { say "rule $rule: not run (out of time)"; continue; }
-	PHX_STAGED_SHARE=$rule PHXMOUNT_CPUPROFILE=$R/daemon-$rule.prof "$C/phxmount" --vendor nvidia "$W/backing" "$W/mnt" >"$R/daemon-$rule.log" 2>&1 &
-	D=$!
-	if "$C/phxmount" wait --timeout 10 "$W/mnt" >>"$R/daemon-$rule.log" 2>&1; then
-		timeout 75 python3 python/tools/gpu_kv.py --mount-file "$W/mnt/kv.bin" --backing-file "$KV" --out "$R/kv-$rule.json" \
-			--sizes 16,64 --threads 1,4 --total 1GiB --directions read --timeout 30 >"$R/kv-$rule.txt" 2>&1
-		grep -E "GB/s|PASS|FAIL" "$R/kv-$rule.txt" | sed "s/^/  $rule: /" | cut -c1-200 | tee -a "$T"
-		umount "$W/mnt" 2>/dev/null || umount -l "$W/mnt"
-	else
-		say "rule $rule: no mount"; tail -3 "$R/daemon-$rule.log" | tee -a "$T"
-		kill "$D" 2>/dev/null
-	fi
-	wait "$D"
+	mounted_kv "$rule" phxmount 16,64 1,4 75 PHX_STAGED_SHARE="$rule" PHXMOUNT_CPUPROFILE="$R/daemon-$rule.prof"
 	# 4 runs a size (1 and 4 threads; 4 in flight and 1), 1 GiB each:
 	# 161 ioctls a run at 16 KiB, 41 at 64 KiB.
 	breakdown "$R/daemon-$rule.prof" $((4 * 161 + 4 * 41)) "daemon, rule $rule, 16 and 64 KiB mixed (per ioctl)"

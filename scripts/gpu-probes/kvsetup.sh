@@ -33,3 +33,26 @@ fi
 [ -f "$KV" ] || head -c 4G /dev/urandom >"$KV"
 cat "$KV" >/dev/null
 say "file $(stat -c %s "$KV") bytes, hot ($(el))"
+
+# mounted_kv NAME BIN SIZES THREADS LIMIT [VAR=VALUE...]: a daemon
+# (.devcarry/BIN, with the variables) on $W/mnt, gpu_kv.py's reads of $KV
+# through it (KiB sizes, client threads, 1 GiB a run, within LIMIT
+# seconds), its lines in the summary, the mount gone after; its log and
+# JSON in $R as daemon-NAME.log and kv-NAME.json.
+mounted_kv() {
+	local name=$1 bin=$2 sizes=$3 threads=$4 limit=$5 D
+	shift 5
+	env "$@" "$C/$bin" --vendor nvidia "$W/backing" "$W/mnt" >"$R/daemon-$name.log" 2>&1 &
+	D=$!
+	if "$C/phxmount" wait --timeout 10 "$W/mnt" >>"$R/daemon-$name.log" 2>&1; then
+		timeout "$limit" python3 python/tools/gpu_kv.py --mount-file "$W/mnt/kv.bin" --backing-file "$KV" \
+			--out "$R/kv-$name.json" --sizes "$sizes" --threads "$threads" --total 1GiB --directions read \
+			--timeout 30 >"$R/kv-$name.txt" 2>&1
+		grep -E "GB/s|PASS|FAIL" "$R/kv-$name.txt" | sed "s/^/  $name: /" | cut -c1-200 | tee -a "$T"
+		umount "$W/mnt" 2>/dev/null || umount -l "$W/mnt"
+	else
+		say "$name: no mount"; tail -3 "$R/daemon-$name.log" | tee -a "$T"
+		kill "$D" 2>/dev/null
+	fi
+	wait "$D"
+}
