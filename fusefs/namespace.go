@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -16,14 +17,29 @@ import (
 // kernel's cache of the mount shows them (a name replaced on the backing
 // side, a sticky directory, an ACL), and the caller's errno is native.
 
+// openPath opens the O_PATH descriptor of name in the directory dir that
+// a lookup keeps. A variable: tests stand in for it.
+var openPath = func(dir int, name string) (int, error) {
+	return unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+}
+
+// emfileWait bounds how long a lookup that found the daemon out of
+// descriptors waits for the pruner to close some before it tries once
+// more: a walk can add nodes faster than one run of the pruner, and the
+// kernel's FORGETs follow its request within milliseconds. A run that
+// cannot go on (its names' directory is locked by this lookup's caller,
+// where the kernel has no FUSE_NOTIFY_PRUNE) costs the lookup this wait
+// and its EMFILE, never a deadlock.
+const emfileWait = 100 * time.Millisecond
+
 // lookupFd opens an O_PATH descriptor on the child name and stats it
 // (from the server, on a network file system).
 func (n *node) lookupFd(name string, st *unix.Stat_t) (int, unix.Errno) {
-	fd, err := unix.Openat(n.fd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openPath(n.fd, name)
+	if err == unix.EMFILE && n.fsys.awaitDropped(emfileWait) {
+		fd, err = openPath(n.fd, name)
+	}
 	if err != nil {
-		if err == unix.EMFILE {
-			n.fsys.wantPrune() // the limit fell below the nodes (prlimit): prune now
-		}
 		return -1, toErrno(err)
 	}
 	if n.pol.forceSync {

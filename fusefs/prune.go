@@ -82,6 +82,23 @@ func (f *FS) wantPrune() {
 	}
 }
 
+// awaitDropped wakes the pruner and waits up to d for a node to be
+// dropped (its descriptor closed): a lookup that ran out of descriptors
+// (the limit fell below the nodes, prlimit, or a walk outran the
+// pruner). It reports whether one was.
+func (f *FS) awaitDropped(d time.Duration) bool {
+	seen := f.dropped.Load()
+	f.wantPrune()
+	deadline := time.Now().Add(d)
+	for f.dropped.Load() == seen {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
 // countNode notes a new node; the caller holds nodesMu.
 func (f *FS) countNode() {
 	if f.pruneWake != nil && int64(len(f.nodes)) > f.pruneAt.Load() {

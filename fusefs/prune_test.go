@@ -1,9 +1,11 @@
 package fusefs
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -54,5 +56,49 @@ func TestPruneKeepsNodesWithinRoom(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLookupOutOfDescriptorsWaitsForThePruner: a lookup that finds the
+// daemon out of descriptors (a walk faster than the pruner) waits for a
+// node to be dropped and tries once more, so the caller's stat gets its
+// answer; where nothing is dropped within emfileWait, EMFILE as before
+// (no second try).
+func TestLookupOutOfDescriptorsWaitsForThePruner(t *testing.T) {
+	defer func(o func(int, string) (int, error)) { openPath = o }(openPath)
+	backing, mnt, f := mountForTest(t, Options{})
+	for _, name := range []string{"freed", "stuck"} {
+		if err := os.WriteFile(filepath.Join(backing, name), []byte(name), 0644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	real := openPath
+	var failures atomic.Int32
+	openPath = func(dir int, name string) (int, error) {
+		switch {
+		case name == "stuck":
+			failures.Add(1)
+			return -1, syscall.EMFILE
+		case name == "freed" && failures.Add(1) == 1:
+			// The first try finds no descriptor; the pruner frees one meanwhile.
+			go func() {
+				time.Sleep(10 * time.Millisecond)
+				f.dropped.Add(1)
+			}()
+			return -1, syscall.EMFILE
+		}
+		return real(dir, name)
+	}
+	if _, err := os.Stat(filepath.Join(mnt, "freed")); err != nil {
+		t.Fatalf("a lookup whose retry found a descriptor: %v", err)
+	}
+	failures.Store(0)
+	t0 := time.Now()
+	_, err := os.Stat(filepath.Join(mnt, "stuck"))
+	if !errors.Is(err, syscall.EMFILE) {
+		t.Fatalf("a lookup with no descriptor freed: %v, want EMFILE", err)
+	}
+	if waited := time.Since(t0); waited < emfileWait || failures.Load() != 1 {
+		t.Errorf("with nothing dropped: %v waited, %d tries; want emfileWait (%v) and 1", waited, failures.Load(), emfileWait)
 	}
 }
