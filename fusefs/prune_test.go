@@ -65,30 +65,35 @@ func TestPruneKeepsNodesWithinRoom(t *testing.T) {
 // answer; where nothing is dropped within emfileWait, EMFILE as before
 // (no second try).
 func TestLookupOutOfDescriptorsWaitsForThePruner(t *testing.T) {
-	defer func(o func(int, string) (int, error)) { openPath = o }(openPath)
-	backing, mnt, f := mountForTest(t, Options{})
-	for _, name := range []string{"freed", "stuck"} {
-		if err := os.WriteFile(filepath.Join(backing, name), []byte(name), 0644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// The stand-in is set before the mount's goroutines start and put back
+	// after they end (cleanups run last first): no lookup reads it as it
+	// changes.
 	real := openPath
+	t.Cleanup(func() { openPath = real })
 	var failures atomic.Int32
+	emfile := make(chan struct{}, 1) // the first try of "freed" found no descriptor
 	openPath = func(dir int, name string) (int, error) {
 		switch {
 		case name == "stuck":
 			failures.Add(1)
 			return -1, syscall.EMFILE
 		case name == "freed" && failures.Add(1) == 1:
-			// The first try finds no descriptor; the pruner frees one meanwhile.
-			go func() {
-				time.Sleep(10 * time.Millisecond)
-				f.dropped.Add(1)
-			}()
+			emfile <- struct{}{}
 			return -1, syscall.EMFILE
 		}
 		return real(dir, name)
 	}
+	backing, mnt, f := mountForTest(t, Options{})
+	for _, name := range []string{"freed", "stuck"} {
+		if err := os.WriteFile(filepath.Join(backing, name), []byte(name), 0644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() { // the pruner frees a descriptor meanwhile
+		<-emfile
+		time.Sleep(10 * time.Millisecond)
+		f.dropped.Add(1)
+	}()
 	if _, err := os.Stat(filepath.Join(mnt, "freed")); err != nil {
 		t.Fatalf("a lookup whose retry found a descriptor: %v", err)
 	}
