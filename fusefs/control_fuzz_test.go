@@ -17,11 +17,9 @@ import (
 // ENOTTY, and a READ it accepts must land exactly where it said.
 func FuzzControlIoctl(f *testing.F) {
 	e := newCtlEnv(f, false, false)
-	of, data := patternFile(f, 1<<20, unix.O_RDWR)
-	m := e.alloc(f, 1<<20)
-	r, errno := e.register(f, e.me, of, m)
-	if errno != 0 || r.ID != 1 {
-		f.Fatalf("register: %v (id %d)", errno, r.ID)
+	of, data, m, r := e.served(f, 1<<20, unix.O_RDWR, 1<<20)
+	if r.ID != 1 {
+		f.Fatalf("register: id %d", r.ID)
 	}
 	f.Add(client.CmdRead, client.EncodeIO(client.IOReq{ID: 1, BufOffset: 8, Length: 4096, FileOffset: 64}))
 	f.Add(client.CmdWrite, client.EncodeIO(client.IOReq{ID: 1, Length: 4096, FileOffset: 1 << 20}))

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,6 +89,15 @@ func (e *ctlEnv) alloc(t testing.TB, size int64) *emu.Memory {
 	}
 	t.Cleanup(func() { m.Close() })
 	return m.(*emu.Memory)
+}
+
+// served is a pattern file of fileSize bytes opened with flags and a
+// buffer of memSize bytes registered on it by the test's own caller.
+func (e *ctlEnv) served(t testing.TB, fileSize int64, flags int, memSize int64) (*OpenFile, []byte, *emu.Memory, client.RegisterResp) {
+	t.Helper()
+	f, data := patternFile(t, fileSize, flags)
+	m := e.alloc(t, memSize)
+	return f, data, m, e.registered(t, f, m)
 }
 
 func (e *ctlEnv) ioctl(c Caller, f *OpenFile, cmd uint32, in []byte) ([]byte, syscall.Errno) {
@@ -666,6 +676,35 @@ func TestInfoXattrPathOnEveryTarget(t *testing.T) {
 		s := string(v)
 		if !strings.Contains(s, c.path) || strings.Contains(s, "\nsize=") != c.file || strings.Contains(s, "dio_mem_align=") != c.file {
 			t.Errorf("%+v:\n%s", c.target, s)
+		}
+	}
+}
+
+// BenchmarkControlBatch409 times one BATCH ioctl of 409 random 16 KiB
+// blocks of a hot file into shuffled slots of an emulated registration,
+// through the control (decode, checks, holds, the library, the reply),
+// with no FUSE round trip: a KV client's restore, as the daemon serves
+// it. Run 69 (docs/gpu-notes.md) traced 85 us of such an ioctl outside
+// the library's plan and execute on the H100.
+//
+//	go test ./fusefs -run '^$' -bench ControlBatch409 -benchtime 2000x
+func BenchmarkControlBatch409(b *testing.B) {
+	e := newCtlEnv(b, true, false)
+	const bs, n = 16 << 10, 409
+	f, _, _, r := e.served(b, 64<<20, unix.O_RDONLY, 7<<20)
+	rng := rand.New(rand.NewPCG(1, 2))
+	slots := rng.Perm(n)
+	reqs := make([]client.IOReq, n)
+	for i := range reqs {
+		reqs[i] = client.IOReq{ID: r.ID, BufOffset: uint64(slots[i] * bs), Length: bs, FileOffset: uint64(rng.IntN(64<<20/bs) * bs)}
+	}
+	in, _ := client.EncodeBatch(n, reqs)
+	cmd := client.CmdBatch(false, n)
+	b.SetBytes(n * bs)
+	b.ResetTimer()
+	for range b.N {
+		if _, errno := e.ioctl(e.me, f, cmd, in); errno != 0 {
+			b.Fatal(errno)
 		}
 	}
 }
