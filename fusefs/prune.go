@@ -89,14 +89,7 @@ func (f *FS) wantPrune() {
 func (f *FS) awaitDropped(d time.Duration) bool {
 	seen := f.dropped.Load()
 	f.wantPrune()
-	deadline := time.Now().Add(d)
-	for f.dropped.Load() == seen {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
+	return f.droppedSince(seen, d, time.Millisecond, nil)
 }
 
 // countNode notes a new node; the caller holds nodesMu.
@@ -109,18 +102,26 @@ func (f *FS) countNode() {
 // pruneWait returns once the kernel followed the last run (a node was
 // forgotten since: dropped moved past seen), or after pruneGap.
 func (f *FS) pruneWait(done <-chan struct{}, seen int64) {
-	deadline := time.After(pruneGap)
-	tick := time.NewTicker(pruneGap / 10)
+	f.droppedSince(seen, pruneGap, pruneGap/10, done)
+}
+
+// droppedSince waits until a node is dropped after the count seen (its
+// descriptor closed), looking every step, for at most d or until done
+// closes; it reports whether one was.
+func (f *FS) droppedSince(seen int64, d, step time.Duration, done <-chan struct{}) bool {
+	deadline := time.After(d)
+	tick := time.NewTicker(step)
 	defer tick.Stop()
 	for f.dropped.Load() == seen {
 		select {
 		case <-done:
-			return
+			return false
 		case <-deadline:
-			return
+			return false
 		case <-tick.C:
 		}
 	}
+	return true
 }
 
 // prune asks the kernel to forget the nodes looked up longest ago, when

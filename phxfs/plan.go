@@ -84,11 +84,9 @@ func (p *plan) verb() string {
 	return "read"
 }
 
-// target is a resolved request: where its bytes go, and (the sort key)
-// where they come from.
+// target is a resolved request: where its bytes go (where they come from
+// is its request's: order sorts by it).
 type target struct {
-	fd      int
-	off     int64
 	i       int     // the request
 	host    uintptr // host address (not staged)
 	devAddr uint64  // device address (staged)
@@ -179,12 +177,11 @@ func (r *region) target(i int, addr uint64) target {
 // reflection, and a sorted batch (a file read front to back) is left as is.
 func order(reqs []Request, targets []target) {
 	keys := make([]orderKey, len(targets))
-	for k := range targets {
-		t := &targets[k]
-		t.fd, t.off = reqs[t.i].Fd, reqs[t.i].FileOffset
+	for k, t := range targets {
+		rq := &reqs[t.i]
 		// A descriptor is a C int, and a batch is MaxBatchPieces requests
 		// at most: both fit 32 bits.
-		keys[k] = orderKey{off: t.off, fd: int32(t.fd), k: int32(k)}
+		keys[k] = orderKey{off: rq.FileOffset, fd: int32(rq.Fd), k: int32(k)}
 	}
 	if slices.IsSortedFunc(keys, orderKey.compare) {
 		return

@@ -55,15 +55,14 @@ func TestOrderIsByFileOffsetAndRequest(t *testing.T) {
 			})
 		}
 		want := slices.Clone(targets)
-		for k := range want {
-			want[k].fd, want[k].off = reqs[want[k].i].Fd, reqs[want[k].i].FileOffset
-		}
 		slices.SortStableFunc(want, func(a, b target) int {
-			return cmp.Or(cmp.Compare(a.fd, b.fd), cmp.Compare(a.off, b.off))
+			ra, rb := reqs[a.i], reqs[b.i]
+			return cmp.Or(cmp.Compare(ra.Fd, rb.Fd), cmp.Compare(ra.FileOffset, rb.FileOffset))
 		})
 		order(reqs, targets)
 		for k := range want {
-			if targets[k].i != want[k].i || targets[k].devAddr != want[k].devAddr || targets[k].off != want[k].off {
+			if targets[k].i != want[k].i || targets[k].devAddr != want[k].devAddr ||
+				reqs[targets[k].i].FileOffset != reqs[want[k].i].FileOffset {
 				t.Fatalf("round %d: place %d holds request %d, want %d", round, k, targets[k].i, want[k].i)
 			}
 		}

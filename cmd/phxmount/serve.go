@@ -181,8 +181,8 @@ func newMetrics(c *config, src metrics.Source) (*metrics.Metrics, func(string, t
 const EnvCPUProfile = "PHXMOUNT_CPUPROFILE"
 
 // EnvTrace names a file for a runtime trace of the whole daemon, from
-// mount to exit (go tool trace FILE): when each ioctl's batch ran
-// (fusefs.batch) and, inside it, the library's steps (phxfs.prepare,
+// mount to exit (go tool trace FILE): when each ioctl was served
+// (fusefs.ioctl) and, inside it, the library's steps (phxfs.prepare,
 // phxfs.gather, phxfs.scatter, phxfs.await), where a CPU profile only
 // says how much CPU each took.
 const EnvTrace = "PHXMOUNT_TRACE"
