@@ -30,6 +30,7 @@ func (l *Lib) batch(write bool, reqs []Request) (int, error) {
 	}
 	l.stats.batches.Add(1)
 	trace.WithRegion(bg, "phxfs.execute", func() { l.execute(p) })
+	p.recycle()
 	return failures(reqs), nil
 }
 

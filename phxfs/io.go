@@ -103,8 +103,10 @@ func (l *Lib) single(write bool, fd, dev int, buf uint64, bufOff, n, fileOff int
 		return 0, err
 	}
 	l.execute(p)
+	verb := p.verb()
+	p.recycle()
 	if r := reqs[0].Result; r < 0 {
-		return 0, errs.New(unix.Errno(-r), "phxfs: %s %d bytes at %d", p.verb(), n, fileOff)
+		return 0, errs.New(unix.Errno(-r), "phxfs: %s %d bytes at %d", verb, n, fileOff)
 	}
 	return reqs[0].Result, nil
 }
@@ -196,7 +198,8 @@ func (l *Lib) finish(p *plan) {
 		l.release(r)
 	}
 	l.mu.Unlock()
-	p.held = nil
+	clear(p.held)
+	p.held = p.held[:0]
 }
 
 // requestResult is request i's result from its xfers': the bytes up to

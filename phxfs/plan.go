@@ -75,6 +75,7 @@ type plan struct {
 	trans   []Transport // per request: its registration's transport ("" for host memory)
 	hasHost bool
 	staged  bool
+	mem     *planMemory // the arrays above come from it (planMemory)
 }
 
 func (p *plan) verb() string {
@@ -101,14 +102,17 @@ func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
 	if n := batchPieces(reqs); n > MaxBatchPieces {
 		return nil, errs.New(unix.E2BIG, "phxfs: a batch of more than %d pieces", MaxBatchPieces)
 	}
-	p := &plan{write: write, reqs: reqs, segs: make([][]segment, len(reqs)), held: make([]*region, 0, len(reqs)),
-		trans: make([]Transport, len(reqs))}
+	m := planMemories.Get().(*planMemory)
+	p := &plan{write: write, reqs: reqs, mem: m, segs: sized(m.reqSegs, len(reqs)), held: m.held[:0],
+		trans: sized(m.trans, len(reqs))}
 	targets, err := l.resolve(p)
 	if err != nil {
+		p.recycle()
 		return nil, err
 	}
-	order(reqs, targets)
+	order(reqs, targets, m)
 	l.cut(p, targets)
+	m.targets = targets
 	l.stats.requests.Add(int64(len(targets)))
 	l.stats.ops.Add(int64(len(p.xfers)))
 	return p, nil
@@ -117,7 +121,7 @@ func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
 // resolve checks every request of p and holds the registration of each
 // device buffer; it returns where each request that passed goes.
 func (l *Lib) resolve(p *plan) ([]target, error) {
-	targets := make([]target, 0, len(p.reqs))
+	targets := slices.Grow(p.mem.targets[:0], len(p.reqs))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -175,8 +179,9 @@ func (r *region) target(i int, addr uint64) target {
 // at the same place keep their order. Planning a batch of 409 extents runs
 // on every KV-cache ioctl: the key is compared directly, without
 // reflection, and a sorted batch (a file read front to back) is left as is.
-func order(reqs []Request, targets []target) {
-	keys := make([]orderKey, len(targets))
+func order(reqs []Request, targets []target, m *planMemory) {
+	keys := sized(m.keys, len(targets))
+	m.keys = keys
 	for k, t := range targets {
 		rq := &reqs[t.i]
 		// A descriptor is a C int, and a batch is MaxBatchPieces requests
@@ -187,7 +192,8 @@ func order(reqs []Request, targets []target) {
 		return
 	}
 	slices.SortFunc(keys, orderKey.compare)
-	sorted := make([]target, len(targets))
+	sorted := sized(m.sorted, len(targets))
+	m.sorted = sorted
 	for j, key := range keys {
 		sorted[j] = targets[key.k]
 	}
@@ -264,18 +270,18 @@ func (l *Lib) cut(p *plan, targets []target) {
 	// One backing array for every request's segments and one for the
 	// xfers: most pieces (or runs) make one of each.
 	run := l.runBytes(p, targets)
-	ks := make([]int64, len(targets)) // pieces a run, 1: no runs
+	ks := sized(p.mem.ks, len(targets)) // pieces a run, 1: no runs
 	var n int64
 	for i, t := range targets {
 		rq := &p.reqs[t.i]
 		if ks[i] = l.runPieces(p, rq, t, run); ks[i] > 1 {
 			n += (rq.Count + ks[i] - 1) / ks[i]
 		} else {
-			n += rq.pieces()
+			n += l.xfersOf(rq, t.staged)
 		}
 	}
-	segs := make([]segment, 0, n)
-	p.xfers = make([]xfer, 0, n)
+	segs := slices.Grow(p.mem.segs[:0], int(n))
+	p.xfers = slices.Grow(p.mem.xfers[:0], int(n))
 	for i, t := range targets {
 		start := len(segs)
 		rq := &p.reqs[t.i]
@@ -288,6 +294,23 @@ func (l *Lib) cut(p *plan, targets []target) {
 		}
 		p.segs[t.i] = segs[start:len(segs):len(segs)]
 	}
+	p.mem.ks, p.mem.segs = ks, segs
+}
+
+// xfersOf is how many xfers the pieces of rq (not read in runs) make at
+// most, so that a plan's arrays are sized once: each piece cut at the
+// limit, a staged one also where it crosses a multiple of it (cutPiece).
+func (l *Lib) xfersOf(rq *Request, staged bool) int64 {
+	lim := l.limit(staged)
+	switch {
+	case rq.Len == 0:
+		return rq.pieces()
+	case !staged:
+		return rq.pieces() * ((rq.Len + lim - 1) / lim)
+	case rq.pieces() == 1:
+		return (rq.FileOffset+rq.Len-1)/lim - rq.FileOffset/lim + 1
+	}
+	return rq.pieces() * ((rq.Len+lim-1)/lim + 1)
 }
 
 // runBytes is the size of the runs a plan's strided requests are cut into:

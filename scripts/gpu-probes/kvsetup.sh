@@ -4,7 +4,7 @@
 # $OUT/$PROBE.txt with say, el (seconds so far) and pack (the raw outputs
 # of $R into $OUT/raw.tgz), the header line, kv_blocks.cu building in the
 # background (NV: its pid, empty when it cannot) and the 4 GiB block file
-# $KV, hot.
+# $KV, hot. NOREF=1: no reference is built.
 OUT=${OUT:-$C/out}
 W=/var/tmp/phxgpu R=/var/tmp/phxgpu/$PROBE KV=/var/tmp/phxgpu/backing/kv.bin
 mkdir -p "$OUT" "$R" "$W/backing" "$W/mnt"
@@ -22,7 +22,9 @@ say "=== $PROBE $(date -u +%FT%TZ) commit $(cat "$C/commit" 2>/dev/null) $(nvidi
 # The reference builds while the file is made and read.
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 NV=
-if [ -n "$NVCC" ] && [ -f "$C/ref/kv_blocks.cu" ]; then
+if [ -n "${NOREF:-}" ]; then
+	: # the probe runs no reference (its CPUs stay the measured runs')
+elif [ -n "$NVCC" ] && [ -f "$C/ref/kv_blocks.cu" ]; then
 	(cd "$C/ref" && { [ kv_blocks -nt kv_blocks.cu ] || timeout 90 "$NVCC" -O2 -std=c++17 -arch=sm_90 -o kv_blocks kv_blocks.cu -lpthread; }) >"$R/nvcc.log" 2>&1 &
 	NV=$!
 else
