@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -65,6 +66,24 @@ type batch struct {
 	wg  sync.WaitGroup
 	mu  sync.Mutex
 	err error
+	// left counts the jobs not returned yet, and done is closed when the
+	// last returns (EachInUntil; nil for the others, which wait on wg).
+	left atomic.Int64
+	done chan struct{}
+}
+
+// ended marks one of b's jobs returned.
+func (b *batch) ended() {
+	if b.done != nil && b.left.Add(-1) == 0 {
+		close(b.done)
+	}
+	b.wg.Done()
+}
+
+func (b *batch) error() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
 }
 
 func (b *batch) setErr(err error) {
@@ -181,7 +200,7 @@ func (w *worker) loop() {
 }
 
 func (w *worker) run(j *job) {
-	defer j.b.wg.Done()
+	defer j.b.ended()
 	if j.fn != nil {
 		// A panicking fn must not kill the worker: the pool would hang.
 		defer func() {
@@ -254,21 +273,38 @@ func (p *Pool) EachOn(start, n int, fn func(worker int, e Engine)) error {
 // clamped to the pool, n to 1..size), so that the plans of one part
 // cover all of its workers alike, the first ones as often as the last.
 func (p *Pool) EachIn(base, size, start, n int, fn func(worker int, e Engine)) error {
+	return p.EachInUntil(nil, base, size, start, n, fn)
+}
+
+// EachInUntil is EachIn that also returns, with no error, once enough
+// is closed: a caller whose jobs take their work from one shared supply
+// (phxfs hands a plan's transfers out a chunk at a time) is done when the
+// work is, not when its last job, queued behind another caller's on a
+// busy worker, has run to find nothing left. Jobs that have not run yet
+// still run later, so fn must then find nothing to do and must touch
+// nothing the caller has let go of. Until enough is closed (a nil enough
+// never is) it waits for every job, and returns EachIn's error.
+func (p *Pool) EachInUntil(enough <-chan struct{}, base, size, start, n int, fn func(worker int, e Engine)) error {
+	b := &batch{done: make(chan struct{})}
 	w := len(p.workers)
 	base = min(max(base, 0), w-1)
 	size = min(max(size, 1), w-base)
 	n = min(max(n, 1), size)
 	start = (start%size + size) % size
-	b := &batch{}
 	jobs := make([]job, n)
 	for i := range jobs {
 		jobs[i] = job{fn: fn, b: b}
 	}
+	b.left.Store(int64(n))
 	if err := p.submit(b, jobs, func(i int) int { return base + (start+i)%size }); err != nil {
 		return err
 	}
-	b.wg.Wait()
-	return b.err
+	select {
+	case <-b.done:
+		return b.error()
+	case <-enough:
+		return nil
+	}
 }
 
 // submit queues jobs[i] on worker at(i), in FIFO order behind earlier

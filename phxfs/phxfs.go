@@ -240,13 +240,16 @@ func (l *Lib) Close() error {
 		}
 	}
 	l.wb.close() // after the devices: no staged write runs any more
+	// The pool's last jobs may be reads' workers that started after their
+	// plan was done (placement.go: claimer): they end before the slots,
+	// streams and mappings they would look at go.
+	if err := l.pool.Close(); err != nil && first == nil {
+		first = err
+	}
 	if err := l.closeStaged(); err != nil && first == nil {
 		first = err
 	}
 	l.maps.close()
-	if err := l.pool.Close(); err != nil && first == nil {
-		first = err
-	}
 	return first
 }
 

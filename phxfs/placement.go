@@ -133,9 +133,18 @@ func (l *Lib) leaves(cl *claimer, dev, w int, c crew) bool {
 // workers running it: a worker that leaves the plan (leaves) leaves the
 // rest to the others. A chunk is about one slot's worth, and no more than
 // an even share of the plan, so small plans still spread.
+//
+// The plan is done when every chunk is claimed and every worker that
+// claims has finished (done is closed then), not when every worker it was
+// handed to has run: one queued behind another plan on a busy worker
+// finds the chunks taken by the others and nothing to do
+// (ioengine.Pool.EachInUntil).
 type claimer struct {
 	next    atomic.Int64
 	staying atomic.Int64 // the plan's workers that have not left
+	working atomic.Int64 // workers between begin and end
+	ended   atomic.Bool
+	done    chan struct{}
 	xfers   []xfer
 	chunk   int64
 }
@@ -146,9 +155,20 @@ func newClaimer(xs []xfer, workers int, slot int64) *claimer {
 	for i := range xs {
 		total += xs[i].len
 	}
-	c := &claimer{xfers: xs, chunk: max(min(slot, total/int64(max(workers, 1))), 1)}
+	c := &claimer{xfers: xs, chunk: max(min(slot, total/int64(max(workers, 1))), 1), done: make(chan struct{})}
 	c.staying.Store(int64(max(workers, 1)))
 	return c
+}
+
+// begin is called by a worker before its first claim, end after its last
+// chunk has landed: the last end after every chunk is claimed closes
+// done. A worker that begins after that claims nothing.
+func (c *claimer) begin() { c.working.Add(1) }
+
+func (c *claimer) end() {
+	if c.working.Add(-1) == 0 && c.next.Load() >= int64(len(c.xfers)) && c.ended.CompareAndSwap(false, true) {
+		close(c.done)
+	}
 }
 
 // leave takes a worker off the plan, unless it is the last one staying:

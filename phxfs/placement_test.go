@@ -2,14 +2,18 @@ package phxfs
 
 import (
 	"bytes"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/phxmount/phxmount/connector"
+	"github.com/phxmount/phxmount/ioengine"
 )
 
 // TestPlacementSplitsThePool: one device loading gets every worker; two
@@ -259,4 +263,48 @@ func loadAndCheck(t *testing.T, l *Lib, c connector.Connector, m connector.Memor
 		}
 	}
 	return true
+}
+
+// TestPlanEndsWithItsWorkNotItsLastJob: a staged read is done when its
+// chunks have landed, not when every worker it was handed to has run. One
+// of its workers is busy (another caller's job, held here): the other
+// claims every chunk, the batch returns with every block in place, and the
+// busy worker's job, when it runs at last, finds nothing to do.
+func TestPlanEndsWithItsWorkNotItsLastJob(t *testing.T) {
+	l, c := newLib(t, setup{"sync", Staged}, 1, func(cfg *Config) { cfg.Workers = 2 })
+	m := alloc(t, c, 0, 416*16384)
+	r := register(t, l, m)
+	fd := openFile(t, patternFile(t, 8*mib), unix.O_RDONLY)
+	reqs := kvBlocks(rand.New(rand.NewPCG(5, 6)), 409, 8*mib, 16384)
+	for i := range reqs {
+		reqs[i].Fd, reqs[i].DevAddr, reqs[i].Len = fd, r.Addr(), 16384
+	}
+	busy, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- l.pool.EachOn(1, 1, func(int, ioengine.Engine) { close(busy); <-release })
+	}()
+	<-busy
+	defer func() { close(release); <-held }()
+
+	done := make(chan error, 1)
+	go func() {
+		n, err := l.ReadBatch(reqs)
+		if err == nil && n != 0 {
+			err = fmt.Errorf("%d requests failed", n)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batch waited for its job queued behind a busy worker")
+	}
+	dev := deviceBytes(t, c, m, 0, 416*16384)
+	for _, rq := range reqs {
+		checkPattern(t, dev[rq.BufOffset:rq.BufOffset+rq.Len], rq.FileOffset)
+	}
 }

@@ -73,9 +73,9 @@ func TestOrderIsByFileOffsetAndRequest(t *testing.T) {
 }
 
 // TestPlanArraysAreKeptBetweenBatches: a batch that is done gives its
-// plan's arrays to the next (planmem.go). A 409-block KV batch's plan
-// made ~200 KB of garbage a batch; read after read now, ReadBatch
-// allocates a small part of that, and the blocks still land right.
+// plan's arrays to the next (planmem.go). ReadBatch of a 409-block KV
+// batch allocated 135 KB a batch here, its plan's arrays most of it;
+// kept, a small part of that, and the blocks still land right.
 func TestPlanArraysAreKeptBetweenBatches(t *testing.T) {
 	l, c := newLib(t, setup{"sync", Staged}, 1)
 	m := alloc(t, c, 0, 416*16384)
@@ -98,8 +98,12 @@ func TestPlanArraysAreKeptBetweenBatches(t *testing.T) {
 		read()
 	}
 	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / rounds; per > 48<<10 {
-		t.Errorf("a kept batch allocated %d bytes, want under 48 KiB (its plan's arrays are kept)", per)
+	per := (after.TotalAlloc - before.TotalAlloc) / rounds // 15 KB here
+	switch {
+	case raceDetector:
+		t.Logf("a batch allocated %d bytes; not bounded under the race detector (its sync.Pool drops kept arrays on purpose)", per)
+	case per > 64<<10:
+		t.Errorf("a kept batch allocated %d bytes, want under 64 KiB (its plan's arrays are kept)", per)
 	}
 	dev := deviceBytes(t, c, m, 0, 416*16384)
 	for _, rq := range reqs {

@@ -153,8 +153,16 @@ func (l *Lib) runStriped(p *plan) {
 	bf := newBatchFiles(p, &l.maps)
 	defer bf.close()
 	c := newClaimer(p.xfers, cr.n, l.cfg.BounceSize)
-	err := l.pool.EachIn(cr.base, cr.size, cr.start, cr.n, func(w int, eng ioengine.Engine) {
+	var enough <-chan struct{} // writes are striped: every worker has its own
+	if !p.write {
+		enough = c.done
+	}
+	err := l.pool.EachInUntil(enough, cr.base, cr.size, cr.start, cr.n, func(w int, eng ioengine.Engine) {
 		if !p.write {
+			// A worker that starts after the plan is done (its chunks taken
+			// by the others) claims nothing and touches nothing of it.
+			c.begin()
+			defer c.end()
 			// This worker's claims, one array, kept for its next plan (a
 			// worker runs one plan at a time).
 			buf := l.staged.claims[w]

@@ -1,0 +1,5 @@
+//go:build !race
+
+package phxfs
+
+const raceDetector = false
