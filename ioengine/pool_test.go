@@ -3,6 +3,7 @@ package ioengine
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -438,5 +439,38 @@ func TestEachOn(t *testing.T) {
 		if err != nil || !slices.Equal(ran, c.want) {
 			t.Errorf("EachOn(%d, %d) ran on %v (%v), want %v", c.start, c.n, ran, err, c.want)
 		}
+	}
+}
+
+// TestEachInUntil: the call returns once enough is closed, though a job
+// is still queued behind a busy worker (which runs it later); with enough
+// never closed it waits for every job and reports a panic as EachIn does.
+func TestEachInUntil(t *testing.T) {
+	p := newPool(t, PoolConfig{Kind: KindSync, Workers: 2})
+	defer p.Close()
+	busy, release := make(chan struct{}), make(chan struct{})
+	go p.EachOn(1, 1, func(int, Engine) { close(busy); <-release })
+	<-busy
+	enough := make(chan struct{})
+	var ran atomic.Int32
+	err := p.EachInUntil(enough, 0, 2, 0, 2, func(w int, e Engine) {
+		if ran.Add(1) == 1 {
+			close(enough) // the first job does all the work
+		}
+	})
+	if err != nil || ran.Load() != 1 {
+		t.Fatalf("EachInUntil: %v after %d jobs, want nil after the first", err, ran.Load())
+	}
+	close(release)
+	if err := p.EachOn(1, 1, func(int, Engine) {}); err != nil || ran.Load() != 2 {
+		t.Fatalf("the late job: ran %d jobs (%v), want 2", ran.Load(), err)
+	}
+	err = p.EachInUntil(nil, 0, 2, 0, 2, func(w int, e Engine) {
+		if w == 1 {
+			panic("boom")
+		}
+	})
+	if err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("a panicking job: %v, want its error", err)
 	}
 }
