@@ -365,7 +365,10 @@ func (s *ControlServer) moveExtents(c Caller, f *OpenFile, write bool, reqs []cl
 func (s *ControlServer) transfer(c Caller, f *OpenFile, write bool, reqs []client.IOReq, refuse []unix.Errno) []int64 {
 	res := make([]int64, len(reqs))
 	lr := libRequests.Get().(*libRequestArrays)
-	preqs, idx := slices.Grow(lr.reqs[:0], len(reqs)), slices.Grow(lr.idx[:0], len(reqs))
+	preqs, idx := lr.reqs[:0], lr.idx[:0]
+	if cap(preqs) < len(reqs) { // (not slices.Grow: see phxfs reserved)
+		preqs, idx = make([]phxfs.Request, 0, len(reqs)), make([]int, 0, len(reqs))
+	}
 
 	held := s.holdExtents(c, f, write, reqs, refuse, res, &preqs, &idx)
 	defer func() {

@@ -121,7 +121,7 @@ func (l *Lib) prepare(write bool, reqs []Request) (*plan, error) {
 // resolve checks every request of p and holds the registration of each
 // device buffer; it returns where each request that passed goes.
 func (l *Lib) resolve(p *plan) ([]target, error) {
-	targets := slices.Grow(p.mem.targets[:0], len(p.reqs))
+	targets := reserved(p.mem.targets, len(p.reqs))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -280,8 +280,8 @@ func (l *Lib) cut(p *plan, targets []target) {
 			n += l.xfersOf(rq, t.staged)
 		}
 	}
-	segs := slices.Grow(p.mem.segs[:0], int(n))
-	p.xfers = slices.Grow(p.mem.xfers[:0], int(n))
+	segs := reserved(p.mem.segs, int(n))
+	p.xfers = reserved(p.mem.xfers, int(n))
 	for i, t := range targets {
 		start := len(segs)
 		rq := &p.reqs[t.i]

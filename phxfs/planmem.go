@@ -41,6 +41,16 @@ func sized[T any](s []T, n int) []T {
 	return s
 }
 
+// reserved is s emptied, with room for n elements: its array where large
+// enough, else a new one of exactly n (slices.Grow makes a temporary as
+// large under the race detector, and tests bound what a batch allocates).
+func reserved[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, 0, n)
+	}
+	return s[:0]
+}
+
 // recycle gives p's arrays back for another plan; p is not used again.
 // Nothing kept holds a registration (their pointers are cleared): a
 // region deregistered meanwhile is not kept alive by a pooled plan.
