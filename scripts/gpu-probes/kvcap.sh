@@ -11,8 +11,9 @@
 #      a client near one CPU second a second is the interpreter's lock, a
 #      daemon holding ~16 ioctls each slower is the daemon, one holding ~4
 #      is the client or FUSE. 4 threads again with GOGC=off: what the
-#      daemon's collections cost (gctrace counts them). Then
-#      .devcarry/phxmount-new where carried (a change to try), 4 and 1.
+#      daemon's collections cost (gctrace counts them). The daemon is
+#      .devcarry/phxmount-old where carried (the tree before a change),
+#      then .devcarry/phxmount (the change), 4 and 1.
 # Here afterwards: python3 scripts/gpu-probes/traceregions.py on the
 # traces of raw.tgz.
 #
@@ -38,7 +39,7 @@ pack
 cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "user %.2f s, system %.2f s", $14 / t, $15 / t}' "/proc/$1/stat"; }
 
 say "--- 2. through the mount: gpu_kv.py, 16 KiB, 1 and 4 threads x 4 in flight ($(el))"
-for v in 1:100:phxmount 4:100:phxmount 4:off:phxmount 4:100:phxmount-new 1:100:phxmount-new; do
+for v in 1:100:phxmount-old 4:100:phxmount-old 4:off:phxmount-old 4:100:phxmount 1:100:phxmount; do
 	IFS=: read -r th gc bin <<<"$v"
 	[ -x "$C/$bin" ] || continue
 	name=$bin$th-gc$gc
