@@ -145,7 +145,7 @@ class HookedFile(Routed, Warming):
         """The hook's own open of the next file of a loop (hook_next):
         marked warming until the caller claims it."""
         inst = _installed
-        f = _open(inst, args, kwargs) if inst is not None else None
+        f = _open(inst, args, kwargs, ahead=True) if inst is not None else None
         if f is not None:
             f.warming = True
         return f
@@ -332,16 +332,20 @@ def safe_open(*args, **kwargs):
     return f if f is not None else inst.real(*args, **kwargs)
 
 
-def _open(inst: Installed, args: tuple, kwargs: dict) -> Optional[HookedFile]:
+def _open(inst: Installed, args: tuple, kwargs: dict, ahead: bool = False) -> Optional[HookedFile]:
+    """The hooked file for the caller's safe_open (None: the real one
+    serves it); ahead: the hook's own open of a file ahead of the caller
+    (hook_next), which claims no warm file and forgets none."""
     try:
         call = inst.bind(args, kwargs)
     except TypeError:
         return None  # the installed safe_open refuses the call: its own error
     r = decide(dataclasses.replace(call, others=()), _mode, "transformers" in sys.modules)
     if not r.serve:
-        next_files.forget()  # the caller moved on: a warm file is nobody's
+        if not ahead:
+            next_files.forget()  # the caller moved on: a warm file is nobody's
         return None
-    warm = next_files.claim(os.fspath(call.filename), call_key(args, kwargs, r.device))
+    warm = None if ahead else next_files.claim(os.fspath(call.filename), call_key(args, kwargs, r.device))
     if warm is not None:
         warm.claimed()
         return warm

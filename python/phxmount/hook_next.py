@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Set, Tuple
 
 from . import hook_spec, threadpools
 from .hook_report import report
@@ -48,6 +48,9 @@ NEXT_ENV = "PHXMOUNT_HOOK_NEXT"
 # is closed: the caller's loop would have opened it by then (an engine
 # opens the next file within milliseconds of closing one).
 CLAIM_WITHIN = 2.0
+# How long a caller's open waits for the same file's open ahead, under way
+# on another thread, before it opens the file itself.
+CLAIM_WAIT = 5.0
 _SERIES = re.compile(r"^(?P<head>.*-)(?P<i>\d+)(?P<of>-of-)(?P<n>\d+)(?P<tail>\.safetensors)$")
 
 
@@ -96,12 +99,31 @@ class NextFiles:
     def __init__(self):
         self.lock = threading.Lock()
         self.warm: Dict[str, Warm] = {}
+        # The file being opened ahead, off the caller's thread (offer), and
+        # what is set when it is warm or given up; forget counts in gen, so
+        # that an open that ends after it is let go.
+        self.opening: Dict[str, threading.Event] = {}
+        self.orphans: Set[str] = set()  # being opened, the file that warmed it closed
+        self.gen = 0
+
+    def settle(self, timeout: float = CLAIM_WAIT) -> bool:
+        """Waits until no file is being opened ahead (False: still one
+        after timeout seconds)."""
+        with self.lock:
+            evs = list(self.opening.values())
+        return all(ev.wait(timeout) for ev in evs)
 
     def claim(self, path: str, key: tuple):
         """The warm file of path opened with key (the caller's arguments
         and the device the hook chose), where its path still names that
         file unchanged; None otherwise. Every other warm file is closed
-        (the caller has moved on)."""
+        (the caller has moved on). Where path is being opened ahead now,
+        the caller waits for that open (up to CLAIM_WAIT seconds) rather
+        than open it a second time."""
+        with self.lock:
+            ev = self.opening.get(path)
+        if ev is not None:
+            ev.wait(CLAIM_WAIT)
         with self.lock:
             w = self.warm.pop(path, None)
             others, self.warm = list(self.warm.values()), {}
@@ -119,11 +141,30 @@ class NextFiles:
     def offer(self, path: str, open_it: Callable[[], Optional[object]], start: Callable) -> None:
         """Opens path (open_it: the hooked file, its key the arguments a
         claim must give, or None where the hook would not serve it) and
-        starts its first reads (start(f)), unless a file is warm already
-        or path does not exist."""
+        starts its first reads (start(f)), unless a file is warm or being
+        opened already, on a thread of the process's chores: the open (a
+        header read through the mount, the file's plans, its first
+        memory and registration) cost the caller's thread ~9 ms a file
+        on the GPU host (docs/gpu-notes.md, run 69), while the caller
+        still had this file's last tensors to take."""
         with self.lock:
-            if self.warm:
+            if self.warm or self.opening:
                 return
+            ev = self.opening[path] = threading.Event()
+            gen = self.gen
+
+        def run():
+            try:
+                self._open(path, open_it, start, gen)
+            finally:
+                with self.lock:
+                    if self.opening.get(path) is ev:
+                        del self.opening[path]
+                        self.orphans.discard(path)
+                ev.set()
+        threadpools.soon(run)
+
+    def _open(self, path: str, open_it: Callable[[], Optional[object]], start: Callable, gen: int) -> None:
         ident = identity(path)
         if ident is None:
             return
@@ -140,11 +181,12 @@ class NextFiles:
                                                         "it is read when opened")
             return
         with self.lock:
-            if self.warm:  # another thread's, meanwhile
-                busy = True
-            else:
-                busy = False
-                self.warm[path] = Warm(f, ident)
+            # Another thread's warm file, meanwhile, or forget since.
+            busy = bool(self.warm) or gen != self.gen
+            if not busy:
+                w = self.warm[path] = Warm(f, ident)
+                if path in self.orphans:  # the file that warmed it is closed already
+                    self._expire_later(path, w)
         if busy:
             f.discard()
 
@@ -153,10 +195,18 @@ class NextFiles:
         series) is closed unless claimed within CLAIM_WITHIN seconds."""
         nxt = next_in_series(path)
         with self.lock:
-            w = self.warm.get(nxt) if nxt is not None else None
-            if w is None or w.timer is not None:
+            if nxt is not None and nxt in self.opening:
+                self.orphans.add(nxt)  # its open arms the timer when it ends
                 return
-            w.timer = threadpools.later(CLAIM_WITHIN, lambda: self._expire(nxt, w))
+            w = self.warm.get(nxt) if nxt is not None else None
+            if w is not None:
+                self._expire_later(nxt, w)
+
+    def _expire_later(self, path: str, w: Warm) -> None:
+        """Closes w in CLAIM_WITHIN seconds unless claimed; caller holds
+        self.lock."""
+        if w.timer is None:
+            w.timer = threadpools.later(CLAIM_WITHIN, lambda: self._expire(path, w))
 
     def _expire(self, path: str, w: Warm) -> None:
         with self.lock:
@@ -170,6 +220,7 @@ class NextFiles:
         not serve has moved on; the hook's uninstall)."""
         with self.lock:
             ws, self.warm = list(self.warm.values()), {}
+            self.gen += 1
         for w in ws:
             if w.timer is not None:
                 w.timer.cancel()

@@ -61,6 +61,9 @@ class NextFileTest(HookedCase):
         return f
 
     def warm(self):
+        """The warm files, once the open ahead under way (on a chore
+        thread) has ended."""
+        self.assertTrue(hook.next_files.settle(10), "an open ahead did not end")
         with hook.next_files.lock:
             return {os.path.basename(p): w.f for p, w in hook.next_files.warm.items()}
 
@@ -111,9 +114,31 @@ class NextFileTest(HookedCase):
         with mock.patch.object(hook.HookedFile, "warm", refuse):
             self.loop(SERIES[0])
             self.loop(SERIES[1])
-        self.assertEqual(self.warm(), {})
+            self.assertEqual(self.warm(), {})  # (its opens ahead end with the refusal in place)
         self.assertIn("not started ahead of its open", self.err.getvalue())
         self.assertEqual((hook.report.files, hook.report.opened_ahead), (2, 0))
+
+    def test_the_next_file_opens_off_the_callers_thread(self):
+        # The open ahead runs on a chore thread; a caller that opens that
+        # file while its open is under way waits for it and gets it.
+        import threading
+        real_warm, seen = hook.HookedFile.warm, []
+
+        def slow_warm(f, dev):
+            seen.append(threading.current_thread())
+            time.sleep(0.3)
+            real_warm(f, dev)
+        with mock.patch.object(hook.HookedFile, "warm", slow_warm):
+            self.loop(SERIES[0])
+            t0 = time.monotonic()
+            with self.fake.safe_open(self.m.path(SERIES[1]), "pt") as f:
+                waited = time.monotonic() - t0
+                for k in f.keys():
+                    self.assertEqual(bytes(f.get_tensor(k)), self.series[SERIES[1]][k].tobytes(), k)
+        self.assertTrue(seen, "nothing was opened ahead")
+        self.assertIsNot(seen[0], threading.current_thread(), "the open ahead ran on the caller's thread")
+        self.assertEqual(hook.report.opened_ahead, 1, "the caller's open did not get the file opened ahead")
+        self.assertLess(waited, hook_next.CLAIM_WAIT, "the caller waited out the open ahead")
 
     def test_load_file_gets_the_next_file_started_whole(self):
         ahead = None
