@@ -17,6 +17,10 @@ get_tensors (load_file) has started the file (the next file whole), and
 when a get_slice loop is half way through the file (the next file's first
 slices, guessed as this one's). The caller's safe_open of that file with
 equal arguments gets that object (claim), and its reads go on from there.
+The hook's open of the next file runs on a thread of the process's chores
+(threadpools), not the caller's, which goes on taking this file's last
+tensors; a caller that opens the file while that open is under way waits
+for it (up to CLAIM_WAIT seconds) rather than open it twice.
 A file the caller has open already is not warmed (a loader that opens
 every file first would never claim it). What the hook read is
 the file's bytes where the caller asks for them: a warm file is handed
