@@ -271,7 +271,10 @@ func loadAndCheck(t *testing.T, l *Lib, c connector.Connector, m connector.Memor
 // claims every chunk, the batch returns with every block in place, and the
 // busy worker's job, when it runs at last, finds nothing to do.
 func TestPlanEndsWithItsWorkNotItsLastJob(t *testing.T) {
-	l, c := newLib(t, setup{"sync", Staged}, 1, func(cfg *Config) { cfg.Workers = 2 })
+	// The staged pipeline's own logic: the emulated staged device whatever
+	// PHX_TEST_CONNECTOR says (the kmod transport stripes over every worker).
+	c := emuStaged(t, 1)
+	l := newLibOn(t, c, setup{"sync", Staged}, 1, func(cfg *Config) { cfg.Workers = 2 })
 	m := alloc(t, c, 0, 416*16384)
 	r := register(t, l, m)
 	fd := openFile(t, patternFile(t, 8*mib), unix.O_RDONLY)
