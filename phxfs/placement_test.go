@@ -3,7 +3,6 @@ package phxfs
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -275,13 +274,7 @@ func TestPlanEndsWithItsWorkNotItsLastJob(t *testing.T) {
 	// PHX_TEST_CONNECTOR says (the kmod transport stripes over every worker).
 	c := emuStaged(t, 1)
 	l := newLibOn(t, c, setup{"sync", Staged}, 1, func(cfg *Config) { cfg.Workers = 2 })
-	m := alloc(t, c, 0, 416*16384)
-	r := register(t, l, m)
-	fd := openFile(t, patternFile(t, 8*mib), unix.O_RDONLY)
-	reqs := kvBlocks(rand.New(rand.NewPCG(5, 6)), 409, 8*mib, 16384)
-	for i := range reqs {
-		reqs[i].Fd, reqs[i].DevAddr, reqs[i].Len = fd, r.Addr(), 16384
-	}
+	m, reqs := kvBatch(t, l, c, 5)
 	busy, release := make(chan struct{}), make(chan struct{})
 	held := make(chan error, 1)
 	go func() {

@@ -8,20 +8,29 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/phxmount/phxmount/connector"
 )
+
+// kvBatch is a KV-cache batch on l: 409 blocks of 16 KiB from random
+// places of an 8 MiB pattern file into shuffled slots of a registered
+// buffer of 416 (kvBlocks, seeded).
+func kvBatch(t testing.TB, l *Lib, c connector.Connector, seed uint64) (connector.Memory, []Request) {
+	m := alloc(t, c, 0, 416*16384)
+	r := register(t, l, m)
+	fd := openFile(t, patternFile(t, 8*mib), unix.O_RDONLY)
+	reqs := kvBlocks(rand.New(rand.NewPCG(seed, seed+1)), 409, 8*mib, 16384)
+	for i := range reqs {
+		reqs[i].Fd, reqs[i].DevAddr, reqs[i].Len = fd, r.Addr(), 16384
+	}
+	return m, reqs
+}
 
 // BenchmarkPrepare409 times planning one KV-cache batch: 409 scattered
 // 16 KiB blocks (prepare and the holds' release).
 func BenchmarkPrepare409(b *testing.B) {
 	l, c := newLib(b, setup{"sync", Staged}, 1)
-	m := alloc(b, c, 0, 416*16384)
-	r := register(b, l, m)
-	name := patternFile(b, 8*mib)
-	fd := openFile(b, name, unix.O_RDONLY)
-	reqs := kvBlocks(rand.New(rand.NewPCG(1, 2)), 409, 8*mib, 16384)
-	for i := range reqs {
-		reqs[i].Fd, reqs[i].DevAddr, reqs[i].Len = fd, r.Addr(), 16384
-	}
+	_, reqs := kvBatch(b, l, c, 1)
 	b.ResetTimer()
 	for range b.N {
 		p, err := l.prepare(false, reqs)
@@ -78,13 +87,7 @@ func TestOrderIsByFileOffsetAndRequest(t *testing.T) {
 // kept, a small part of that, and the blocks still land right.
 func TestPlanArraysAreKeptBetweenBatches(t *testing.T) {
 	l, c := newLib(t, setup{"sync", Staged}, 1)
-	m := alloc(t, c, 0, 416*16384)
-	r := register(t, l, m)
-	fd := openFile(t, patternFile(t, 8*mib), unix.O_RDONLY)
-	reqs := kvBlocks(rand.New(rand.NewPCG(1, 2)), 409, 8*mib, 16384)
-	for i := range reqs {
-		reqs[i].Fd, reqs[i].DevAddr, reqs[i].Len = fd, r.Addr(), 16384
-	}
+	m, reqs := kvBatch(t, l, c, 1)
 	read := func() {
 		if n, err := l.ReadBatch(reqs); err != nil || n != 0 {
 			t.Fatalf("ReadBatch: %d failed, %v", n, err)
