@@ -14,6 +14,8 @@
 #      daemon's collections cost (gctrace counts them). The daemon is
 #      .devcarry/phxmount-old where carried (the tree before a change),
 #      then .devcarry/phxmount (the change), 4 and 1.
+# NOINPROC=1 leaves out step 1; CONFIGS="THREADS:GOGC:BIN ..." chooses
+# step 2's daemons (default: the five above).
 # Here afterwards: python3 scripts/gpu-probes/traceregions.py on the
 # traces of raw.tgz.
 #
@@ -30,7 +32,7 @@ NOREF=1 PROBE=kvcap NEED="phxmount phxbench-gpu" HOW="bash scripts/gpu-test.sh b
 python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 || say "pip install ./python failed (pip.log)"
 
 say "--- 1. in-process: phxbench-gpu kv, 16 KiB, 1 and 4 threads x 4 in flight ($(el))"
-timeout 60 "$C/phxbench-gpu" kv -file "$KV" -blocks 16 -threads 1,4 -inflight 4 -rules spread -scatter auto \
+[ -n "${NOINPROC:-}" ] || timeout 60 "$C/phxbench-gpu" kv -file "$KV" -blocks 16 -threads 1,4 -inflight 4 -rules spread -scatter auto \
 	-trace "$R/inproc.trace" -out "$R/inproc.json" >"$R/inproc.txt" 2>&1 || say "phxbench-gpu kv failed"
 grep -E "GB/s|per batch|rror" "$R/inproc.txt" | tee -a "$T"
 pack
@@ -39,7 +41,7 @@ pack
 cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "user %.2f s, system %.2f s", $14 / t, $15 / t}' "/proc/$1/stat"; }
 
 say "--- 2. through the mount: gpu_kv.py, 16 KiB, 1 and 4 threads x 4 in flight ($(el))"
-for v in 1:100:phxmount-old 4:100:phxmount-old 4:off:phxmount-old 4:100:phxmount 1:100:phxmount; do
+for v in ${CONFIGS:-1:100:phxmount-old 4:100:phxmount-old 4:off:phxmount-old 4:100:phxmount 1:100:phxmount}; do
 	IFS=: read -r th gc bin <<<"$v"
 	[ -x "$C/$bin" ] || continue
 	name=$bin$th-gc$gc
