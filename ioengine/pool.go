@@ -63,21 +63,23 @@ type job struct {
 
 // batch collects the workers' outcomes of one Run or Each.
 type batch struct {
-	wg  sync.WaitGroup
-	mu  sync.Mutex
-	err error
-	// left counts the jobs not returned yet, and done is closed when the
-	// last returns (EachInUntil; nil for the others, which wait on wg).
-	left atomic.Int64
-	done chan struct{}
+	mu   sync.Mutex
+	err  error
+	left atomic.Int64  // jobs not returned yet
+	done chan struct{} // closed when the last returns
+}
+
+func newBatch(jobs int) *batch {
+	b := &batch{done: make(chan struct{})}
+	b.left.Store(int64(jobs))
+	return b
 }
 
 // ended marks one of b's jobs returned.
 func (b *batch) ended() {
-	if b.done != nil && b.left.Add(-1) == 0 {
+	if b.left.Add(-1) == 0 {
 		close(b.done)
 	}
-	b.wg.Done()
 }
 
 func (b *batch) error() error {
@@ -241,16 +243,16 @@ func (p *Pool) Run(ops []Op) error {
 		return nil
 	}
 	n := min(len(ops), len(p.workers))
-	b := &batch{}
+	b := newBatch(n)
 	jobs := make([]job, n)
 	for i := range jobs {
 		jobs[i] = job{ops: ops, stride: len(p.workers), b: b}
 	}
-	if err := p.submit(b, jobs, func(i int) int { return i }); err != nil {
+	if err := p.submit(jobs, func(i int) int { return i }); err != nil {
 		return err
 	}
-	b.wg.Wait()
-	return b.err
+	<-b.done
+	return b.error()
 }
 
 // Each runs fn once on every worker, concurrently, each on its worker's
@@ -285,18 +287,17 @@ func (p *Pool) EachIn(base, size, start, n int, fn func(worker int, e Engine)) e
 // nothing the caller has let go of. Until enough is closed (a nil enough
 // never is) it waits for every job, and returns EachIn's error.
 func (p *Pool) EachInUntil(enough <-chan struct{}, base, size, start, n int, fn func(worker int, e Engine)) error {
-	b := &batch{done: make(chan struct{})}
 	w := len(p.workers)
 	base = min(max(base, 0), w-1)
 	size = min(max(size, 1), w-base)
 	n = min(max(n, 1), size)
 	start = (start%size + size) % size
+	b := newBatch(n)
 	jobs := make([]job, n)
 	for i := range jobs {
 		jobs[i] = job{fn: fn, b: b}
 	}
-	b.left.Store(int64(n))
-	if err := p.submit(b, jobs, func(i int) int { return base + (start+i)%size }); err != nil {
+	if err := p.submit(jobs, func(i int) int { return base + (start+i)%size }); err != nil {
 		return err
 	}
 	select {
@@ -309,13 +310,12 @@ func (p *Pool) EachInUntil(enough <-chan struct{}, base, size, start, n int, fn 
 
 // submit queues jobs[i] on worker at(i), in FIFO order behind earlier
 // jobs.
-func (p *Pool) submit(b *batch, jobs []job, at func(i int) int) error {
+func (p *Pool) submit(jobs []job, at func(i int) int) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
 		return errs.New(unix.ESHUTDOWN, "ioengine: pool is closed")
 	}
-	b.wg.Add(len(jobs))
 	for i := range jobs {
 		// Workers keep draining while we hold the shared lock, so a full
 		// queue only delays this send.
