@@ -297,20 +297,17 @@ func (l *Lib) cut(p *plan, targets []target) {
 	p.mem.ks, p.mem.segs = ks, segs
 }
 
-// xfersOf is how many xfers the pieces of rq (not read in runs) make at
-// most, so that a plan's arrays are sized once: each piece cut at the
-// limit, a staged one also where it crosses a multiple of it (cutPiece).
+// xfersOf is how many xfers the pieces of rq (not read in runs) make:
+// each piece cut at the limit, and a staged one also where it crosses a
+// multiple of it (cutPiece), counted exactly for a lone piece (a KV
+// block); a strided piece that crosses one grows the plan's arrays, which
+// are kept at that size for the next plans (planmem.go).
 func (l *Lib) xfersOf(rq *Request, staged bool) int64 {
 	lim := l.limit(staged)
-	switch {
-	case rq.Len == 0:
-		return rq.pieces()
-	case !staged:
-		return rq.pieces() * ((rq.Len + lim - 1) / lim)
-	case rq.pieces() == 1:
+	if staged && rq.pieces() == 1 && rq.Len > 0 {
 		return (rq.FileOffset+rq.Len-1)/lim - rq.FileOffset/lim + 1
 	}
-	return rq.pieces() * ((rq.Len+lim-1)/lim + 1)
+	return rq.pieces() * max((rq.Len+lim-1)/lim, 1)
 }
 
 // runBytes is the size of the runs a plan's strided requests are cut into:
