@@ -312,6 +312,10 @@ class TorchArena(Pool):
     def __init__(self, torch, cache, buf: EmuBuffer):
         super().__init__(cache, buf)
         self.arena = torch.frombuffer(buf.map, dtype=torch.uint8, count=buf.size)
+        # Every page touched once now: the round robin's first pass over
+        # the memfd would otherwise fault its pages in inside the clock
+        # (~40 ms a loop here), which a GPU's cached segments never do.
+        self.arena.zero_()
 
     def take(self, nbytes: int):
         at, n = Pool.alloc(self, types.SimpleNamespace(read_bytes=nbytes))
