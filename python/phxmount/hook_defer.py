@@ -49,6 +49,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .deferred import Region, whole_region
 from .hook_guess import GUESS_TASK, RoleMemory, role
 from .hook_report import report
+from .hook_warm import warm_copies
 
 DEFER_ENV = "PHXMOUNT_HOOK_DEFER"
 WHOLE, NARROW = "whole", "narrow"
@@ -318,6 +319,7 @@ class RegionReads:
         # its caller drops it (its finalizer closes its descriptor), not
         # at the next cycle collection.
         self._f = weakref.ref(f)
+        self._warmed: set = set()  # devices whose copy kernels were asked for
 
     @property
     def f(self):
@@ -328,6 +330,9 @@ class RegionReads:
         it, no torch dtype: the caller reads it now, and the file stops
         deferring)."""
         f = self.f
+        if dev not in self._warmed:  # the copies a narrowing caller makes first (hook_warm)
+            self._warmed.add(dev)
+            warm_copies(dev, {t.dtype for t in f.header.tensors})
         try:
             return deferred_tensor(info, dev, self.read_now, lambda index: f._gpu(info, index, dev, None))
         except Exception:  # noqa: BLE001

@@ -49,10 +49,11 @@ if [ -n "${GC:-}" ]; then
 fi
 # LOOPS=1: each tree's single-process loops first, alternating, a fresh
 # process each (mainprobe.py: wall and main-thread CPU): vLLM's narrow loop
-# at world 4 and 8 on the Qwen2, the engines' loop on the MoE.
+# at world 4 and 8 on the Qwen2, the engines' loop on the MoE (CASES: mainprobe.py's
+# cases in order, each on the MoE where engine, load_file or whole, else the Qwen2).
 if [ -n "${LOOPS:-}" ]; then
-	for c in "narrow4 $Q" "narrow8 $Q" "engine $M" "narrow4 $Q" "narrow8 $Q" "engine $M"; do
-		set -- $c
+	for c in ${CASES:-narrow4 narrow8 engine narrow4 narrow8 engine}; do
+		case $c in engine|load_file|whole) set -- $c $M ;; *) set -- $c $Q ;; esac
 		for tree in ${TREES:-new old}; do
 			pp=; [ $tree = old ] && pp=$PWD/.devcarry/pyold/python
 			env PYTHONPATH=$pp PHXMOUNT_HOOK=cuda:0 timeout 60 python3 scripts/gpu-probes/mainprobe.py $1 $2 2>/dev/null | \
