@@ -291,6 +291,7 @@ def deferred_tensor(info, dev: int, start: Callable, read: Callable):
 
     def learn(how: tuple) -> None:
         if how[0] == "narrow":
+            warm_copies(dev, (info.dtype,))  # the copies a narrowing caller makes next (hook_warm)
             uses_seen.learn(rl, shape, dev, NARROW)
             regions_seen.learn(rl, shape, dev, tuple(how[1:]))
         else:
@@ -319,7 +320,6 @@ class RegionReads:
         # its caller drops it (its finalizer closes its descriptor), not
         # at the next cycle collection.
         self._f = weakref.ref(f)
-        self._warmed: set = set()  # devices whose copy kernels were asked for
 
     @property
     def f(self):
@@ -330,9 +330,6 @@ class RegionReads:
         it, no torch dtype: the caller reads it now, and the file stops
         deferring)."""
         f = self.f
-        if dev not in self._warmed:  # the copies a narrowing caller makes first (hook_warm)
-            self._warmed.add(dev)
-            warm_copies(dev, {t.dtype for t in f.header.tensors})
         try:
             return deferred_tensor(info, dev, self.read_now, lambda index: f._gpu(info, index, dev, None))
         except Exception:  # noqa: BLE001

@@ -11,12 +11,15 @@ strided copy for its first column slice, and the hook makes its reverse
 for a deferred tensor's packed columns: the load fell on the caller's
 thread, inside a loop of some 70 ms at world 8 (run 69's trace).
 
-So the first deferred tensor onto a device (hook_defer.RegionReads.make)
-has a chore thread (threadpools.soon) copy a tiny column slice both ways
-for each floating dtype of its file, once per process, device and dtype:
-the kernels load there while the caller's first reads run. Torch releases
-the interpreter's lock inside the copies; a failure is the chore's own
-(the caller's copy loads the kernel, as without this).
+So the first narrow of a deferred tensor onto a device (hook_defer: a
+caller that narrows, the embedding first in vLLM's loop, before its
+first column slice) has a chore thread (threadpools.soon) copy a tiny
+column slice both ways in that tensor's dtype, once per process, device
+and floating dtype: the kernel loads there while the caller's next reads
+run. A caller that uses its tensors whole (the engines' default loop,
+load_file) never narrows and loads nothing it would not use. Torch
+releases the interpreter's lock inside the copies; a failure is the
+chore's own (the caller's copy loads the kernel, as without this).
 """
 
 from __future__ import annotations

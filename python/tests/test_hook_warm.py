@@ -1,6 +1,7 @@
-"""hook_warm: the first deferred tensor onto a device has a chore thread
-load that device's strided copy kernels, once per process, device and
-floating dtype of the file; the copies are column slices both ways. No
+"""hook_warm: the first narrow of a deferred tensor onto a device has a
+chore thread load that device's strided copy kernel for its dtype, once
+per process, device and floating dtype; the copies are column slices
+both ways; a tensor used whole asks for nothing. No
 mount or GPU needed (torch's CPU tensors stand in for the copies)."""
 
 import types
@@ -9,11 +10,7 @@ from unittest import mock
 
 from mountutil import torch_or_none
 
-from phxmount import hook_defer, hook_warm
-
-
-class File:
-    """A hooked file's stand-in (RegionReads holds it weakly)."""
+from phxmount import hook_defer, hook_guess, hook_warm
 
 
 class WarmCopiesTest(unittest.TestCase):
@@ -46,17 +43,21 @@ class WarmCopiesTest(unittest.TestCase):
         with mock.patch.object(hook_warm.threadpools, "soon", finalizing):
             self.assertEqual(hook_warm.warm_copies(0, {"BF16"}), ["BF16"])
 
-    def test_the_first_deferred_tensor_of_a_file_asks_once_per_device(self):
-        header = types.SimpleNamespace(tensors=[types.SimpleNamespace(dtype=d) for d in ("BF16", "F32", "BF16")])
-        f = File()
-        f.header, f._defer = header, types.SimpleNamespace(on=True)
-        reads = hook_defer.RegionReads(f)
-        info = types.SimpleNamespace(name="w", shape=(4, 4), dtype="BF16")
-        with mock.patch.object(hook_defer, "warm_copies") as warm, \
-                mock.patch.object(hook_defer, "deferred_tensor", return_value=("t", "src")):
-            for dev in (0, 0, 1, 0):
-                self.assertEqual(reads.make(info, dev), ("t", "src"))
-        self.assertEqual([c.args for c in warm.call_args_list], [(0, {"BF16", "F32"}), (1, {"BF16", "F32"})])
+    def test_a_deferred_tensor_that_is_narrowed_asks_for_its_dtype_and_one_used_whole_does_not(self):
+        plain = types.SimpleNamespace(data_ptr=lambda: 4096)
+        made = []
+        with mock.patch.object(hook_defer, "_storage", return_value=(plain, plain)), \
+                mock.patch("phxmount.deferred.make", lambda p, src: made.append(src) or "t"), \
+                mock.patch.object(hook_defer, "uses_seen", hook_defer.Uses()), \
+                mock.patch.object(hook_defer, "regions_seen", hook_guess.RoleMemory()), \
+                mock.patch.object(hook_defer, "warm_copies") as warm:
+            for name, dtype, dev in (("a.weight", "BF16", 0), ("b.weight", "F32", 1), ("c.weight", "BF16", 0)):
+                info = types.SimpleNamespace(name=name, shape=(4, 4), dtype=dtype)
+                self.assertEqual(hook_defer.deferred_tensor(info, dev, None, None)[0], "t")
+            made[0].used(("narrow", 1, 0, 2))
+            made[1].used(("whole",))
+            made[2].used(("narrow", 0, 2, 2))
+        self.assertEqual([c.args for c in warm.call_args_list], [(0, ("BF16",)), (0, ("BF16",))])
 
 
 class StridedCopiesTest(unittest.TestCase):
