@@ -113,6 +113,7 @@ type Lib struct {
 	staged  stagedState   // the staged transport's slots and streams (staged.go)
 	rotor   atomic.Uint64 // where the next staged plan starts on the pool
 	loading loading       // devices with staged plans running (placement.go)
+	offers  offers        // staged reads whose chunks a finished worker may take (steal.go)
 
 	maps        fileMaps  // the files gathers copy from (gather.go)
 	wb          writeback // starts writeback of large writes (writeback.go)

@@ -138,7 +138,9 @@ func (l *Lib) leaves(cl *claimer, dev, w int, c crew) bool {
 // claims has finished (done is closed then), not when every worker it was
 // handed to has run: one queued behind another plan on a busy worker
 // finds the chunks taken by the others and nothing to do
-// (ioengine.Pool.EachInUntil).
+// (ioengine.Pool.EachInUntil). A worker outside the crew may claim chunks
+// too (steal.go): no job of the plan accounts for it, so the plan ends
+// with drain, which waits for it.
 type claimer struct {
 	next    atomic.Int64
 	staying atomic.Int64 // the plan's workers that have not left
@@ -170,6 +172,20 @@ func (c *claimer) end() {
 		close(c.done)
 	}
 }
+
+// drain ends the plan: no chunk is claimed from now on, and drain returns
+// once every worker that claimed one has ended.
+func (c *claimer) drain() {
+	n := int64(len(c.xfers))
+	for s := c.next.Load(); s < n && !c.next.CompareAndSwap(s, n); s = c.next.Load() {
+	}
+	c.begin()
+	c.end() // closes done when no worker is in the plan; else the last one's end does
+	<-c.done
+}
+
+// left says whether a chunk is still unclaimed.
+func (c *claimer) left() bool { return c.next.Load() < int64(len(c.xfers)) }
 
 // leave takes a worker off the plan, unless it is the last one staying:
 // the last worker claims every xfer left, so none is left unrun.

@@ -304,3 +304,126 @@ func TestPlanEndsWithItsWorkNotItsLastJob(t *testing.T) {
 		checkPattern(t, dev[rq.BufOffset:rq.BufOffset+rq.Len], rq.FileOffset)
 	}
 }
+
+// TestAWorkerDoneTakesAnotherReadsChunks: a read whose crew is busy with
+// other work is read by a worker outside its crew as soon as that worker
+// has finished its own read (steal.go); every byte lands. The old code
+// left the read waiting for its crew.
+func TestAWorkerDoneTakesAnotherReadsChunks(t *testing.T) {
+	c := emuStaged(t, 1) // the staged pipeline's own logic, whatever PHX_TEST_CONNECTOR says
+	l := newLibOn(t, c, setup{"sync", Staged}, 1, func(cfg *Config) { cfg.Workers = 3 })
+	m, reqs := kvBatch(t, l, c, 7)
+	// a: two bounce slots' worth (the tests' 256 KiB), so two workers; b: one block, one worker.
+	a, b := reqs[:30], reqs[30:31]
+	if n := stagedWorkersOf(t, l, a); n != 2 {
+		t.Fatalf("the first read goes to %d workers, want 2", n)
+	}
+
+	var busy sync.WaitGroup
+	busy.Add(2)
+	release := make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- l.pool.EachOn(1, 2, func(int, ioengine.Engine) { busy.Done(); <-release })
+	}()
+	busy.Wait()
+	defer func() { close(release); <-held }()
+
+	read := func(reqs []Request, rotor uint64) <-chan error {
+		done := make(chan error, 1)
+		l.rotor.Store(rotor) // place: the crew starts at (rotor + n) % 3
+		go func() {
+			n, err := l.ReadBatch(reqs)
+			if err == nil && n != 0 {
+				err = fmt.Errorf("%d requests failed", n)
+			}
+			done <- err
+		}()
+		return done
+	}
+	doneA := read(a, 2) // crew: workers 1 and 2, both busy
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		l.offers.mu.Lock()
+		n := len(l.offers.open)
+		l.offers.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first read never started")
+		}
+	}
+	doneB := read(b, 2) // crew: worker 0 alone, idle
+	for _, done := range []<-chan error{doneB, doneA} {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a read waited for its busy crew while worker 0 was done")
+		}
+	}
+	if s := l.offers.stolen.Load(); s < 1 {
+		t.Fatalf("%d chunks stolen, want the first read's", s)
+	}
+	dev := deviceBytes(t, c, m, 0, 416*16384)
+	for _, rq := range reqs[:31] {
+		checkPattern(t, dev[rq.BufOffset:rq.BufOffset+rq.Len], rq.FileOffset)
+	}
+}
+
+// stagedWorkersOf is how many workers a read of reqs alone goes to.
+func stagedWorkersOf(t *testing.T, l *Lib, reqs []Request) int {
+	p, err := l.prepare(false, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		l.mu.Lock()
+		for _, h := range p.held {
+			l.release(h)
+		}
+		l.mu.Unlock()
+		p.recycle()
+	}()
+	return l.stagedWorkers(p.xfers, 1)
+}
+
+// TestDrainWaitsForAWorkerInThePlan: a plan's end (claimer.drain) claims
+// nothing more and waits for the worker that still reads a chunk (a
+// stealer, which no job of the crew accounts for); with nobody in the
+// plan it returns at once, the chunks left unclaimed for good.
+func TestDrainWaitsForAWorkerInThePlan(t *testing.T) {
+	xs := make([]xfer, 4)
+	for i := range xs {
+		xs[i].len = 100
+	}
+	c := newClaimer(xs, 2, 200)
+	c.begin()
+	if got := c.claim(nil); len(got) != 2 {
+		t.Fatalf("claimed %v, want two xfers", got)
+	}
+	drained := make(chan struct{})
+	go func() { c.drain(); close(drained) }()
+	select {
+	case <-drained:
+		t.Fatal("drain returned while a worker read its chunk")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if got := c.claim(nil); got != nil {
+		t.Fatalf("claimed %v after drain began", got)
+	}
+	c.end()
+	select {
+	case <-drained:
+	case <-time.After(5 * time.Second):
+		t.Fatal("drain did not return after the last worker ended")
+	}
+
+	idle := newClaimer(xs, 2, 200)
+	idle.drain()
+	if idle.left() || idle.claim(nil) != nil {
+		t.Fatal("chunks left to claim after drain")
+	}
+}

@@ -141,7 +141,8 @@ func sharePieces(share int64) int64 {
 // workers (placement.go). Reads are handed out in order, a chunk at a time
 // (claimer), so that a worker which the placement has since given to
 // another device can leave the plan to its other workers (the last one
-// stays); writes are
+// stays), and a worker done with its own read can take chunks of this
+// one (steal.go); writes are
 // striped round-robin. Host transfers of the plan run through the
 // worker's engine as they come.
 func (l *Lib) runStriped(p *plan) {
@@ -154,31 +155,19 @@ func (l *Lib) runStriped(p *plan) {
 	defer bf.close()
 	c := newClaimer(p.xfers, cr.n, l.cfg.BounceSize)
 	var enough <-chan struct{} // writes are striped: every worker has its own
+	o := &offer{p: p, c: c, bf: bf, mode: mode, dev: dev}
 	if !p.write {
 		enough = c.done
+		// Off the list before bf closes (defers run last in, first out).
+		l.offers.add(o)
+		defer l.offers.remove(o)
 	}
 	err := l.pool.EachInUntil(enough, cr.base, cr.size, cr.start, cr.n, func(w int, eng ioengine.Engine) {
 		if !p.write {
 			// A worker that starts after the plan is done (its chunks taken
 			// by the others) claims nothing and touches nothing of it.
-			c.begin()
-			defer c.end()
-			// This worker's claims, one array, kept for its next plan (a
-			// worker runs one plan at a time).
-			buf := l.staged.claims[w]
-			defer func() { l.staged.claims[w] = buf }()
-			src := func() []int {
-				if l.leaves(c, dev, w, cr) {
-					return nil
-				}
-				idx := c.claim(buf)
-				if idx == nil {
-					return nil // buf keeps its array
-				}
-				buf = idx
-				return l.hostFirst(eng, p, idx)
-			}
-			l.stagedRead(w, eng, p.xfers, src, bf, mode)
+			l.readShare(w, eng, o, func() bool { return l.leaves(c, dev, w, cr) }, false)
+			l.steal(w, eng, dev) // then the other reads' chunks (steal.go)
 			return
 		}
 		var mine []int
@@ -187,6 +176,11 @@ func (l *Lib) runStriped(p *plan) {
 		}
 		l.stagedWrite(w, eng, p.xfers, l.hostFirst(eng, p, mine))
 	})
+	if !p.write {
+		// Every job of the crew may have run while a worker outside it
+		// still reads a chunk it stole (or the pool refused the jobs).
+		c.drain()
+	}
 	if err != nil {
 		for i := range p.xfers {
 			p.xfers[i].result = -int64(errs.Errno(err))
