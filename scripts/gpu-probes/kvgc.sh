@@ -7,6 +7,8 @@
 # in flight each, every block verified), the daemon at each of GCS (GOGC
 # values, default "100 400 off") in turn, ROUNDS rounds (default 2), the
 # collections counted (gctrace). ~15 s a daemon after the file is made.
+# BINS: the .devcarry daemons to take turns (default phxmount; e.g.
+# "phxmount-old phxmount" for an A/B of two trees at GCS=100).
 #
 #   bash scripts/gpu-probes/kvgc.sh   on the GPU machine after
 #                                     `gpu-test.sh build` here (carry
@@ -20,9 +22,12 @@ NOREF=1 PROBE=kvgc NEED="phxmount" HOW="bash scripts/gpu-test.sh build"
 . scripts/gpu-probes/kvsetup.sh
 python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 || say "pip install ./python failed (pip.log)"
 for r in $(seq "${ROUNDS:-2}"); do
-	for gc in ${GCS:-100 400 off}; do
-		mounted_kv "r$r-gc$gc" phxmount 16 1,4 60 GOGC="$gc" GODEBUG=gctrace=1
-		say "  r$r-gc$gc: $(grep -c '^gc ' "$R/daemon-r$r-gc$gc.log") collections"
+	for bin in ${BINS:-phxmount}; do
+		for gc in ${GCS:-100 400 off}; do
+			name=r$r-$bin-gc$gc
+			mounted_kv "$name" "$bin" 16 1,4 60 GOGC="$gc" GODEBUG=gctrace=1
+			say "  $name: $(grep -c '^gc ' "$R/daemon-$name.log") collections"
+		done
 	done
 done
 say "=== kvgc done in $(el)"
