@@ -16,6 +16,7 @@ those blocks to a new tensor while the daemon still writes into them."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import errno
 import os
 import threading
@@ -108,6 +109,26 @@ class _Submitter:
             self._live.add(fut)
         fut.add_done_callback(self._finished)  # (at once when it is done already)
         return fut
+
+    @contextlib.contextmanager
+    def held(self):
+        """Keeps the descriptor open while the caller runs extents on a
+        thread of its own (run; the planner's measurement on a chore
+        thread): a close in the meantime takes effect when it ends.
+        RuntimeError after close."""
+        token = object()
+        with self._lock:
+            if self.closed:
+                raise RuntimeError(f"{self.path}: run after close")
+            self._live.add(token)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._live.discard(token)
+                last = self._last()
+            if last:
+                self._retire()
 
     def pending(self) -> int:
         """Tasks queued or running."""

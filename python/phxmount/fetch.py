@@ -23,6 +23,7 @@ A backend provides:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -30,6 +31,7 @@ import timeit
 from collections import deque
 from typing import Dict, Iterable, List, Optional, Union
 
+from . import threadpools
 from .batchio import wait_all
 from .client import PhxError
 from .extents import Cols, Run
@@ -263,6 +265,47 @@ class Fetcher:
             b.nbytes = b.cols.nbytes
             b.waiting = b.waiting[-1:]  # only the last request can have extents left
 
+    def measure_soon(self) -> bool:
+        """Measures the cost model of this file's file system and I/O on a
+        chore thread (threadpools.soon), where no fetcher of the process
+        has measured it or is measuring it: the first plan that needs the
+        model (a column slice's) then finds it made, or waits for the
+        measurement under way, instead of making it on the caller's thread
+        (a scratch allocation, its registration and four reads: 5 ms of
+        the GPU machine's world-8 loops, run 69). The hook asks at a
+        reader's open. False where nothing was started."""
+        if self.strategy != "auto" or self._cost_key in _costs:
+            return False
+        with _measuring_lock:
+            once = _measuring.setdefault(self._cost_key, threading.Lock())
+        if not once.acquire(blocking=False):
+            return False  # under way (a plan's, or another fetcher's)
+
+        def run() -> None:
+            try:
+                if self._cost_key not in _costs:
+                    self._measure_any()
+            finally:
+                once.release()
+        try:
+            threadpools.soon(run)
+        except RuntimeError:  # the interpreter is finalizing
+            once.release()
+            return False
+        return True
+
+    def _measure_any(self) -> bool:
+        """calibrate on a column slice (world 8) of the file's largest
+        matrices, the first that offers a choice of reads and a probe."""
+        big = sorted((t for t in self.header.tensors if len(t.shape) == 2), key=lambda t: -t.nbytes)
+        for info in big:
+            if self._probes >= 3:
+                break
+            p = self._choose(info, shard_index(info.shape, 1, 0, 8), False, "auto")
+            if len(p.alternatives) > 1 and self.calibrate(p):
+                return True
+        return False
+
     def calibrate(self, plan: Plan) -> bool:
         """Measures the cost per extent and bandwidth of this file's file
         system and I/O by reading the first pieces of plan's exact
@@ -291,8 +334,10 @@ class Fetcher:
             for k, (src, n) in enumerate(pieces):
                 small.add(buf_id, off + k * n, n, base + src)
         big.add(buf_id, off, span, base + pieces[0][0])
-        t_small = min(timeit.timeit(lambda: self.io.run(small), number=1) for _ in range(2))
-        t_big = min(timeit.timeit(lambda: self.io.run(big), number=1) for _ in range(2))
+        # Held: on a chore thread (measure_soon) the file may close meanwhile.
+        with getattr(self.io, "held", contextlib.nullcontext)():
+            t_small = min(timeit.timeit(lambda: self.io.run(small), number=1) for _ in range(2))
+            t_big = min(timeit.timeit(lambda: self.io.run(big), number=1) for _ in range(2))
         self.backend.release(mem)
         _costs[self._cost_key] = fit(len(pieces), length, t_small, span, t_big,
                                      f"{os.path.basename(self.path)}: {plan.name}, {self.io.kind} I/O")

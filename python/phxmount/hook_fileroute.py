@@ -78,4 +78,8 @@ class Routed:
                 os.close(fd)
             raise
         self._transport = av.transport
-        return self._open_reader(self.path, dev, av, self.header, fd)
+        r = self._open_reader(self.path, dev, av, self.header, fd)
+        measure = getattr(getattr(r, "fetcher", None), "measure_soon", None)
+        if measure is not None:
+            measure()  # the planner's model, off the caller's thread (fetch.Fetcher.measure_soon)
+        return r

@@ -167,3 +167,26 @@ class LiveTest(unittest.TestCase):
             f.result(5)
         self.assertEqual(len(io._live), 0, "finished requests are still held")
         io.close()
+
+
+class HeldTest(unittest.TestCase):
+    def test_a_close_while_held_takes_effect_when_the_hold_ends(self):
+        # The planner measures on a chore thread with run() (fetch's
+        # measure_soon): a close meanwhile must not close the descriptor
+        # under it.
+        io = FakeIO(True)
+        closed = []
+        io._close_handle = closed.append
+        one = Cols()
+        one.add(1, 0, 10, 0)
+        with io.held():
+            io.run(one)
+            io.close()
+            self.assertEqual(closed, [], "the descriptor closed while held")
+            io.run(one)
+            with self.assertRaises(RuntimeError):
+                io.submit(one)
+        self.assertEqual(closed, [io.rec])
+        with self.assertRaises(RuntimeError):
+            with io.held():
+                pass

@@ -17,7 +17,7 @@ from unittest import mock
 from mountutil import SPECS, WHY_NO_NUMPY, MountedCase, as_array, make_file, np, same, why_not
 
 from phxmount.client import PhxError  # noqa: E402
-from phxmount import fetch  # noqa: E402
+from phxmount import fetch, threadpools  # noqa: E402
 from phxmount.fetch import select, stream  # noqa: E402
 import phxmount  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
@@ -219,6 +219,54 @@ class FetchEmuTest(MountedCase):
             self.assertTrue(g.fetcher.cost.source.startswith("measured: "), g.fetcher.cost.source)
             for x in (f, g):
                 self.assertTrue(same(got[x], self.arrays["wide"][idx]))
+
+    def test_a_measurement_started_at_open_serves_the_first_column_plan(self):
+        # The hook's reader asks for the model at its open (measure_soon):
+        # a chore thread measures, and the first column slice plans with
+        # it, measuring nothing on the caller's thread.
+        fetch._costs.pop((os.stat(self.path).st_dev, "mount"), None)
+        idx = (slice(None), slice(0, 1000))
+        real = fetch.Fetcher.calibrate
+        with open_emu(self.path) as f, \
+                mock.patch.object(fetch.Fetcher, "calibrate", autospec=True, side_effect=real) as measured:
+            self.assertTrue(f.fetcher.measure_soon())
+            self.assertFalse(f.fetcher.measure_soon())  # under way or made: once
+            self.assertTrue(threadpools.drain(30))
+            self.assertEqual(measured.call_count, 1)
+            self.assertTrue(f.fetcher.cost.source.startswith("measured: "), f.fetcher.cost.source)
+            self.assertTrue(same(f.get_slice("wide")[idx], self.arrays["wide"][idx]))
+            self.assertIn("whole rows then slice on the device", f.explain("wide", idx).why)
+            self.assertEqual(measured.call_count, 1)
+            self.assertFalse(f.fetcher.measure_soon())
+
+    def test_a_plan_waits_for_the_measurement_under_way(self):
+        fetch._costs.pop((os.stat(self.path).st_dev, "mount"), None)
+        idx = (slice(None), slice(0, 1000))
+        gate, started = threading.Event(), threading.Event()
+        real_any = fetch.Fetcher._measure_any
+        real = fetch.Fetcher.calibrate
+
+        def slow_measure(fetcher):
+            started.set()
+            gate.wait(10)
+            return real_any(fetcher)
+        with open_emu(self.path) as f, \
+                mock.patch.object(fetch.Fetcher, "_measure_any", autospec=True, side_effect=slow_measure), \
+                mock.patch.object(fetch.Fetcher, "calibrate", autospec=True, side_effect=real) as measured:
+            self.assertTrue(f.fetcher.measure_soon())
+            self.assertTrue(started.wait(10))
+            planned = []
+            t = threading.Thread(target=lambda: planned.append(f.fetcher.plan("wide", idx)))
+            t.start()
+            t.join(0.2)
+            self.assertTrue(t.is_alive(), "the plan did not wait for the measurement under way")
+            gate.set()
+            t.join(10)
+            self.assertFalse(t.is_alive())
+            self.assertTrue(threadpools.drain(30))
+            self.assertEqual(measured.call_count, 1)
+            self.assertTrue(f.fetcher.cost.source.startswith("measured: "))
+            self.assertEqual(planned[0].why, f.explain("wide", idx).why)
 
     def test_stream_goes_in_tasks(self):
         # Everything inside the window starts at once, in tasks of

@@ -30,7 +30,7 @@ from unittest import mock
 from hookutil import PYDIR, RANK, SPECS, HookedCase, SafetensorError, Served, StockFile, write_tree
 from mountutil import np, opens_counted, same
 
-from phxmount import hook, hook_env, hook_spec  # noqa: E402
+from phxmount import fetch, hook, hook_env, hook_spec, threadpools  # noqa: E402
 from phxmount.client import PhxError  # noqa: E402
 from phxmount.fetch import Fetcher  # noqa: E402
 from phxmount.hostbackends import open_emu  # noqa: E402
@@ -323,6 +323,32 @@ class RoutingTest(HookedCase):
         self.assertGreater(hook.report.last, hook.report.first)
         self.assertIn(f"{hook.report.last - hook.report.first:.3f} s", hook.report.summary())
         self.assertLess(hook.report.last, taken - 0.04)
+
+    def test_a_readers_open_has_the_planner_measured_off_the_callers_thread(self):
+        # The first reader of a mount asks for the cost model at its open
+        # (fetch.Fetcher.measure_soon): a column slice asked later plans
+        # with it, measuring nothing on the caller's thread.
+        self.gpu_ok()
+        key = (os.stat(self.path).st_dev, "mount")
+        fetch._costs.pop(key, None)
+        hook.install(hook.Mode(True, "cuda:0"))
+        measured_on = []
+        real = Fetcher.calibrate
+
+        def calibrate(fetcher, plan):
+            measured_on.append(threading.current_thread().name)
+            return real(fetcher, plan)
+        with mock.patch.object(Fetcher, "calibrate", autospec=True, side_effect=calibrate), \
+                self.fake.safe_open(self.path, "pt") as f:
+            k = f.keys()[0]
+            self.assertTrue(same(f.get_tensor(k), self.arrays[k]))
+            self.assertTrue(threadpools.drain(30))
+            self.assertIn(key, fetch._costs)
+            idx = (slice(None), slice(0, 37))
+            self.assertTrue(same(f.get_slice("a.w")[idx], self.arrays["a.w"][idx]))
+        self.assertGreaterEqual(len(measured_on), 1)
+        self.assertTrue(fetch._costs[key].source.startswith("measured: "), fetch._costs[key].source)
+        self.assertNotIn(threading.current_thread().name, measured_on)
 
     def loader_files(self):
         """Two files on the mount, every key sliced (a loader takes them whole)."""

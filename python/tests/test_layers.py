@@ -19,7 +19,7 @@ LAYERS = [
     ["savefile", "hostbackends"],
     ["torch_mem"],
     ["torch_load", "torch_save"],
-    ["hook_env", "hook_report", "hook_close"],
+    ["hook_env", "hook_report", "hook_close", "hook_warm"],
     ["hook_route", "hook_plan", "hook_import"],
     ["hook_ahead", "hook_guess", "hook_slice", "hook_whole", "hook_spec", "hook_fileroute"],
     ["hook_defer", "hook_next"],
