@@ -24,12 +24,8 @@
 #                                        [".devcarry"]): $OUT gets kvcap.txt
 #                                        and raw.tgz
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT" || exit 1
-C=$ROOT/.devcarry
-NOREF=1 PROBE=kvcap NEED="phxmount phxbench-gpu" HOW="bash scripts/gpu-test.sh build"
-. scripts/gpu-probes/kvsetup.sh
-python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 || say "pip install ./python failed (pip.log)"
+NOREF=1 PIP=1 PROBE=kvcap NEED="phxmount phxbench-gpu" HOW="bash scripts/gpu-test.sh build"
+. "$(dirname "$0")/kvsetup.sh"
 
 say "--- 1. in-process: phxbench-gpu kv, 16 KiB, 1 and 4 threads x 4 in flight ($(el))"
 [ -n "${NOINPROC:-}" ] || timeout 60 "$C/phxbench-gpu" kv -file "$KV" -blocks 16 -threads 1,4 -inflight 4 -rules spread -scatter auto \

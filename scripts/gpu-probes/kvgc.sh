@@ -15,12 +15,8 @@
 #                                     [".devcarry"]): $OUT gets kvgc.txt
 #                                     and raw.tgz
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT" || exit 1
-C=$ROOT/.devcarry
-NOREF=1 PROBE=kvgc NEED="phxmount" HOW="bash scripts/gpu-test.sh build"
-. scripts/gpu-probes/kvsetup.sh
-python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 || say "pip install ./python failed (pip.log)"
+NOREF=1 PIP=1 PROBE=kvgc NEED="phxmount" HOW="bash scripts/gpu-test.sh build"
+. "$(dirname "$0")/kvsetup.sh"
 for r in $(seq "${ROUNDS:-2}"); do
 	for bin in ${BINS:-phxmount}; do
 		for gc in ${GCS:-100 400 off}; do

@@ -1,10 +1,15 @@
-# Sourced by the KV probes (kvprof.sh, kvlat.sh) on the GPU machine, after
-# they set PROBE (their name), NEED (the .devcarry binaries they run) and
-# HOW (how to build them where Go is): the work folders, the summary
-# $OUT/$PROBE.txt with say, el (seconds so far) and pack (the raw outputs
-# of $R into $OUT/raw.tgz), the header line, kv_blocks.cu building in the
-# background (NV: its pid, empty when it cannot) and the 4 GiB block file
-# $KV, hot. NOREF=1: no reference is built.
+# Sourced by the KV probes (kvprof.sh, kvlat.sh, kvcap.sh, kvgc.sh) on the
+# GPU machine, after they set PROBE (their name), NEED (the .devcarry
+# binaries they run) and HOW (how to build them where Go is): the
+# repository root as the working directory (ROOT; C its .devcarry), the
+# work folders, the summary $OUT/$PROBE.txt with say, el (seconds so far)
+# and pack (the raw outputs of $R into $OUT/raw.tgz), the header line,
+# kv_blocks.cu building in the background (NV: its pid, empty when it
+# cannot) and the 4 GiB block file $KV, hot. NOREF=1: no reference is
+# built. PIP=1: ./python installed too (for gpu_kv.py).
+ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+cd "$ROOT" || exit 1
+C=${C:-$ROOT/.devcarry}
 OUT=${OUT:-$C/out}
 W=/var/tmp/phxgpu R=/var/tmp/phxgpu/$PROBE KV=/var/tmp/phxgpu/backing/kv.bin
 mkdir -p "$OUT" "$R" "$W/backing" "$W/mnt"
@@ -35,6 +40,10 @@ fi
 [ -f "$KV" ] || head -c 4G /dev/urandom >"$KV"
 cat "$KV" >/dev/null
 say "file $(stat -c %s "$KV") bytes, hot ($(el))"
+if [ -n "${PIP:-}" ]; then
+	python3 -m pip install -q --no-index --no-deps --no-build-isolation ./python >"$R/pip.log" 2>&1 ||
+		say "pip install ./python failed (pip.log)"
+fi
 
 # mounted_kv NAME BIN SIZES THREADS LIMIT [VAR=VALUE...]: a daemon
 # (.devcarry/BIN, with the variables) on $W/mnt, gpu_kv.py's reads of $KV
