@@ -275,30 +275,8 @@ func TestPlanEndsWithItsWorkNotItsLastJob(t *testing.T) {
 	c := emuStaged(t, 1)
 	l := newLibOn(t, c, setup{"sync", Staged}, 1, func(cfg *Config) { cfg.Workers = 2 })
 	m, reqs := kvBatch(t, l, c, 5)
-	busy, release := make(chan struct{}), make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		held <- l.pool.EachOn(1, 1, func(int, ioengine.Engine) { close(busy); <-release })
-	}()
-	<-busy
-	defer func() { close(release); <-held }()
-
-	done := make(chan error, 1)
-	go func() {
-		n, err := l.ReadBatch(reqs)
-		if err == nil && n != 0 {
-			err = fmt.Errorf("%d requests failed", n)
-		}
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the batch waited for its job queued behind a busy worker")
-	}
+	defer holdWorkers(l, 1, 1)()
+	waitRead(t, readAsync(l, reqs), "the batch waited for its job queued behind a busy worker")
 	dev := deviceBytes(t, c, m, 0, 416*16384)
 	for _, rq := range reqs {
 		checkPattern(t, dev[rq.BufOffset:rq.BufOffset+rq.Len], rq.FileOffset)
@@ -319,27 +297,10 @@ func TestAWorkerDoneTakesAnotherReadsChunks(t *testing.T) {
 		t.Fatalf("the first read goes to %d workers, want 2", n)
 	}
 
-	var busy sync.WaitGroup
-	busy.Add(2)
-	release := make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		held <- l.pool.EachOn(1, 2, func(int, ioengine.Engine) { busy.Done(); <-release })
-	}()
-	busy.Wait()
-	defer func() { close(release); <-held }()
-
+	defer holdWorkers(l, 1, 2)()
 	read := func(reqs []Request, rotor uint64) <-chan error {
-		done := make(chan error, 1)
 		l.rotor.Store(rotor) // place: the crew starts at (rotor + n) % 3
-		go func() {
-			n, err := l.ReadBatch(reqs)
-			if err == nil && n != 0 {
-				err = fmt.Errorf("%d requests failed", n)
-			}
-			done <- err
-		}()
-		return done
+		return readAsync(l, reqs)
 	}
 	doneA := read(a, 2) // crew: workers 1 and 2, both busy
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
@@ -355,14 +316,7 @@ func TestAWorkerDoneTakesAnotherReadsChunks(t *testing.T) {
 	}
 	doneB := read(b, 2) // crew: worker 0 alone, idle
 	for _, done := range []<-chan error{doneB, doneA} {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("a read waited for its busy crew while worker 0 was done")
-		}
+		waitRead(t, done, "a read waited for its busy crew while worker 0 was done")
 	}
 	if s := l.offers.stolen.Load(); s < 1 {
 		t.Fatalf("%d chunks stolen, want the first read's", s)
@@ -425,5 +379,45 @@ func TestDrainWaitsForAWorkerInThePlan(t *testing.T) {
 	idle.drain()
 	if idle.left() || idle.claim(nil) != nil {
 		t.Fatal("chunks left to claim after drain")
+	}
+}
+
+// holdWorkers keeps n workers from start busy until the function it
+// returns is called.
+func holdWorkers(l *Lib, start, n int) (release func()) {
+	var busy sync.WaitGroup
+	busy.Add(n)
+	free := make(chan struct{})
+	held := make(chan error, 1)
+	go func() { held <- l.pool.EachOn(start, n, func(int, ioengine.Engine) { busy.Done(); <-free }) }()
+	busy.Wait()
+	return func() { close(free); <-held }
+}
+
+// readAsync runs ReadBatch(reqs) on a goroutine; its error (or how many
+// requests failed) comes on the channel.
+func readAsync(l *Lib, reqs []Request) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		n, err := l.ReadBatch(reqs)
+		if err == nil && n != 0 {
+			err = fmt.Errorf("%d requests failed", n)
+		}
+		done <- err
+	}()
+	return done
+}
+
+// waitRead fails the test with why unless done says the read succeeded
+// within 10 s.
+func waitRead(t *testing.T, done <-chan error, why string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal(why)
 	}
 }
