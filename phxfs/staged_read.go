@@ -155,9 +155,10 @@ func (l *Lib) runStriped(p *plan) {
 	defer bf.close()
 	c := newClaimer(p.xfers, cr.n, l.cfg.BounceSize)
 	var enough <-chan struct{} // writes are striped: every worker has its own
-	o := &offer{p: p, c: c, bf: bf, mode: mode, dev: dev}
+	var o *offer
 	if !p.write {
 		enough = c.done
+		o = &offer{p: p, c: c, bf: bf, mode: mode, dev: dev}
 		// Off the list before bf closes (defers run last in, first out).
 		l.offers.add(o)
 		defer l.offers.remove(o)
