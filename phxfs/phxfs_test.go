@@ -114,27 +114,32 @@ func release(t *testing.T, feed func(), done <-chan error, b *Batch) {
 	}
 }
 
+// draining says whether device dev's last close waits for its I/O now.
+func draining(l *Lib, dev int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d := l.devices[dev]
+	return d != nil && d.io.closing
+}
+
 func TestCloseDrainsAndOpenGetsEBUSY(t *testing.T) {
 	forEach(t, func(t *testing.T, s setup) {
 		l, _, b, feed := readInFlight(t, s, 64<<10)
 
-		closed := make(chan error)
+		closed := make(chan error, 1)
 		go func() { closed <- l.CloseDevice(0) }()
 		// The close must wait for the in-flight read; meanwhile an open is
-		// refused with EBUSY (retryable).
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			err := l.OpenDevice(0)
-			if err != nil {
-				wantErrno(t, err, unix.EBUSY)
-				break
-			}
-			l.CloseDevice(0) // the close had not started draining yet
+		// refused with EBUSY (retryable). The test waits for the drain to
+		// begin rather than probing with an open and a close of its own:
+		// those are a reference taken and dropped, and when the close
+		// above ran between them, the test's own close was the last one
+		// and waited for the read that only the test releases.
+		for deadline := time.Now().Add(5 * time.Second); !draining(l, 0); time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("close never started draining")
 			}
-			time.Sleep(time.Millisecond)
 		}
+		wantErrno(t, l.OpenDevice(0), unix.EBUSY)
 		stillWaiting(t, "close", closed)
 		release(t, feed, closed, b)
 		if err := l.OpenDevice(0); err != nil {
