@@ -23,7 +23,6 @@ A backend provides:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -335,7 +334,7 @@ class Fetcher:
                 small.add(buf_id, off + k * n, n, base + src)
         big.add(buf_id, off, span, base + pieces[0][0])
         # Held: on a chore thread (measure_soon) the file may close meanwhile.
-        with getattr(self.io, "held", contextlib.nullcontext)():
+        with self.io.held():
             t_small = min(timeit.timeit(lambda: self.io.run(small), number=1) for _ in range(2))
             t_big = min(timeit.timeit(lambda: self.io.run(big), number=1) for _ in range(2))
         self.backend.release(mem)

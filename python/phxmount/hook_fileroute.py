@@ -79,7 +79,5 @@ class Routed:
             raise
         self._transport = av.transport
         r = self._open_reader(self.path, dev, av, self.header, fd)
-        measure = getattr(getattr(r, "fetcher", None), "measure_soon", None)
-        if measure is not None:
-            measure()  # the planner's model, off the caller's thread (fetch.Fetcher.measure_soon)
+        r.fetcher.measure_soon()  # the planner's model, off the caller's thread
         return r

@@ -42,6 +42,8 @@ def warm_copies(dev: int, st_dtypes: Iterable[str]) -> List[str]:
     """Has a chore thread load cuda:dev's strided copy kernels for those
     of st_dtypes not warmed yet; returns them (in FLOATS' order)."""
     have = set(st_dtypes)
+    if all((dev, d) in _warmed for d in have if d in FLOATS):
+        return []  # every later narrow: no lock taken
     with _lock:
         todo = [d for d in FLOATS if d in have and (dev, d) not in _warmed]
         _warmed.update((dev, d) for d in todo)
